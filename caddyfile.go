@@ -1,0 +1,139 @@
+package sanghodedup
+
+import (
+	"fmt"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/dustin/go-humanize"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("sangho_dedup", parseCaddyfile)
+	// Run before the handlers that answer or proxy, so that no `order`
+	// line is needed: after forward_auth, before handle, route, respond,
+	// reverse_proxy, php_fastcgi and file_server.
+	httpcaddyfile.RegisterDirectiveOrder("sangho_dedup", httpcaddyfile.After, "forward_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	sangho_dedup [<matcher>] {
+//		secret <secret...>          # required; repeatable; {env.X} works
+//		tolerance <duration>        # default 5m
+//		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576
+//		event_id_header <name>      # default Sangho-Event-ID
+//		signature_header <name>     # default Sangho-Signature
+//		retention <duration>        # default 72h
+//		lock_ttl <duration>         # default 30s
+//		retry_after <duration>      # default 10s
+//		on_store_error reject|pass  # default reject
+//		key_prefix <string>         # default "sangho_dedup:"
+//		store memory                # the default
+//		store redis {
+//			...                     # see RedisStore.UnmarshalCaddyfile
+//		}
+//	}
+func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		if opt != "secret" {
+			if seen[opt] {
+				return d.Errf("sangho_dedup: %s given more than once", opt)
+			}
+			seen[opt] = true
+		}
+		switch opt {
+		case "secret":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			m.Secrets = append(m.Secrets, args...)
+		case "tolerance":
+			if err := durationArg(d, &m.Tolerance); err != nil {
+				return err
+			}
+		case "max_body_size":
+			var s string
+			if err := oneArg(d, &s); err != nil {
+				return err
+			}
+			size, err := humanize.ParseBytes(s)
+			if err != nil || size == 0 || size > 1<<40 {
+				return d.Errf("max_body_size: invalid size %q (e.g. 512KB, 1MiB, 1048576)", s)
+			}
+			m.MaxBodySize = int64(size)
+		case "event_id_header":
+			if err := oneArg(d, &m.EventIDHeader); err != nil {
+				return err
+			}
+			if !validHeaderName(m.EventIDHeader) {
+				return d.Errf("event_id_header: %q is not a valid header name", m.EventIDHeader)
+			}
+		case "signature_header":
+			if err := oneArg(d, &m.SignatureHeader); err != nil {
+				return err
+			}
+			if !validHeaderName(m.SignatureHeader) {
+				return d.Errf("signature_header: %q is not a valid header name", m.SignatureHeader)
+			}
+		case "retention":
+			if err := durationArg(d, &m.Retention); err != nil {
+				return err
+			}
+		case "lock_ttl":
+			if err := durationArg(d, &m.LockTTL); err != nil {
+				return err
+			}
+		case "retry_after":
+			if err := durationArg(d, &m.RetryAfter); err != nil {
+				return err
+			}
+		case "on_store_error":
+			if err := oneArg(d, &m.OnStoreError); err != nil {
+				return err
+			}
+			if m.OnStoreError != "reject" && m.OnStoreError != "pass" {
+				return d.Errf("on_store_error: must be reject or pass, not %q", m.OnStoreError)
+			}
+		case "key_prefix":
+			if err := oneArg(d, &m.KeyPrefix); err != nil {
+				return err
+			}
+		case "store":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			mod, err := caddyfile.UnmarshalModule(d, "http.sangho_dedup.stores."+name)
+			if err != nil {
+				return fmt.Errorf("store %s: %w", name, err)
+			}
+			m.StoreRaw = caddyconfig.JSONModuleObject(mod, "type", name, nil)
+		default:
+			return d.Errf("unrecognized sangho_dedup subdirective %q", opt)
+		}
+	}
+	if len(m.Secrets) == 0 {
+		return d.Err("sangho_dedup: at least one secret is required")
+	}
+	return nil
+}
+
+// Interface guard
+var _ caddyfile.Unmarshaler = (*Handler)(nil)
+

@@ -1,0 +1,375 @@
+package sanghodedup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+)
+
+var (
+	errMethod   = errors.New("method not allowed: Sangho delivers webhooks with POST")
+	errTooLarge = errors.New("request body larger than max_body_size")
+	errInFlight = errors.New("another delivery of this event is being processed")
+	errStore    = errors.New("dedup store unavailable")
+	errSigCount = errors.New("more than one signature header")
+)
+
+var duplicateBody = []byte(`{"received":true}`)
+
+// ServeHTTP verifies, deduplicates and passes on one delivery.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	if repl == nil {
+		repl = caddy.NewReplacer()
+	}
+
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		return h.reject(r, repl, outcomeBadRequest, http.StatusMethodNotAllowed, errMethod, "")
+	}
+
+	body, status, err := h.readBody(r)
+	if err != nil {
+		oc := outcomeBadRequest
+		if status == http.StatusRequestEntityTooLarge {
+			oc = outcomeTooLarge
+		}
+		return h.reject(r, repl, oc, status, err, "")
+	}
+	defer body.done()
+
+	sigs := r.Header.Values(h.SignatureHeader)
+	var sig string
+	switch len(sigs) {
+	case 0:
+	case 1:
+		sig = sigs[0]
+	default:
+		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, errSigCount, "")
+	}
+	if err := h.verifier.verify(sig, body.bytes()); err != nil {
+		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
+	}
+
+	id, typ, err := extractEvent(body.bytes(), r.Header.Values(h.EventIDHeader))
+	if err != nil {
+		return h.reject(r, repl, outcomeBadRequest, http.StatusBadRequest, err, "")
+	}
+	repl.Set("http.sangho_dedup.event_id", id)
+	repl.Set("http.sangho_dedup.event_type", typ)
+
+	// Store operations run to completion even if the client goes away,
+	// so that a claim that reached the store is always followed by a
+	// commit or a release. go-redis's timeouts bound them.
+	sctx := context.WithoutCancel(r.Context())
+	key := h.KeyPrefix + id
+	token := newToken()
+	start := time.Now()
+	res, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
+	observe(opClaim, start, err)
+	if err != nil {
+		if h.pass {
+			h.outcome(repl, outcomeUnchecked)
+			h.logger.Warn("dedup store failed; passing the event on unchecked (on_store_error pass)",
+				zap.String("event_id", id), zap.Error(err))
+			return next.ServeHTTP(w, r)
+		}
+		h.logger.Error("dedup store failed; answering 503 so that Sangho retries",
+			zap.String("event_id", id), zap.Error(err))
+		w.Header().Set("Retry-After", h.retryAfter)
+		return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
+	}
+	switch res {
+	case AlreadyDone:
+		h.outcome(repl, outcomeDuplicate)
+		h.debug("duplicate delivery answered without the backend", id, typ)
+		hdr := w.Header()
+		hdr.Set("Content-Type", "application/json")
+		hdr.Set("Content-Length", strconv.Itoa(len(duplicateBody)))
+		hdr.Set("Sangho-Dedup", "duplicate")
+		w.WriteHeader(http.StatusOK)
+		_, _ = w.Write(duplicateBody)
+		return nil
+	case InFlight:
+		w.Header().Set("Retry-After", h.retryAfter)
+		w.Header().Set("Sangho-Dedup", "in_flight")
+		return h.reject(r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
+	}
+
+	h.debug("new event: passing it on", id, typ)
+	return h.process(w, r, next, repl, sctx, key, token, id, typ)
+}
+
+// process runs the next handler while holding the lease on key, then
+// commits (the backend answered 2xx) or releases (anything else,
+// including an error or a panic of the next handler).
+func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
+	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string,
+) error {
+	l := h.startLease(sctx, key, token, id)
+	sw := &statusWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// The next handler panicked: settle the event, then let the
+		// panic go on to Caddy's recovery.
+		l.stop()
+		h.settle(sctx, repl, sw, key, token, id, typ)
+	}()
+	err := next.ServeHTTP(sw, r)
+	finished = true
+	l.stop()
+	h.settle(sctx, repl, sw, key, token, id, typ)
+	return err
+}
+
+// settle commits the event if the backend's status line was 2xx, else
+// releases it. The status line is the verdict: once the backend has
+// said 2xx it has done the work, even if the body is cut short later
+// (client gone), so the event must not be processed again. A handler
+// that returned without writing anything answers 200 (net/http's
+// default), and counts as 2xx too.
+func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWriter, key, token, id, typ string) {
+	status := int(sw.status.Load())
+	if status == 0 && sw.finished {
+		status = http.StatusOK
+	}
+	if status >= 200 && status <= 299 {
+		start := time.Now()
+		held, err := h.store.Commit(ctx, key, token, DoneRecord{ProcessedAt: h.now(), EventType: typ}, time.Duration(h.Retention))
+		observe(opCommit, start, err)
+		h.outcome(repl, outcomeProcessed)
+		switch {
+		case err != nil:
+			metrics.commitErr.Inc()
+			h.logger.Error("backend processed the event but its done record could not be written; the lease expires after lock_ttl",
+				zap.String("event_id", id), zap.Int("status", status), zap.Error(err))
+		case !held:
+			metrics.leaseLost.Inc()
+			h.logger.Warn("lease was lost before commit (expired or taken over); recorded as done anyway",
+				zap.String("event_id", id))
+		default:
+			h.debug("processed and recorded", id, typ)
+		}
+		return
+	}
+	start := time.Now()
+	released, err := h.store.Release(ctx, key, token)
+	observe(opRelease, start, err)
+	h.outcome(repl, outcomeReleased)
+	fields := []zap.Field{zap.String("event_id", id), zap.Int("status", status)}
+	switch {
+	case err != nil:
+		h.logger.Error("releasing the event failed; Sangho's retry is accepted once the lease expires (lock_ttl)",
+			append(fields, zap.Error(err))...)
+	case !released:
+		metrics.leaseLost.Inc()
+		h.logger.Warn("lease was lost before release (expired or taken over)", fields...)
+	default:
+		h.logger.Info("backend did not answer 2xx: event released for Sangho's retry", fields...)
+	}
+}
+
+// reject answers a request that is not passed on, as a Caddy error so
+// that handle_errors can shape it.
+func (h *Handler) reject(r *http.Request, repl *caddy.Replacer, outcome string, status int, err error, id string) error {
+	h.outcome(repl, outcome)
+	if ce := h.logger.Check(zapcore.DebugLevel, "delivery rejected"); ce != nil {
+		ce.Write(zap.String("outcome", outcome), zap.Int("status", status), zap.String("event_id", id),
+			zap.String("remote_ip", r.RemoteAddr), zap.Error(err))
+	}
+	return caddyhttp.Error(status, err)
+}
+
+func (h *Handler) outcome(repl *caddy.Replacer, outcome string) {
+	repl.Set("http.sangho_dedup.outcome", outcome)
+	metrics.outcome[outcome].Inc()
+}
+
+func (h *Handler) debug(msg, id, typ string) {
+	if ce := h.logger.Check(zapcore.DebugLevel, msg); ce != nil {
+		ce.Write(zap.String("event_id", id), zap.String("event_type", typ))
+	}
+}
+
+func observe(op string, start time.Time, err error) {
+	i := 0
+	if err != nil {
+		i = 1
+	}
+	observers[op][i].Observe(time.Since(start).Seconds())
+}
+
+// statusWriter records the final (non-1xx) status line the next handler
+// writes. Flush, Hijack and the like reach the real writer through
+// Unwrap (http.ResponseController).
+type statusWriter struct {
+	*caddyhttp.ResponseWriterWrapper
+	status   atomic.Int32
+	finished bool // the next handler returned without error
+}
+
+func (sw *statusWriter) WriteHeader(code int) {
+	if code >= 200 {
+		sw.status.CompareAndSwap(0, int32(code))
+	}
+	sw.ResponseWriterWrapper.WriteHeader(code)
+}
+
+func (sw *statusWriter) Write(b []byte) (int, error) {
+	sw.status.CompareAndSwap(0, http.StatusOK)
+	return sw.ResponseWriterWrapper.Write(b)
+}
+
+func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
+	sw.status.CompareAndSwap(0, http.StatusOK)
+	return io.Copy(sw.ResponseWriterWrapper, r)
+}
+
+// lease renews the claim on key every lock_ttl/3 while the next handler
+// runs. No goroutine is started: a timer fires only for events still in
+// flight after lock_ttl/3.
+type lease struct {
+	h          *Handler
+	ctx        context.Context
+	key, token string
+	id         string
+
+	mu      sync.Mutex
+	stopped bool
+	timer   *time.Timer
+}
+
+func (h *Handler) startLease(ctx context.Context, key, token, id string) *lease {
+	l := &lease{h: h, ctx: ctx, key: key, token: token, id: id}
+	l.mu.Lock()
+	l.timer = time.AfterFunc(h.renewEvery, l.renew)
+	l.mu.Unlock()
+	return l
+}
+
+func (l *lease) renew() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped {
+		return
+	}
+	ctx, cancel := context.WithTimeout(l.ctx, l.h.renewEvery)
+	defer cancel()
+	start := time.Now()
+	ok, err := l.h.store.Renew(ctx, l.key, l.token, time.Duration(l.h.LockTTL))
+	observe(opRenew, start, err)
+	switch {
+	case err != nil:
+		l.h.logger.Warn("renewing the lease failed; will retry", zap.String("event_id", l.id), zap.Error(err))
+	case !ok:
+		metrics.leaseLost.Inc()
+		l.h.logger.Warn("lease lost while the backend was still working (expired or taken over): another delivery may be processed concurrently",
+			zap.String("event_id", l.id))
+		return
+	}
+	l.timer.Reset(l.h.renewEvery)
+}
+
+// stop ends renewals and waits for one under way to finish, so that no
+// renewal runs after the commit or release.
+func (l *lease) stop() {
+	l.timer.Stop()
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
+}
+
+// Request bodies are read into pooled buffers. A buffer goes back to
+// the pool only when both the handler is done and whoever read the body
+// (reverse_proxy's transport, possibly after ServeHTTP returned) has
+// closed it; a body nobody closes is left to the garbage collector.
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBuffer is the largest buffer kept for reuse.
+const maxPooledBuffer = 2 << 20
+
+type pooledBody struct {
+	buf  *bytes.Buffer
+	rd   bytes.Reader
+	refs atomic.Int32
+	shut atomic.Bool
+}
+
+func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
+
+func (b *pooledBody) Read(p []byte) (int, error) { return b.rd.Read(p) }
+
+// Close is called by the reader of the body; idempotent.
+func (b *pooledBody) Close() error {
+	if b.shut.CompareAndSwap(false, true) {
+		b.unref()
+	}
+	return nil
+}
+
+// done is called by the handler when it is finished with the body.
+func (b *pooledBody) done() { b.unref() }
+
+func (b *pooledBody) unref() {
+	if b.refs.Add(-1) == 0 && b.buf.Cap() <= maxPooledBuffer {
+		b.buf.Reset()
+		bufPool.Put(b.buf)
+	}
+}
+
+// readBody reads the whole body, at most max_body_size bytes, and
+// replaces r.Body with a re-readable copy for the next handler. It
+// returns the status to answer when it fails: 413 past the limit
+// (declared or counted, chunked too), 400 when the body cannot be read
+// (truncated, client gone).
+func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
+	limit := h.MaxBodySize
+	if r.ContentLength > limit {
+		return nil, http.StatusRequestEntityTooLarge, errTooLarge
+	}
+	buf := bufPool.Get().(*bytes.Buffer)
+	if r.ContentLength > 0 {
+		buf.Grow(int(r.ContentLength) + 1)
+	}
+	var err error
+	if r.Body != nil {
+		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))
+		_ = r.Body.Close()
+	}
+	if err == nil && int64(buf.Len()) > limit {
+		err = errTooLarge
+	}
+	if err != nil {
+		buf.Reset()
+		if buf.Cap() <= maxPooledBuffer {
+			bufPool.Put(buf)
+		}
+		var mbe *http.MaxBytesError
+		if errors.Is(err, errTooLarge) || errors.As(err, &mbe) {
+			return nil, http.StatusRequestEntityTooLarge, errTooLarge
+		}
+		return nil, http.StatusBadRequest, errors.New("reading request body: " + err.Error())
+	}
+	b := &pooledBody{buf: buf}
+	b.rd.Reset(buf.Bytes())
+	b.refs.Store(2)
+	r.Body = b
+	r.ContentLength = int64(buf.Len())
+	r.TransferEncoding = nil
+	r.GetBody = nil
+	return b, 0, nil
+}

@@ -1,0 +1,229 @@
+// Package sanghodedup is a Caddy HTTP handler that makes any webhook
+// backend idempotent for Sangho's at-least-once deliveries: it buffers
+// the body (bounded), verifies the Sangho-Signature HMAC, claims the
+// event ID atomically in a store (Redis or memory), answers duplicates
+// itself, passes new events to the next handler, and records an event as
+// done only once the backend has answered 2xx. A failed attempt is
+// released so that Sangho's retry is processed.
+package sanghodedup
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// storePool shares store state (Redis clients, the memory map) across
+// config reloads.
+var storePool = caddy.NewUsagePool()
+
+// Defaults.
+const (
+	DefaultTolerance       = 5 * time.Minute
+	DefaultMaxBodySize     = 1 << 20
+	DefaultEventIDHeader   = "Sangho-Event-ID"
+	DefaultSignatureHeader = "Sangho-Signature"
+	DefaultRetention       = 72 * time.Hour
+	DefaultLockTTL         = 30 * time.Second
+	DefaultRetryAfter      = 10 * time.Second
+	DefaultKeyPrefix       = "sangho_dedup:"
+
+	// minLockTTL keeps renewals (every lock_ttl/3) meaningful.
+	minLockTTL = 30 * time.Millisecond
+)
+
+// Handler verifies and deduplicates Sangho webhook deliveries in front
+// of any backend. See the README for the whole request flow.
+type Handler struct {
+	// Signing secrets, used as bytes, whole (whsec_ included). A request
+	// is accepted when any v1 signature matches any secret, so old and new
+	// secrets can be listed together during a rotation. Required.
+	// Placeholders such as {env.SANGHO_WEBHOOK_SECRET} are resolved at
+	// provision, so the secret needs not appear in the JSON config.
+	Secrets []string `json:"secret,omitempty"`
+
+	// How far the signature timestamp t may be from this server's clock,
+	// in either direction. Default: 5m.
+	Tolerance caddy.Duration `json:"tolerance,omitempty"`
+
+	// Largest accepted request body, in bytes. Default: 1 MiB (1048576).
+	MaxBodySize int64 `json:"max_body_size,omitempty"`
+
+	// Header that carries the event ID. Default: Sangho-Event-ID.
+	EventIDHeader string `json:"event_id_header,omitempty"`
+
+	// Header that carries the signature. Default: Sangho-Signature.
+	SignatureHeader string `json:"signature_header,omitempty"`
+
+	// How long a processed event ID is remembered. Sangho never
+	// redelivers after 48 hours. Default: 72h.
+	Retention caddy.Duration `json:"retention,omitempty"`
+
+	// Lease on an event while the backend processes it, renewed every
+	// lock_ttl/3 while it is in flight. If this Caddy dies, the event can
+	// be processed again after lock_ttl. Default: 30s.
+	LockTTL caddy.Duration `json:"lock_ttl,omitempty"`
+
+	// Retry-After sent with 409 and 503 answers. Default: 10s.
+	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
+
+	// What to do when the store is unreachable or fails: "reject"
+	// answers 503 (nothing is lost: Sangho retries), "pass" hands the
+	// event to the backend unchecked (availability over exactly-once).
+	// Default: reject.
+	OnStoreError string `json:"on_store_error,omitempty"`
+
+	// Prefix of every store key, so that several routes or tenants can
+	// share one store. Default: "sangho_dedup:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// The store module (http.sangho_dedup.stores). Default: memory,
+	// which is neither durable nor shared between instances.
+	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
+
+	store      Store
+	verifier   *verifier
+	logger     *zap.Logger
+	now        func() time.Time
+	pass       bool
+	retryAfter string
+	renewEvery time.Duration
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.sangho_dedup",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision sets defaults, resolves the secrets, loads the store and
+// registers the metrics.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	if h.now == nil {
+		h.now = time.Now
+	}
+	if h.Tolerance == 0 {
+		h.Tolerance = caddy.Duration(DefaultTolerance)
+	}
+	if h.MaxBodySize == 0 {
+		h.MaxBodySize = DefaultMaxBodySize
+	}
+	if h.EventIDHeader == "" {
+		h.EventIDHeader = DefaultEventIDHeader
+	}
+	if h.SignatureHeader == "" {
+		h.SignatureHeader = DefaultSignatureHeader
+	}
+	if h.Retention == 0 {
+		h.Retention = caddy.Duration(DefaultRetention)
+	}
+	if h.LockTTL == 0 {
+		h.LockTTL = caddy.Duration(DefaultLockTTL)
+	}
+	if h.RetryAfter == 0 {
+		h.RetryAfter = caddy.Duration(DefaultRetryAfter)
+	}
+	if h.OnStoreError == "" {
+		h.OnStoreError = "reject"
+	}
+	if h.KeyPrefix == "" {
+		h.KeyPrefix = DefaultKeyPrefix
+	}
+	h.EventIDHeader = http.CanonicalHeaderKey(h.EventIDHeader)
+	h.SignatureHeader = http.CanonicalHeaderKey(h.SignatureHeader)
+	h.pass = h.OnStoreError == "pass"
+	h.renewEvery = time.Duration(h.LockTTL) / 3
+	secs := (time.Duration(h.RetryAfter) + time.Second - 1) / time.Second
+	h.retryAfter = strconv.FormatInt(int64(secs), 10)
+
+	repl := caddy.NewReplacer()
+	secrets := make([]string, 0, len(h.Secrets))
+	for i, s := range h.Secrets {
+		s = repl.ReplaceAll(s, "")
+		if s == "" {
+			// Never print the secret: say which one, not what it is.
+			return fmt.Errorf("secret #%d is empty (after placeholder resolution)", i+1)
+		}
+		secrets = append(secrets, s)
+	}
+	if len(secrets) == 0 {
+		return errors.New("at least one secret is required")
+	}
+	h.verifier = newVerifier(secrets, time.Duration(h.Tolerance), func() time.Time { return h.now() })
+
+	if h.StoreRaw == nil {
+		h.StoreRaw = json.RawMessage(`{"type":"memory"}`)
+		h.logger.Warn("no store configured: using the memory store, whose dedup state is neither durable (a restart forgets processed events) nor shared between Caddy instances; configure `store redis` for production")
+	}
+	mod, err := ctx.LoadModule(h, "StoreRaw")
+	if err != nil {
+		return fmt.Errorf("loading store: %w", err)
+	}
+	store, ok := mod.(Store)
+	if !ok {
+		return fmt.Errorf("module %T is not a sangho_dedup store", mod)
+	}
+	h.store = store
+	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// Validate checks the configuration.
+func (h *Handler) Validate() error {
+	switch {
+	case h.Tolerance <= 0:
+		return errors.New("tolerance must be positive")
+	case h.MaxBodySize <= 0:
+		return errors.New("max_body_size must be positive")
+	case h.Retention <= 0:
+		return errors.New("retention must be positive")
+	case time.Duration(h.LockTTL) < minLockTTL:
+		return fmt.Errorf("lock_ttl must be at least %v", minLockTTL)
+	case h.RetryAfter <= 0:
+		return errors.New("retry_after must be positive")
+	case h.OnStoreError != "reject" && h.OnStoreError != "pass":
+		return fmt.Errorf(`on_store_error must be "reject" or "pass", not %q`, h.OnStoreError)
+	case !validHeaderName(h.EventIDHeader):
+		return fmt.Errorf("event_id_header %q is not a valid header name", h.EventIDHeader)
+	case !validHeaderName(h.SignatureHeader):
+		return fmt.Errorf("signature_header %q is not a valid header name", h.SignatureHeader)
+	case strings.ContainsAny(h.KeyPrefix, " \t\r\n"):
+		return fmt.Errorf("key_prefix %q must not contain white space", h.KeyPrefix)
+	}
+	return nil
+}
+
+// validHeaderName reports whether s is an HTTP token (RFC 9110).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// Interface guards
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)

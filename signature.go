@@ -1,0 +1,167 @@
+package sanghodedup
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"hash"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Errors returned by signature verification. None of them carries a
+// secret or a signature value, so they are safe to log.
+var (
+	errSigMissing   = errors.New("signature header missing")
+	errSigMalformed = errors.New("signature header malformed")
+	errSigTimestamp = errors.New("signature timestamp outside tolerance")
+	errSigMismatch  = errors.New("no v1 signature matches any configured secret")
+)
+
+// sigHexLen is the length of a hex-encoded HMAC-SHA256.
+const sigHexLen = sha256.Size * 2
+
+// signedHeader is the parsed form of a Sangho-Signature header:
+// exactly one t, and zero or more decoded v1 values. Other keys are
+// ignored, as the delivery contract requires.
+type signedHeader struct {
+	t  int64
+	v1 [][sha256.Size]byte
+}
+
+// parseSignatureHeader parses `t=<unix>,v1=<hex>[,v1=<hex>...]`.
+// A v1 that is not 64 hex digits makes the whole header malformed:
+// Sangho never sends one, so it is a forgery or a bug, not a rotation.
+func parseSignatureHeader(value string) (signedHeader, error) {
+	var sh signedHeader
+	if value == "" {
+		return sh, errSigMissing
+	}
+	seenT := false
+	for value != "" {
+		var pair string
+		pair, value, _ = strings.Cut(value, ",")
+		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
+		if !ok {
+			return sh, errSigMalformed
+		}
+		switch k {
+		case "t":
+			if seenT || !isDigits(v) || len(v) > 18 {
+				return sh, errSigMalformed
+			}
+			t, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return sh, errSigMalformed
+			}
+			sh.t, seenT = t, true
+		case "v1":
+			if len(v) != sigHexLen {
+				return sh, errSigMalformed
+			}
+			var sig [sha256.Size]byte
+			if _, err := hex.Decode(sig[:], []byte(v)); err != nil {
+				return sh, errSigMalformed
+			}
+			sh.v1 = append(sh.v1, sig)
+		case "":
+			return sh, errSigMalformed
+		default:
+			// v0 and future schemes are ignored.
+		}
+	}
+	if !seenT || len(sh.v1) == 0 {
+		return sh, errSigMalformed
+	}
+	return sh, nil
+}
+
+func isDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// verifier checks Sangho-Signature headers against a set of secrets.
+// It keeps a pool of HMAC states per secret so that verification does
+// not allocate a new hash for every request.
+type verifier struct {
+	tolerance time.Duration
+	now       func() time.Time
+	macs      []*sync.Pool // one per secret, each yielding hash.Hash
+}
+
+func newVerifier(secrets []string, tolerance time.Duration, now func() time.Time) *verifier {
+	v := &verifier{tolerance: tolerance, now: now}
+	for _, s := range secrets {
+		key := []byte(s)
+		v.macs = append(v.macs, &sync.Pool{New: func() any { return hmac.New(sha256.New, key) }})
+	}
+	return v
+}
+
+// verify returns nil when header carries a t within tolerance and at
+// least one v1 equal to HMAC-SHA256(secret, t + "." + body) for at least
+// one secret. Comparisons are constant-time.
+func (v *verifier) verify(header string, body []byte) error {
+	sh, err := parseSignatureHeader(header)
+	if err != nil {
+		return err
+	}
+	now := v.now().Unix()
+	tol := int64(v.tolerance / time.Second)
+	if sh.t < now-tol || sh.t > now+tol {
+		return errSigTimestamp
+	}
+	var tbuf [20]byte
+	ts := strconv.AppendInt(tbuf[:0], sh.t, 10)
+	ts = append(ts, '.')
+	var sum [sha256.Size]byte
+	matched := 0
+	for _, pool := range v.macs {
+		mac := pool.Get().(hash.Hash)
+		mac.Reset()
+		mac.Write(ts)
+		mac.Write(body)
+		mac.Sum(sum[:0])
+		pool.Put(mac)
+		for i := range sh.v1 {
+			// Every pair is compared, so timing does not tell which
+			// secret or which v1 matched.
+			matched |= subtle.ConstantTimeCompare(sum[:], sh.v1[i][:])
+		}
+	}
+	if matched == 0 {
+		return errSigMismatch
+	}
+	return nil
+}
+
+// Sign returns the Sangho-Signature header value for body, signed at t
+// with each of secrets (one v1 per secret, as Sangho does during a
+// rotation). It is used by the tests and by cmd/sangho-send.
+func Sign(t time.Time, body []byte, secrets ...string) string {
+	ts := strconv.FormatInt(t.Unix(), 10)
+	var b strings.Builder
+	b.WriteString("t=")
+	b.WriteString(ts)
+	for _, s := range secrets {
+		mac := hmac.New(sha256.New, []byte(s))
+		mac.Write([]byte(ts))
+		mac.Write([]byte{'.'})
+		mac.Write(body)
+		b.WriteString(",v1=")
+		b.WriteString(hex.EncodeToString(mac.Sum(nil)))
+	}
+	return b.String()
+}

@@ -1,0 +1,144 @@
+package sanghodedup
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+)
+
+// Store keeps the dedup state of events, one key per event. Every
+// method is one atomic operation on one key (one round trip for a
+// network store), so a store can be shared by many Caddy instances and
+// sharded (Redis Cluster) by key.
+//
+// A store is a Caddy module in the namespace http.sangho_dedup.stores;
+// another plugin can add one without touching this package.
+type Store interface {
+	// Claim creates key holding an in-flight lease owned by token, with
+	// a time to live of ttl, only if key does not exist. If it exists,
+	// Claim reports what it holds (done or in flight) and changes
+	// nothing. An error never means "duplicate".
+	Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error)
+
+	// Renew extends the lease on key to ttl if key still holds the
+	// in-flight lease of token, and reports whether it did.
+	Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error)
+
+	// Commit turns key into the done record rec, with a time to live of
+	// retention, and reports whether key still held the lease of token
+	// (false: the lease was lost, yet the event is recorded as done all
+	// the same, since the backend did process it).
+	Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error)
+
+	// Release deletes key if it still holds the in-flight lease of
+	// token, and reports whether it did.
+	Release(ctx context.Context, key, token string) (bool, error)
+}
+
+// ClaimResult is what a Claim found.
+type ClaimResult int
+
+const (
+	// Claimed: the key was absent and now holds our lease.
+	Claimed ClaimResult = iota
+	// AlreadyDone: the event was processed before.
+	AlreadyDone
+	// InFlight: another delivery of the event holds the lease.
+	InFlight
+)
+
+func (c ClaimResult) String() string {
+	switch c {
+	case Claimed:
+		return "claimed"
+	case AlreadyDone:
+		return "done"
+	case InFlight:
+		return "in_flight"
+	}
+	return "unknown"
+}
+
+// DoneRecord is what is remembered of a processed event, like a row of
+// the processed_webhook_events table of Sangho's guide.
+type DoneRecord struct {
+	ProcessedAt time.Time
+	EventType   string
+}
+
+// Stored values. An in-flight lease is "inflight:<token>"; a done record
+// is "done:" followed by a small JSON object, readable with redis-cli.
+const (
+	inflightPrefix = "inflight:"
+	donePrefix     = "done:"
+)
+
+func inflightValue(token string) string { return inflightPrefix + token }
+
+// encode renders the done record as `done:{"processed_at":...,"event_type":...}`.
+func (r DoneRecord) encode() string {
+	b := make([]byte, 0, 64+len(r.EventType))
+	b = append(b, donePrefix+`{"processed_at":"`...)
+	b = r.ProcessedAt.UTC().AppendFormat(b, time.RFC3339Nano)
+	b = append(b, `","event_type":`...)
+	b = appendJSONString(b, r.EventType)
+	b = append(b, '}')
+	return string(b)
+}
+
+// appendJSONString appends s as a JSON string, escaping what JSON needs.
+func appendJSONString(b []byte, s string) []byte {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20:
+			b = append(b, `\u00`...)
+			b = append(b, "0123456789abcdef"[c>>4], "0123456789abcdef"[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// classify maps a stored value to a ClaimResult, given the token of the
+// caller: a lease that holds our own token counts as Claimed, which
+// happens when a client retried a claim whose first attempt did reach
+// the store.
+func classify(val, token string) ClaimResult {
+	if strings.HasPrefix(val, donePrefix) {
+		return AlreadyDone
+	}
+	if val == inflightValue(token) {
+		return Claimed
+	}
+	return InFlight
+}
+
+// Lease tokens: a random per-process prefix and a counter, unique across
+// instances and cheaper than reading crypto/rand on every request.
+var (
+	tokenPrefix = func() string {
+		var b [12]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			panic("sangho_dedup: reading random token prefix: " + err.Error())
+		}
+		return hex.EncodeToString(b[:]) + "-"
+	}()
+	tokenCounter atomic.Uint64
+)
+
+func newToken() string {
+	return tokenPrefix + strconv.FormatUint(tokenCounter.Add(1), 36)
+}

@@ -1,0 +1,397 @@
+package sanghodedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	_ "embed"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/redis/go-redis/v9"
+)
+
+func init() {
+	caddy.RegisterModule(RedisStore{})
+}
+
+var (
+	//go:embed lua/renew.lua
+	renewLua string
+	//go:embed lua/release.lua
+	releaseLua string
+
+	renewScript   = redis.NewScript(renewLua)
+	releaseScript = redis.NewScript(releaseLua)
+)
+
+// RedisStore keeps dedup state in Redis (7.0 or later, or Valkey), so
+// that it is durable (as far as Redis persists) and shared by every Caddy
+// instance that points at the same Redis. Every operation touches a
+// single key in one round trip: a claim is `SET key lease NX GET PX ttl`,
+// a commit `SET key record GET PX retention`, a renewal and a release
+// are small Lua scripts that compare the lease token first. It works
+// alike on a standalone server, a Redis Cluster and behind Sentinel.
+//
+// Clients are shared across config reloads: a reload that keeps the same
+// connection settings keeps the same connections.
+type RedisStore struct {
+	// Addresses as host:port. One address: a standalone server. Several
+	// addresses: the seed nodes of a Redis Cluster. With MasterName: the
+	// Sentinels. Default: 127.0.0.1:6379 when URL is empty too.
+	// Placeholders such as {env.REDIS_ADDR} are resolved at provision.
+	Address []string `json:"address,omitempty"`
+
+	// A redis:// or rediss:// URL of a standalone server, instead of
+	// Address (user, password, db and TLS may be given in it). It cannot
+	// be combined with Address, MasterName or TLS. Placeholders resolved.
+	URL string `json:"url,omitempty"`
+
+	// The name of the master monitored by the Sentinels listed in
+	// Address. Default: none (no Sentinel).
+	MasterName string `json:"master_name,omitempty"`
+
+	// ACL user name. Default: none. Placeholders resolved.
+	Username string `json:"username,omitempty"`
+
+	// Password (for Sentinel setups, of the data nodes). Default: none.
+	// Use a placeholder such as {env.REDIS_PASSWORD} so that the secret
+	// stays out of the adapted and autosaved JSON.
+	Password string `json:"password,omitempty"`
+
+	// Database number, standalone and Sentinel only. Default: 0.
+	DB int `json:"db,omitempty"`
+
+	// Connect with TLS (without a URL; with a URL use rediss://).
+	// Default: false.
+	TLS bool `json:"tls,omitempty"`
+
+	// Timeout to establish a connection. Default: 5s.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// Timeout for reading a reply. Default: 3s.
+	ReadTimeout caddy.Duration `json:"read_timeout,omitempty"`
+
+	// Timeout for writing a command. Default: the read timeout.
+	WriteTimeout caddy.Duration `json:"write_timeout,omitempty"`
+
+	// Maximum connections per node. Default: 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	client  redis.UniversalClient
+	poolKey string
+}
+
+// CaddyModule returns the Caddy module information.
+func (RedisStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.sangho_dedup.stores.redis",
+		New: func() caddy.Module { return new(RedisStore) },
+	}
+}
+
+// redisClient holds a shared client in the usage pool.
+type redisClient struct{ redis.UniversalClient }
+
+func (c redisClient) Destruct() error { return c.Close() }
+
+// Provision resolves placeholders, then takes a client with these
+// settings from the usage pool or creates one. It does not contact
+// Redis: Caddy starts while Redis is down, and requests are answered
+// 503 (or passed, see on_store_error) until Redis is back.
+func (s *RedisStore) Provision(ctx caddy.Context) error {
+	opts, err := s.options()
+	if err != nil {
+		return err
+	}
+	s.poolKey = opts.poolKey()
+	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
+		return redisClient{redis.NewUniversalClient(opts.universal)}, nil
+	})
+	if err != nil {
+		return err
+	}
+	s.client = v.(redisClient).UniversalClient
+	return nil
+}
+
+// Cleanup releases this config's use of the shared client; the client
+// is closed when no config uses it any more.
+func (s *RedisStore) Cleanup() error {
+	if s.poolKey == "" {
+		return nil
+	}
+	_, err := storePool.Delete(s.poolKey)
+	return err
+}
+
+// resolvedOptions are the settings after placeholders, ready for go-redis.
+type resolvedOptions struct {
+	universal *redis.UniversalOptions
+	// normalized settings, the key of the usage pool
+	norm map[string]any
+}
+
+func (o resolvedOptions) poolKey() string {
+	b, _ := json.Marshal(o.norm)
+	sum := sha256.Sum256(b) // the password is part of it: keep the key opaque
+	return "sangho_dedup.redis." + hex.EncodeToString(sum[:])
+}
+
+func (s *RedisStore) options() (resolvedOptions, error) {
+	repl := caddy.NewReplacer()
+	resolve := func(v string) string { return repl.ReplaceAll(v, "") }
+
+	var addrs []string
+	for _, a := range s.Address {
+		if a = resolve(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	u := resolve(s.URL)
+	o := &redis.UniversalOptions{
+		Addrs:                 addrs,
+		MasterName:            resolve(s.MasterName),
+		Username:              resolve(s.Username),
+		Password:              resolve(s.Password),
+		DB:                    s.DB,
+		DialTimeout:           time.Duration(s.DialTimeout),
+		ReadTimeout:           time.Duration(s.ReadTimeout),
+		WriteTimeout:          time.Duration(s.WriteTimeout),
+		PoolSize:              s.PoolSize,
+		ContextTimeoutEnabled: true,
+	}
+	if u != "" {
+		if len(addrs) > 0 || o.MasterName != "" || s.TLS {
+			return resolvedOptions{}, errors.New("redis store: url cannot be combined with address, master_name or tls")
+		}
+		po, err := redis.ParseURL(u)
+		if err != nil {
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err // url.Error repeats the URL, password included
+			}
+			return resolvedOptions{}, fmt.Errorf("redis store: invalid url: %v", err)
+		}
+		o.Addrs = []string{po.Addr}
+		if o.Username == "" {
+			o.Username = po.Username
+		}
+		if o.Password == "" {
+			o.Password = po.Password
+		}
+		if o.DB == 0 {
+			o.DB = po.DB
+		}
+		o.TLSConfig = po.TLSConfig
+	}
+	if len(o.Addrs) == 0 {
+		o.Addrs = []string{"127.0.0.1:6379"}
+	}
+	if s.TLS {
+		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if len(o.Addrs) > 1 && o.MasterName == "" && o.DB != 0 {
+		return resolvedOptions{}, errors.New("redis store: db must be 0 on a Redis Cluster (several addresses)")
+	}
+	norm := map[string]any{
+		"addrs": o.Addrs, "master": o.MasterName, "user": o.Username, "pass": o.Password,
+		"db": o.DB, "tls": o.TLSConfig != nil, "dial": o.DialTimeout, "read": o.ReadTimeout,
+		"write": o.WriteTimeout, "pool": o.PoolSize,
+	}
+	if o.TLSConfig != nil {
+		norm["tls_server_name"] = o.TLSConfig.ServerName
+	}
+	return resolvedOptions{universal: o, norm: norm}, nil
+}
+
+// Validate checks values that need no placeholder resolution.
+func (s *RedisStore) Validate() error {
+	switch {
+	case s.DB < 0:
+		return errors.New("redis store: db must not be negative")
+	case s.PoolSize < 0:
+		return errors.New("redis store: pool_size must not be negative")
+	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
+		return errors.New("redis store: timeouts must not be negative")
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens:
+//
+//	store redis {
+//		address <host:port...>
+//		url <redis://...|rediss://...>
+//		master_name <name>
+//		username <user>
+//		password <password>
+//		db <n>
+//		tls
+//		dial_timeout <duration>
+//		read_timeout <duration>
+//		write_timeout <duration>
+//		pool_size <n>
+//	}
+func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // store type
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	seen := map[string]bool{}
+	for d.NextBlock(d.Nesting()) {
+		opt := d.Val()
+		if opt != "address" {
+			if seen[opt] {
+				return d.Errf("redis store: %s given more than once", opt)
+			}
+			seen[opt] = true
+		}
+		switch opt {
+		case "address":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			s.Address = append(s.Address, args...)
+		case "url":
+			if err := oneArg(d, &s.URL); err != nil {
+				return err
+			}
+		case "master_name":
+			if err := oneArg(d, &s.MasterName); err != nil {
+				return err
+			}
+		case "username":
+			if err := oneArg(d, &s.Username); err != nil {
+				return err
+			}
+		case "password":
+			if err := oneArg(d, &s.Password); err != nil {
+				return err
+			}
+		case "db":
+			if err := intArg(d, &s.DB); err != nil {
+				return err
+			}
+		case "tls":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			s.TLS = true
+		case "dial_timeout":
+			if err := durationArg(d, &s.DialTimeout); err != nil {
+				return err
+			}
+		case "read_timeout":
+			if err := durationArg(d, &s.ReadTimeout); err != nil {
+				return err
+			}
+		case "write_timeout":
+			if err := durationArg(d, &s.WriteTimeout); err != nil {
+				return err
+			}
+		case "pool_size":
+			if err := intArg(d, &s.PoolSize); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized redis store option %q", opt)
+		}
+	}
+	return nil
+}
+
+// Claim implements Store with `SET key lease NX GET PX ttl`.
+func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
+	old, err := s.client.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
+	if errors.Is(err, redis.Nil) {
+		return Claimed, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return classify(old, token), nil
+}
+
+// Renew implements Store with a compare-and-extend script.
+func (s *RedisStore) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	n, err := renewScript.Run(ctx, s.client, []string{key}, inflightValue(token), ttl.Milliseconds()).Int()
+	return n == 1, err
+}
+
+// Commit implements Store with `SET key record GET PX retention`: the
+// old value tells whether our lease was still there.
+func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
+	old, err := s.client.SetArgs(ctx, key, rec.encode(), redis.SetArgs{TTL: retention, Get: true}).Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	// A retried commit whose first attempt landed finds its own record.
+	return old == inflightValue(token) || old == rec.encode(), nil
+}
+
+// Release implements Store with a compare-and-delete script.
+func (s *RedisStore) Release(ctx context.Context, key, token string) (bool, error) {
+	n, err := releaseScript.Run(ctx, s.client, []string{key}, inflightValue(token)).Int()
+	return n == 1, err
+}
+
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func intArg(d *caddyfile.Dispenser, dst *int) error {
+	name, s := d.Val(), ""
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return d.Errf("%s: %q is not a non-negative whole number", name, s)
+	}
+	*dst = n
+	return nil
+}
+
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name, s := d.Val(), ""
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("%s: invalid duration %q: %v", name, s, err)
+	}
+	if dur <= 0 {
+		return d.Errf("%s: duration must be positive, got %q", name, s)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}
+
+// Interface guards
+var (
+	_ Store                 = (*RedisStore)(nil)
+	_ caddy.Provisioner     = (*RedisStore)(nil)
+	_ caddy.Validator       = (*RedisStore)(nil)
+	_ caddy.CleanerUpper    = (*RedisStore)(nil)
+	_ caddyfile.Unmarshaler = (*RedisStore)(nil)
+)
