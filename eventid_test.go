@@ -1,0 +1,84 @@
+package sanghodedup
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestExtractEvent(t *testing.T) {
+	long := strings.Repeat("a", 255)
+	cases := []struct {
+		name    string
+		body    string
+		headers []string
+		id, typ string
+		err     error
+	}{
+		{"contract body A", bodyA, nil, "evt_1QZtest000000000001", "payment_intent.succeeded", nil},
+		{"contract body B, header equal", bodyB, []string{"evt_unicode_body"}, "evt_unicode_body", "customer.updated", nil},
+		{"header only, body has no id", `{"type":"x"}`, []string{"evt_h"}, "evt_h", "x", nil},
+		{"header only, body not JSON", `hello`, []string{"evt_h"}, "evt_h", "", nil},
+		{"header only, body an array", `[{"id":"evt_b"}]`, []string{"evt_h"}, "evt_h", "", nil},
+		{"header only, empty body", ``, []string{"evt_h"}, "evt_h", "", nil},
+		{"body and header differ", bodyA, []string{"evt_other"}, "", "", errIDMismatch},
+		{"no id anywhere", `{"type":"x"}`, nil, "", "", errIDMissing},
+		{"no id, not JSON", `nope`, nil, "", "", errIDMissing},
+		{"nested id is not the event id", `{"data":{"id":"evt_nested"}}`, nil, "", "", errIDMissing},
+		{"id inside a string is not a key", `{"note":"\"id\":\"evt_fake\"","id":"evt_real"}`, nil, "evt_real", "", nil},
+		{"nested id then top-level id", `{"data":{"object":{"id":"pi_1"}},"id":"evt_top"}`, nil, "evt_top", "", nil},
+		{"escaped key", `{"\u0069d":"evt_esc"}`, nil, "evt_esc", "", nil},
+		{"escaped value", `{"id":"evt\u005fesc"}`, nil, "evt_esc", "", nil},
+		{"whitespace everywhere", " \n{ \"id\" :\t\"evt_ws\" ,\r\n\"type\":\"t\" } \n", nil, "evt_ws", "t", nil},
+		{"duplicate id keys", `{"id":"a","id":"b"}`, nil, "", "", errIDDupKey},
+		{"duplicate equal id keys", `{"id":"a","id":"a"}`, nil, "", "", errIDDupKey},
+		{"id is a number", `{"id":12}`, nil, "", "", errIDNotString},
+		{"id is null", `{"id":null}`, []string{"evt_h"}, "", "", errIDNotString},
+		{"id is an object", `{"id":{"x":1}}`, nil, "", "", errIDNotString},
+		{"id empty", `{"id":""}`, nil, "", "", errIDInvalid},
+		{"id 255 chars", `{"id":"` + long + `"}`, nil, long, "", nil},
+		{"id 256 chars", `{"id":"` + long + `a"}`, nil, "", "", errIDInvalid},
+		{"id with a space", `{"id":"evt 1"}`, nil, "", "", errIDInvalid},
+		{"id with a colon", `{"id":"evt:1"}`, nil, "", "", errIDInvalid},
+		{"id non-ASCII", `{"id":"évt"}`, nil, "", "", errIDInvalid},
+		{"header id invalid", `{}`, []string{"evt/../x"}, "", "", errIDInvalid},
+		{"header id 256", `{}`, []string{long + "a"}, "", "", errIDInvalid},
+		{"two header ids", `{}`, []string{"a", "b"}, "", "", errIDHeaders},
+		{"type not a string is ignored", `{"id":"e","type":7}`, nil, "e", "", nil},
+		{"truncated object", `{"id":"evt_1","data":{`, nil, "", "", errBodyJSON},
+		{"truncated string", `{"id":"evt_1`, nil, "", "", errBodyJSON},
+		{"trailing garbage", `{"id":"evt_1"} x`, nil, "", "", errBodyJSON},
+		{"missing colon", `{"id" "evt_1"}`, nil, "", "", errBodyJSON},
+		{"missing comma", `{"a":1 "id":"evt_1"}`, nil, "", "", errBodyJSON},
+		{"unquoted key", `{id:"evt_1"}`, nil, "", "", errBodyJSON},
+		{"trailing comma", `{"id":"evt_1",}`, nil, "", "", errBodyJSON},
+		{"mismatched brackets", `{"a":[1,2},"id":"evt_1"}`, nil, "", "", errBodyJSON},
+		{"control char in string", "{\"id\":\"evt\x01\"}", nil, "", "", errBodyJSON},
+		{"non-UTF-8 elsewhere", "{\"x\":\"\xff\xfe\",\"id\":\"evt_1\"}", nil, "evt_1", "", nil},
+		{"empty object", `{}`, nil, "", "", errIDMissing},
+		{"deep nesting", `{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `,"id":"evt_deep"}`, nil, "evt_deep", "", nil},
+	}
+	for _, c := range cases {
+		id, typ, err := extractEvent([]byte(c.body), c.headers)
+		if !errors.Is(err, c.err) || (c.err == nil && err != nil) {
+			t.Errorf("%s: err = %v, want %v", c.name, err, c.err)
+			continue
+		}
+		if err == nil && (id != c.id || typ != c.typ) {
+			t.Errorf("%s: id %q type %q, want %q %q", c.name, id, typ, c.id, c.typ)
+		}
+	}
+}
+
+func TestValidID(t *testing.T) {
+	for _, id := range []string{"a", "evt_1QZtest000000000001", "A-b_9", strings.Repeat("z", 255)} {
+		if !validID(id) {
+			t.Errorf("%q rejected", id)
+		}
+	}
+	for _, id := range []string{"", strings.Repeat("z", 256), "a b", "a.b", "a\x00", "é", "a/b", "a*"} {
+		if validID(id) {
+			t.Errorf("%q accepted", id)
+		}
+	}
+}

@@ -1,0 +1,380 @@
+package sanghodedup
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// fakeClock is a swappable clock for time-dependent logic.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1733140800, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// storeHarness is what the contract suite needs of a store under test.
+type storeHarness struct {
+	store Store
+	// elapse lets d pass for the store (fake clock, or real time).
+	elapse func(d time.Duration)
+	// value and ttl read a key's raw value ("" if absent) and remaining time to live.
+	value func(key string) string
+	ttl   func(key string) time.Duration
+	// short is a TTL small enough to wait for.
+	short time.Duration
+}
+
+func memoryHarness(t *testing.T) storeHarness {
+	clock := newFakeClock()
+	st := newMemState(clock.Now, time.Hour)
+	t.Cleanup(func() { st.Destruct() })
+	m := &MemoryStore{state: st}
+	lookup := func(key string) (memEntry, bool) {
+		sh := st.shard(key)
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return st.get(sh, key, clock.Now())
+	}
+	return storeHarness{
+		store:  m,
+		elapse: clock.Advance,
+		value:  func(key string) string { e, _ := lookup(key); return e.val },
+		ttl: func(key string) time.Duration {
+			e, ok := lookup(key)
+			if !ok {
+				return 0
+			}
+			return e.expires.Sub(clock.Now())
+		},
+		short: time.Second,
+	}
+}
+
+func provisionRedisStore(t testing.TB, s *RedisStore) *RedisStore {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := s.Provision(ctx); err != nil {
+		t.Fatalf("provisioning redis store: %v", err)
+	}
+	if err := s.Validate(); err != nil {
+		t.Fatalf("validating redis store: %v", err)
+	}
+	t.Cleanup(func() { s.Cleanup() })
+	return s
+}
+
+func redisHarness(t *testing.T) storeHarness {
+	srv := startRedis(t)
+	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}})
+	c := srv.Client(t)
+	return storeHarness{
+		store:  s,
+		elapse: time.Sleep,
+		value:  func(key string) string { return c.Get(context.Background(), key).Val() },
+		ttl:    func(key string) time.Duration { return c.PTTL(context.Background(), key).Val() },
+		short:  150 * time.Millisecond,
+	}
+}
+
+func TestStoreContractMemory(t *testing.T) { runStoreContract(t, memoryHarness) }
+func TestStoreContractRedis(t *testing.T)  { runStoreContract(t, redisHarness) }
+
+func runStoreContract(t *testing.T, newHarness func(*testing.T) storeHarness) {
+	ctx := context.Background()
+	const lockTTL, retention = 30 * time.Second, 72 * time.Hour
+	rec := DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "payment_intent.succeeded"}
+
+	approx := func(t *testing.T, got, want time.Duration) {
+		t.Helper()
+		if got > want || got < want-2*time.Second {
+			t.Fatalf("ttl = %v, want about %v", got, want)
+		}
+	}
+	mustClaim := func(t *testing.T, h storeHarness, key, token string, ttl time.Duration, want ClaimResult) {
+		t.Helper()
+		got, err := h.store.Claim(ctx, key, token, ttl)
+		if err != nil {
+			t.Fatalf("claim %s: %v", key, err)
+		}
+		if got != want {
+			t.Fatalf("claim %s with %s = %v, want %v", key, token, got, want)
+		}
+	}
+
+	t.Run("claim creates an in-flight lease with lock_ttl", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		if v := h.value("k"); v != "inflight:tok1" {
+			t.Fatalf("value = %q", v)
+		}
+		approx(t, h.ttl("k"), lockTTL)
+	})
+	t.Run("second claim sees in flight and changes nothing", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		mustClaim(t, h, "k", "tok2", time.Hour, InFlight)
+		if v := h.value("k"); v != "inflight:tok1" {
+			t.Fatalf("value = %q", v)
+		}
+		approx(t, h.ttl("k"), lockTTL)
+	})
+	t.Run("a retried claim with the same token is ours", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+	})
+	t.Run("renew checks the token and extends", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", 5*time.Second, Claimed)
+		if ok, err := h.store.Renew(ctx, "k", "other", time.Minute); err != nil || ok {
+			t.Fatalf("renew with a foreign token = %v, %v; want false", ok, err)
+		}
+		approx(t, h.ttl("k"), 5*time.Second)
+		if ok, err := h.store.Renew(ctx, "k", "tok1", time.Minute); err != nil || !ok {
+			t.Fatalf("renew = %v, %v; want true", ok, err)
+		}
+		approx(t, h.ttl("k"), time.Minute)
+		if ok, _ := h.store.Renew(ctx, "absent", "tok1", time.Minute); ok {
+			t.Fatal("renew of an absent key succeeded")
+		}
+		if v := h.value("absent"); v != "" {
+			t.Fatalf("renew created a key: %q", v)
+		}
+	})
+	t.Run("commit writes the done record with retention", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		held, err := h.store.Commit(ctx, "k", "tok1", rec, retention)
+		if err != nil || !held {
+			t.Fatalf("commit = %v, %v; want held", held, err)
+		}
+		want := `done:{"processed_at":"2024-12-02T12:00:01Z","event_type":"payment_intent.succeeded"}`
+		if v := h.value("k"); v != want {
+			t.Fatalf("value = %q, want %q", v, want)
+		}
+		approx(t, h.ttl("k"), retention)
+		mustClaim(t, h, "k", "tok2", lockTTL, AlreadyDone)
+		mustClaim(t, h, "k", "tok1", lockTTL, AlreadyDone)
+	})
+	t.Run("commit after the lease was lost records done and says so", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		held, err := h.store.Commit(ctx, "k", "tok2", rec, retention)
+		if err != nil || held {
+			t.Fatalf("commit with a foreign token = %v, %v; want not held", held, err)
+		}
+		mustClaim(t, h, "k", "tok3", lockTTL, AlreadyDone)
+		// and a commit on a key that expired meanwhile
+		held, err = h.store.Commit(ctx, "gone", "tok1", rec, retention)
+		if err != nil || held {
+			t.Fatalf("commit of an absent key = %v, %v; want not held", held, err)
+		}
+		mustClaim(t, h, "gone", "tok3", lockTTL, AlreadyDone)
+	})
+	t.Run("release checks the token and deletes", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		if ok, err := h.store.Release(ctx, "k", "tok2"); err != nil || ok {
+			t.Fatalf("release with a foreign token = %v, %v; want false", ok, err)
+		}
+		if v := h.value("k"); v != "inflight:tok1" {
+			t.Fatalf("foreign release changed the key: %q", v)
+		}
+		if ok, err := h.store.Release(ctx, "k", "tok1"); err != nil || !ok {
+			t.Fatalf("release = %v, %v; want true", ok, err)
+		}
+		if v := h.value("k"); v != "" {
+			t.Fatalf("key still there after release: %q", v)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, Claimed)
+	})
+	t.Run("release never deletes a done record", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		if _, err := h.store.Commit(ctx, "k", "tok1", rec, retention); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := h.store.Release(ctx, "k", "tok1"); err != nil || ok {
+			t.Fatalf("release after commit = %v, %v; want false", ok, err)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, AlreadyDone)
+	})
+	t.Run("an expired lease can be claimed again and not renewed", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", h.short, Claimed)
+		h.elapse(h.short + h.short/2)
+		if ok, _ := h.store.Renew(ctx, "k", "tok1", lockTTL); ok {
+			t.Fatal("renewed an expired lease")
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, Claimed)
+		if ok, _ := h.store.Release(ctx, "k", "tok1"); ok {
+			t.Fatal("the first owner released the second owner's lease")
+		}
+	})
+	t.Run("a done record expires after retention", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		if _, err := h.store.Commit(ctx, "k", "tok1", rec, h.short); err != nil {
+			t.Fatal(err)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, AlreadyDone)
+		h.elapse(h.short + h.short/2)
+		mustClaim(t, h, "k", "tok2", lockTTL, Claimed)
+	})
+	t.Run("concurrent claims: exactly one wins", func(t *testing.T) {
+		h := newHarness(t)
+		var claimed, inflight atomic.Int32
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := h.store.Claim(ctx, "race", "tok"+strings.Repeat("x", i), lockTTL)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch res {
+				case Claimed:
+					claimed.Add(1)
+				case InFlight:
+					inflight.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if claimed.Load() != 1 || inflight.Load() != 49 {
+			t.Fatalf("claimed %d, in flight %d; want 1 and 49", claimed.Load(), inflight.Load())
+		}
+	})
+	t.Run("event types are stored as JSON strings", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		odd := DoneRecord{ProcessedAt: rec.ProcessedAt, EventType: "a\"b\\c\n"}
+		if _, err := h.store.Commit(ctx, "k", "tok1", odd, retention); err != nil {
+			t.Fatal(err)
+		}
+		want := `done:{"processed_at":"2024-12-02T12:00:01Z","event_type":"a\"b\\c\u000a"}`
+		if v := h.value("k"); v != want {
+			t.Fatalf("value = %q, want %q", v, want)
+		}
+	})
+}
+
+func TestRedisStoreErrorIsNotDuplicate(t *testing.T) {
+	srv := startRedis(t)
+	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, DialTimeout: caddy.Duration(200 * time.Millisecond)})
+	ctx := context.Background()
+	if _, err := s.Claim(ctx, "k", "tok1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	res, err := s.Claim(ctx, "k", "tok2", time.Minute)
+	if err == nil {
+		t.Fatalf("claim with Redis down = %v, nil error; want an error", res)
+	}
+	if _, err := s.Commit(ctx, "k", "tok1", DoneRecord{}, time.Minute); err == nil {
+		t.Fatal("commit with Redis down: want an error")
+	}
+	if _, err := s.Release(ctx, "k", "tok1"); err == nil {
+		t.Fatal("release with Redis down: want an error")
+	}
+	if _, err := s.Renew(ctx, "k", "tok1", time.Minute); err == nil {
+		t.Fatal("renew with Redis down: want an error")
+	}
+	// Back again on the same port: the same client works, scripts are
+	// reloaded (NOSCRIPT after a restart is handled).
+	srv.Start(t)
+	if res, err := s.Claim(ctx, "k2", "tok1", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim after restart = %v, %v", res, err)
+	}
+	if ok, err := s.Release(ctx, "k2", "tok1"); err != nil || !ok {
+		t.Fatalf("release after restart = %v, %v", ok, err)
+	}
+}
+
+func TestMemorySweeper(t *testing.T) {
+	clock := newFakeClock()
+	st := newMemState(clock.Now, time.Hour)
+	defer st.Destruct()
+	st.claim("a", "t", time.Second)
+	st.claim("b", "t", time.Hour)
+	st.commit("c", "t", "done:{}", 2*time.Second)
+	if n := st.size(); n != 3 {
+		t.Fatalf("size = %d", n)
+	}
+	clock.Advance(3 * time.Second)
+	if n := st.sweep(); n != 2 {
+		t.Fatalf("swept %d, want 2", n)
+	}
+	if n := st.size(); n != 1 {
+		t.Fatalf("size after sweep = %d, want 1", n)
+	}
+}
+
+func TestMemorySweeperRunsAndStops(t *testing.T) {
+	st := newMemState(time.Now, 10*time.Millisecond)
+	st.claim("a", "t", time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for st.size() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sweeper did not remove an expired entry within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	st.Destruct() // returns only once the sweeper goroutine has exited
+	select {
+	case <-st.done:
+	default:
+		t.Fatal("sweeper still running after Destruct")
+	}
+}
+
+func TestMemoryStateSharedAcrossReloads(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a := new(MemoryStore)
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Claim(ctx, "reload-k", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	b := new(MemoryStore) // the new config is provisioned before the old one is cleaned up
+	if err := b.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.Cleanup()
+	if res, _ := b.Claim(ctx, "reload-k", "tok2", time.Minute); res != InFlight {
+		t.Fatalf("after reload the claim was forgotten: %v", res)
+	}
+	b.Cleanup()
+	c := new(MemoryStore) // every user gone: a fresh state
+	if err := c.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Cleanup()
+	if res, _ := c.Claim(ctx, "reload-k", "tok3", time.Minute); res != Claimed {
+		t.Fatalf("state outlived its last user: %v", res)
+	}
+}
