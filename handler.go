@@ -131,6 +131,7 @@ func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp
 	}()
 	err := next.ServeHTTP(sw, r)
 	finished = true
+	sw.finished = err == nil
 	l.stop()
 	h.settle(sctx, repl, sw, key, token, id, typ)
 	return err

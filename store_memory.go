@@ -65,7 +65,7 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
-	if d.NextBlock(d.Nesting()) {
+	if nesting := d.Nesting(); d.NextBlock(nesting) {
 		return d.Errf("store memory takes no options, found %q", d.Val())
 	}
 	return nil

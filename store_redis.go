@@ -246,7 +246,7 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	seen := map[string]bool{}
-	for d.NextBlock(d.Nesting()) {
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
 		if opt != "address" {
 			if seen[opt] {

@@ -1,0 +1,204 @@
+package sanghodedup
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
+	d := caddyfile.NewTestDispenser(`sangho_dedup {
+		secret whsec_old whsec_new
+		secret {env.SANGHO_WEBHOOK_SECRET}
+		tolerance 2m
+		max_body_size 512KB
+		event_id_header X-Event
+		signature_header X-Sig
+		retention 96h
+		lock_ttl 45s
+		retry_after 3s
+		on_store_error pass
+		key_prefix tenant_a:
+		store redis {
+			address 10.0.0.1:6379 10.0.0.2:6379
+			address 10.0.0.3:6379
+			master_name mymaster
+			username app
+			password {env.REDIS_PASSWORD}
+			db 2
+			tls
+			dial_timeout 1s
+			read_timeout 2s
+			write_timeout 4s
+			pool_size 20
+		}
+	}`)
+	var h Handler
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	want := Handler{
+		Secrets:         []string{"whsec_old", "whsec_new", "{env.SANGHO_WEBHOOK_SECRET}"},
+		Tolerance:       caddy.Duration(2 * time.Minute),
+		MaxBodySize:     512000,
+		EventIDHeader:   "X-Event",
+		SignatureHeader: "X-Sig",
+		Retention:       caddy.Duration(96 * time.Hour),
+		LockTTL:         caddy.Duration(45 * time.Second),
+		RetryAfter:      caddy.Duration(3 * time.Second),
+		OnStoreError:    "pass",
+		KeyPrefix:       "tenant_a:",
+	}
+	store := h.StoreRaw
+	h.StoreRaw = nil
+	if !reflect.DeepEqual(h, want) {
+		t.Fatalf("got  %+v\nwant %+v", h, want)
+	}
+	var rs struct {
+		Type string `json:"type"`
+		RedisStore
+	}
+	if err := json.Unmarshal(store, &rs); err != nil {
+		t.Fatal(err)
+	}
+	wantStore := RedisStore{
+		Address:    []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
+		MasterName: "mymaster", Username: "app", Password: "{env.REDIS_PASSWORD}", DB: 2, TLS: true,
+		DialTimeout: caddy.Duration(time.Second), ReadTimeout: caddy.Duration(2 * time.Second),
+		WriteTimeout: caddy.Duration(4 * time.Second), PoolSize: 20,
+	}
+	if rs.Type != "redis" || !reflect.DeepEqual(rs.RedisStore, wantStore) {
+		t.Fatalf("store %s: got %+v\nwant %+v", rs.Type, rs.RedisStore, wantStore)
+	}
+}
+
+func TestUnmarshalCaddyfileSizes(t *testing.T) {
+	for in, want := range map[string]int64{"512KB": 512000, "1MiB": 1 << 20, "1048576": 1 << 20, "64KiB": 65536, "2mb": 2000000} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\nmax_body_size " + in + "\n}"))
+		if err != nil || h.MaxBodySize != want {
+			t.Errorf("max_body_size %s = %d, %v; want %d", in, h.MaxBodySize, err, want)
+		}
+	}
+}
+
+func TestUnmarshalCaddyfileErrors(t *testing.T) {
+	cases := map[string]string{
+		"no secret":                 "sangho_dedup {\n}",
+		"no block":                  "sangho_dedup",
+		"secret without value":      "sangho_dedup {\nsecret\n}",
+		"argument on the directive": "sangho_dedup foo {\nsecret s\n}",
+		"unknown subdirective":      "sangho_dedup {\nsecret s\nfrobnicate 1\n}",
+		"tolerance twice":           "sangho_dedup {\nsecret s\ntolerance 1m\ntolerance 2m\n}",
+		"tolerance missing":         "sangho_dedup {\nsecret s\ntolerance\n}",
+		"tolerance two values":      "sangho_dedup {\nsecret s\ntolerance 1m 2m\n}",
+		"tolerance bad":             "sangho_dedup {\nsecret s\ntolerance soon\n}",
+		"tolerance negative":        "sangho_dedup {\nsecret s\ntolerance -1m\n}",
+		"tolerance zero":            "sangho_dedup {\nsecret s\ntolerance 0s\n}",
+		"max_body_size bad":         "sangho_dedup {\nsecret s\nmax_body_size lots\n}",
+		"max_body_size zero":        "sangho_dedup {\nsecret s\nmax_body_size 0\n}",
+		"max_body_size twice":       "sangho_dedup {\nsecret s\nmax_body_size 1MB\nmax_body_size 2MB\n}",
+		"event_id_header bad":       "sangho_dedup {\nsecret s\nevent_id_header \"a b\"\n}",
+		"signature_header bad":      "sangho_dedup {\nsecret s\nsignature_header a:b\n}",
+		"retention bad":             "sangho_dedup {\nsecret s\nretention forever\n}",
+		"lock_ttl bad":              "sangho_dedup {\nsecret s\nlock_ttl x\n}",
+		"retry_after bad":           "sangho_dedup {\nsecret s\nretry_after x\n}",
+		"on_store_error bad":        "sangho_dedup {\nsecret s\non_store_error ignore\n}",
+		"on_store_error missing":    "sangho_dedup {\nsecret s\non_store_error\n}",
+		"key_prefix missing":        "sangho_dedup {\nsecret s\nkey_prefix\n}",
+		"store missing":             "sangho_dedup {\nsecret s\nstore\n}",
+		"store unknown":             "sangho_dedup {\nsecret s\nstore postgres\n}",
+		"store twice":               "sangho_dedup {\nsecret s\nstore memory\nstore memory\n}",
+		"store memory with options": "sangho_dedup {\nsecret s\nstore memory {\nsize 1\n}\n}",
+		"store memory with arg":     "sangho_dedup {\nsecret s\nstore memory big\n}",
+		"redis unknown option":      "sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}",
+		"redis address empty":       "sangho_dedup {\nsecret s\nstore redis {\naddress\n}\n}",
+		"redis url twice":           "sangho_dedup {\nsecret s\nstore redis {\nurl redis://a\nurl redis://b\n}\n}",
+		"redis db bad":              "sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}",
+		"redis db negative":         "sangho_dedup {\nsecret s\nstore redis {\ndb -1\n}\n}",
+		"redis tls with arg":        "sangho_dedup {\nsecret s\nstore redis {\ntls yes\n}\n}",
+		"redis pool_size bad":       "sangho_dedup {\nsecret s\nstore redis {\npool_size many\n}\n}",
+		"redis timeout bad":         "sangho_dedup {\nsecret s\nstore redis {\nread_timeout x\n}\n}",
+		"redis password missing":    "sangho_dedup {\nsecret s\nstore redis {\npassword\n}\n}",
+		"redis arg on store line":   "sangho_dedup {\nsecret s\nstore redis 127.0.0.1:6379\n}",
+	}
+	for name, in := range cases {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
+		if err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+// TestCaddyfileErrorsNameTheProblem checks a few messages in full.
+func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
+	for in, want := range map[string]string{
+		"sangho_dedup {\nsecret s\nfrobnicate 1\n}":              `unrecognized sangho_dedup subdirective "frobnicate"`,
+		"sangho_dedup {\nsecret s\nlock_ttl 1s\nlock_ttl 2s\n}":  "lock_ttl given more than once",
+		"sangho_dedup {\n}":                                      "at least one secret is required",
+		"sangho_dedup {\nsecret s\ntolerance soon\n}":            `tolerance: invalid duration "soon"`,
+		"sangho_dedup {\nsecret s\non_store_error maybe\n}":      `on_store_error: must be reject or pass, not "maybe"`,
+		"sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}":  `unrecognized redis store option "host"`,
+		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}":  `db: "one" is not a non-negative whole number`,
+		"sangho_dedup {\nsecret s\nstore nosuch\n}":              "http.sangho_dedup.stores.nosuch",
+		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":        `max_body_size: invalid size "huge"`,
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want it to contain %q", in, err, want)
+		}
+	}
+}
+
+// TestCaddyfileAdapt compares Caddyfile→JSON with the golden files in
+// testdata/caddyfile_adapt, as Caddy core does. Each file is a Caddyfile,
+// a line of dashes, and the expected JSON.
+func TestCaddyfileAdapt(t *testing.T) {
+	files, err := filepath.Glob("testdata/caddyfile_adapt/*.caddyfiletest")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no golden files: %v", err)
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		parts := strings.SplitN(string(data), "----------", 2)
+		if len(parts) != 2 {
+			t.Fatalf("%s: no ---------- separator", f)
+		}
+		if !caddytest.CompareAdapt(t, f, parts[0], "caddyfile", strings.TrimSpace(parts[1])) {
+			t.Errorf("%s: adapted JSON differs from the golden file", f)
+		}
+	}
+}
+
+// TestExampleCaddyfileAdapts keeps example.Caddyfile valid.
+func TestExampleCaddyfileAdapts(t *testing.T) {
+	data, err := os.ReadFile("example.Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, warnings := adaptCaddyfile(t, string(data))
+	if len(warnings) > 0 {
+		t.Errorf("warnings: %v", warnings)
+	}
+	if !strings.Contains(cfg, `"handler":"sangho_dedup"`) || !strings.Contains(cfg, `{env.SANGHO_WEBHOOK_SECRET}`) {
+		t.Fatalf("example does not put sangho_dedup in front with the env secret: %s", cfg)
+	}
+	if strings.Index(cfg, `"handler":"sangho_dedup"`) > strings.Index(cfg, `"handler":"reverse_proxy"`) {
+		t.Fatal("sangho_dedup does not run before reverse_proxy")
+	}
+}

@@ -1,0 +1,509 @@
+package sanghodedup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// testNow is the clock of the handler tests: the time of the contract's
+// vectors, so that they verify as they are.
+var testNow = time.Unix(1733140800, 0)
+
+// newTestHandler provisions a handler (memory store unless changed) with
+// a fixed clock and a log observer.
+func newTestHandler(t testing.TB, configure func(*Handler)) (*Handler, *observer.ObservedLogs) {
+	t.Helper()
+	h := &Handler{Secrets: []string{secret1}}
+	if configure != nil {
+		configure(h)
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := h.Provision(ctx); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	if err := h.Validate(); err != nil {
+		t.Fatalf("validate: %v", err)
+	}
+	core, logs := observer.New(zapcore.DebugLevel)
+	h.logger = zap.New(core)
+	h.now = func() time.Time { return testNow }
+	return h, logs
+}
+
+// delivery builds a signed request the way Sangho sends one.
+func delivery(body, id string, secrets ...string) *http.Request {
+	if len(secrets) == 0 {
+		secrets = []string{secret1}
+	}
+	r := httptest.NewRequest(http.MethodPost, "/webhook", strings.NewReader(body))
+	r.Header.Set("Content-Type", "application/json")
+	if id != "" {
+		r.Header.Set("Sangho-Event-ID", id)
+	}
+	r.Header.Set("Sangho-Signature", Sign(testNow, []byte(body), secrets...))
+	return r
+}
+
+func eventBody(id string) string {
+	return `{"id":"` + id + `","object":"event","type":"payment_intent.succeeded","data":{"object":{"amount":2000}}}`
+}
+
+// countingNext is a next handler that records what reaches it.
+type countingNext struct {
+	mu     sync.Mutex
+	bodies []string
+	calls  atomic.Int32
+	serve  func(w http.ResponseWriter, r *http.Request) error
+}
+
+func (n *countingNext) ServeHTTP(w http.ResponseWriter, r *http.Request) error {
+	n.calls.Add(1)
+	b, _ := io.ReadAll(r.Body)
+	n.mu.Lock()
+	n.bodies = append(n.bodies, string(b))
+	n.mu.Unlock()
+	if n.serve != nil {
+		return n.serve(w, r)
+	}
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// serve runs the handler like Caddy does: with a replacer in the
+// context, and a HandlerError turned into its status.
+func serve(h *Handler, r *http.Request, next caddyhttp.Handler) (*httptest.ResponseRecorder, *caddy.Replacer, error) {
+	repl := caddy.NewReplacer()
+	r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+	w := httptest.NewRecorder()
+	err := h.ServeHTTP(w, r, next)
+	var he caddyhttp.HandlerError
+	if errors.As(err, &he) {
+		w.WriteHeader(he.StatusCode)
+	}
+	return w, repl, err
+}
+
+func outcomeOf(repl *caddy.Replacer) string {
+	v, _ := repl.GetString("http.sangho_dedup.outcome")
+	return v
+}
+
+func TestHandlerStatusTable(t *testing.T) {
+	h, _ := newTestHandler(t, func(h *Handler) { h.MaxBodySize = 1024 })
+	stale := delivery(eventBody("evt_stale"), "")
+	stale.Header.Set("Sangho-Signature", Sign(testNow.Add(-10*time.Minute), []byte(eventBody("evt_stale")), secret1))
+	get := delivery(eventBody("evt_get"), "")
+	get.Method = http.MethodGet
+	twoSigs := delivery(eventBody("evt_2sig"), "")
+	twoSigs.Header.Add("Sangho-Signature", Sign(testNow, []byte(eventBody("evt_2sig")), secret1))
+	noSig := delivery(eventBody("evt_nosig"), "")
+	noSig.Header.Del("Sangho-Signature")
+	bigBody := `{"id":"evt_big","pad":"` + strings.Repeat("x", 1100) + `"}`
+	declaredBig := delivery(bigBody, "")
+	chunkedBig := delivery(bigBody, "")
+	chunkedBig.ContentLength = -1 // as a chunked request arrives: size unknown
+	truncated := delivery(eventBody("evt_trunc"), "")
+	truncated.Body = io.NopCloser(iotest.TimeoutReader(strings.NewReader(eventBody("evt_trunc")))) // fails on its 2nd read
+	truncated.ContentLength = -1
+
+	cases := []struct {
+		name    string
+		req     *http.Request
+		status  int
+		outcome string
+		header  [2]string
+	}{
+		{"GET", get, 405, outcomeBadRequest, [2]string{"Allow", "POST"}},
+		{"declared body over max_body_size", declaredBig, 413, outcomeTooLarge, [2]string{}},
+		{"chunked body over max_body_size", chunkedBig, 413, outcomeTooLarge, [2]string{}},
+		{"body cut short", truncated, 400, outcomeBadRequest, [2]string{}},
+		{"no signature", noSig, 401, outcomeInvalidSignature, [2]string{}},
+		{"signed with another secret", delivery(eventBody("evt_other"), "", secret2), 401, outcomeInvalidSignature, [2]string{}},
+		{"signature 10 minutes old", stale, 401, outcomeInvalidSignature, [2]string{}},
+		{"two signature headers", twoSigs, 401, outcomeInvalidSignature, [2]string{}},
+		{"no event ID", delivery(`{"type":"x"}`, ""), 400, outcomeBadRequest, [2]string{}},
+		{"bad event ID", delivery(eventBody("evt.1"), ""), 400, outcomeBadRequest, [2]string{}},
+		{"header and body IDs differ", delivery(eventBody("evt_a"), "evt_b"), 400, outcomeBadRequest, [2]string{}},
+		{"new event", delivery(eventBody("evt_new"), "evt_new"), 200, outcomeProcessed, [2]string{}},
+		{"same event again", delivery(eventBody("evt_new"), "evt_new"), 200, outcomeDuplicate, [2]string{"Sangho-Dedup", "duplicate"}},
+	}
+	next := &countingNext{}
+	for _, c := range cases {
+		before := next.calls.Load()
+		w, repl, _ := serve(h, c.req, next)
+		if w.Code != c.status {
+			t.Errorf("%s: status %d, want %d", c.name, w.Code, c.status)
+		}
+		if got := outcomeOf(repl); got != c.outcome {
+			t.Errorf("%s: outcome %q, want %q", c.name, got, c.outcome)
+		}
+		if c.header[0] != "" && w.Header().Get(c.header[0]) != c.header[1] {
+			t.Errorf("%s: %s = %q, want %q", c.name, c.header[0], w.Header().Get(c.header[0]), c.header[1])
+		}
+		reached := next.calls.Load() - before
+		if wantReach := int32(0); c.outcome == outcomeProcessed {
+			wantReach = 1
+			if reached != wantReach {
+				t.Errorf("%s: reached the backend %d times, want 1", c.name, reached)
+			}
+		} else if reached != 0 {
+			t.Errorf("%s: reached the backend", c.name)
+		}
+	}
+	// Nothing but the processed event left a key behind.
+	st := h.store.(*MemoryStore).state
+	for _, id := range []string{"evt_get", "evt_big", "evt_trunc", "evt_nosig", "evt_other", "evt_stale", "evt_2sig", "evt_a", "evt_b"} {
+		if res := st.claim(h.KeyPrefix+id, "probe", time.Minute); res != Claimed {
+			t.Errorf("a rejected request left key %s behind (%v)", id, res)
+		}
+	}
+}
+
+func TestDuplicateAnswer(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	next := &countingNext{}
+	serve(h, delivery(bodyA, ""), next)
+	w, _, err := serve(h, delivery(bodyA, ""), next)
+	if err != nil || w.Code != 200 || w.Body.String() != `{"received":true}` ||
+		w.Header().Get("Content-Type") != "application/json" || w.Header().Get("Sangho-Dedup") != "duplicate" {
+		t.Fatalf("duplicate answer: %d %v %q %v", w.Code, err, w.Body.String(), w.Header())
+	}
+	if next.calls.Load() != 1 {
+		t.Fatalf("backend reached %d times", next.calls.Load())
+	}
+}
+
+func TestBackendGetsTheExactBytes(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	var got []byte
+	var gotLen int64
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		got, _ = io.ReadAll(r.Body)
+		gotLen = r.ContentLength
+		return nil
+	})
+	body := "  \n" + bodyB + "\n" // whitespace, UTF-8 and all
+	r := delivery(body, "")
+	r.ContentLength = -1 // arrived chunked
+	if w, _, err := serve(h, r, next); err != nil || w.Code != 200 {
+		t.Fatalf("%d %v", w.Code, err)
+	}
+	if string(got) != body || gotLen != int64(len(body)) {
+		t.Fatalf("backend got %q (length %d), want %q", got, gotLen, body)
+	}
+}
+
+func TestBackendAnswerPassesUntouched(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("X-App", "yes")
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write([]byte("queued"))
+		return nil
+	})
+	w, repl, _ := serve(h, delivery(bodyA, ""), next)
+	if w.Code != 202 || w.Body.String() != "queued" || w.Header().Get("X-App") != "yes" || w.Header().Get("Sangho-Dedup") != "" {
+		t.Fatalf("answer changed: %d %q %v", w.Code, w.Body.String(), w.Header())
+	}
+	if outcomeOf(repl) != outcomeProcessed {
+		t.Fatalf("outcome %q", outcomeOf(repl))
+	}
+	id, _ := repl.GetString("http.sangho_dedup.event_id")
+	typ, _ := repl.GetString("http.sangho_dedup.event_type")
+	if id != "evt_1QZtest000000000001" || typ != "payment_intent.succeeded" {
+		t.Fatalf("placeholders: %q %q", id, typ)
+	}
+}
+
+// TestFailuresRelease: whatever keeps the backend from answering 2xx
+// releases the event, so that Sangho's next attempt is processed.
+func TestFailuresRelease(t *testing.T) {
+	cases := map[string]func(w http.ResponseWriter, r *http.Request) error{
+		"500": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(500); return nil },
+		"404": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(404); return nil },
+		"302": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(302); return nil },
+		"error 502": func(w http.ResponseWriter, r *http.Request) error {
+			return caddyhttp.Error(502, errors.New("dial tcp: connection refused"))
+		},
+		"plain error":  func(w http.ResponseWriter, r *http.Request) error { return errors.New("boom") },
+		"103 then 500": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(103); w.WriteHeader(500); return nil },
+		"client gone":  func(w http.ResponseWriter, r *http.Request) error { return caddyhttp.Error(499, context.Canceled) },
+	}
+	for name, fail := range cases {
+		t.Run(name, func(t *testing.T) {
+			h, _ := newTestHandler(t, nil)
+			attempt := 0
+			next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+				attempt++
+				if attempt == 1 {
+					return fail(w, r)
+				}
+				w.WriteHeader(200)
+				return nil
+			}}
+			_, repl, _ := serve(h, delivery(bodyA, ""), next)
+			if outcomeOf(repl) != outcomeReleased {
+				t.Fatalf("first attempt: outcome %q, want released", outcomeOf(repl))
+			}
+			w, repl, _ := serve(h, delivery(bodyA, ""), next)
+			if w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
+				t.Fatalf("retry: %d %q, want 200 processed", w.Code, outcomeOf(repl))
+			}
+			w, repl, _ = serve(h, delivery(bodyA, ""), next)
+			if outcomeOf(repl) != outcomeDuplicate || next.calls.Load() != 2 {
+				t.Fatalf("third attempt: %q, backend calls %d; want duplicate and 2", outcomeOf(repl), next.calls.Load())
+			}
+		})
+	}
+}
+
+func TestPanicReleases(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Fatal("the panic did not reach the caller")
+			}
+		}()
+		serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic("backend bug") }))
+	}()
+	next := &countingNext{}
+	if w, repl, _ := serve(h, delivery(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
+		t.Fatalf("after a panic the event was not released: %d %q", w.Code, outcomeOf(repl))
+	}
+}
+
+// A 2xx status line is the verdict, even if the handler fails after it:
+// the backend did the work, so it must not be done again.
+func TestTwoHundredThenErrorCommits(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(200)
+		return errors.New("client went away while the body was copied")
+	}))
+	if _, repl, _ := serve(h, delivery(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
+		t.Fatalf("outcome %q, want duplicate", outcomeOf(repl))
+	}
+	// and a handler that writes nothing answers 200: processed too
+	h2, _ := newTestHandler(t, func(h *Handler) { h.KeyPrefix = "silent:" })
+	serve(h2, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+	if _, repl, _ := serve(h2, delivery(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
+		t.Fatalf("silent handler: outcome %q, want duplicate", outcomeOf(repl))
+	}
+}
+
+func TestInFlightAnswers409(t *testing.T) {
+	h, _ := newTestHandler(t, func(h *Handler) { h.RetryAfter = caddy.Duration(1500 * time.Millisecond) })
+	entered, release := make(chan struct{}), make(chan struct{})
+	slow := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		close(entered)
+		<-release
+		w.WriteHeader(200)
+		return nil
+	})
+	done := make(chan struct{})
+	go func() { serve(h, delivery(bodyA, ""), slow); close(done) }()
+	<-entered
+	next := &countingNext{}
+	w, repl, err := serve(h, delivery(bodyA, ""), next)
+	if w.Code != 409 || w.Header().Get("Retry-After") != "2" || outcomeOf(repl) != outcomeInFlight || next.calls.Load() != 0 {
+		t.Fatalf("concurrent delivery: %d Retry-After %q outcome %q err %v", w.Code, w.Header().Get("Retry-After"), outcomeOf(repl), err)
+	}
+	close(release)
+	<-done
+	if _, repl, _ := serve(h, delivery(bodyA, ""), next); outcomeOf(repl) != outcomeDuplicate {
+		t.Fatalf("after the first finished: %q", outcomeOf(repl))
+	}
+}
+
+// TestLeaseRenewal: a backend slower than lock_ttl keeps its lease, and
+// a duplicate meanwhile gets 409.
+func TestLeaseRenewal(t *testing.T) {
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(90 * time.Millisecond) })
+	release := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			<-release
+			return nil
+		}))
+		close(done)
+	}()
+	next := &countingNext{}
+	for i := 0; i < 6; i++ { // 6 × 60ms: four times lock_ttl
+		time.Sleep(60 * time.Millisecond)
+		if w, _, _ := serve(h, delivery(bodyA, ""), next); w.Code != 409 {
+			t.Fatalf("after %dms in flight: %d, want 409", (i+1)*60, w.Code)
+		}
+	}
+	close(release)
+	<-done
+	if next.calls.Load() != 0 {
+		t.Fatal("a duplicate reached the backend while the first was in flight")
+	}
+}
+
+func TestStoreErrorRejectOrPass(t *testing.T) {
+	srv := startRedis(t)
+	srv.Stop()
+	redisDown := func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"dial_timeout":"100ms"}`)
+	}
+	h, _ := newTestHandler(t, redisDown)
+	next := &countingNext{}
+	w, repl, _ := serve(h, delivery(bodyA, ""), next)
+	if w.Code != 503 || w.Header().Get("Retry-After") != "10" || outcomeOf(repl) != outcomeStoreError || next.calls.Load() != 0 {
+		t.Fatalf("reject: %d %q %q calls %d", w.Code, w.Header().Get("Retry-After"), outcomeOf(repl), next.calls.Load())
+	}
+	hp, _ := newTestHandler(t, func(h *Handler) { redisDown(h); h.OnStoreError = "pass" })
+	before := testutil.ToFloat64(metrics.outcome[outcomeUnchecked])
+	w, repl, _ = serve(hp, delivery(bodyA, ""), next)
+	if w.Code != 200 || outcomeOf(repl) != outcomeUnchecked || next.calls.Load() != 1 {
+		t.Fatalf("pass: %d %q calls %d", w.Code, outcomeOf(repl), next.calls.Load())
+	}
+	if d := testutil.ToFloat64(metrics.outcome[outcomeUnchecked]) - before; d != 1 {
+		t.Fatalf("unchecked counter moved by %v", d)
+	}
+}
+
+func TestMetricsCountOutcomes(t *testing.T) {
+	h, _ := newTestHandler(t, func(h *Handler) { h.KeyPrefix = "metrics:" })
+	read := func() map[string]float64 {
+		m := map[string]float64{}
+		for _, o := range allOutcomes {
+			m[o] = testutil.ToFloat64(metrics.outcome[o])
+		}
+		return m
+	}
+	before := read()
+	serve(h, delivery(bodyA, ""), &countingNext{})
+	serve(h, delivery(bodyA, ""), &countingNext{})
+	serve(h, delivery(bodyA, "", secret2), &countingNext{})
+	after := read()
+	for o, want := range map[string]float64{outcomeProcessed: 1, outcomeDuplicate: 1, outcomeInvalidSignature: 1} {
+		if got := after[o] - before[o]; got != want {
+			t.Errorf("%s moved by %v, want %v", o, got, want)
+		}
+	}
+	if n := testutil.CollectAndCount(metrics.storeOps); n == 0 {
+		t.Error("no store latency observed")
+	}
+}
+
+// TestNoSecretInLogsOrErrors runs every kind of rejection with debug
+// logging on and looks for the secret and the signatures.
+func TestNoSecretInLogsOrErrors(t *testing.T) {
+	h, logs := newTestHandler(t, nil)
+	good := delivery(bodyA, "")
+	sig := good.Header.Get("Sangho-Signature")
+	reqs := []*http.Request{good, delivery(bodyA, ""), delivery(bodyA, "", secret2), delivery(bodyA, "evt_x"), delivery(`{}`, "")}
+	var errs []string
+	for _, r := range reqs {
+		_, _, err := serve(h, r, &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(500); return nil }})
+		if err != nil {
+			errs = append(errs, err.Error())
+		}
+	}
+	var all bytes.Buffer
+	for _, e := range logs.All() {
+		all.WriteString(e.Message)
+		for k, v := range e.ContextMap() {
+			all.WriteString(k)
+			all.WriteString(strings.TrimSpace(strings.ReplaceAll(strings.ReplaceAll(toString(v), "\n", " "), "\t", " ")))
+		}
+	}
+	all.WriteString(strings.Join(errs, "\n"))
+	if logs.Len() == 0 {
+		t.Fatal("nothing was logged")
+	}
+	for _, bad := range []string{secret1, secret2, sig[13:40], vectors[0].v1[:20]} {
+		if strings.Contains(all.String(), bad) {
+			t.Fatalf("logs or errors contain %q:\n%s", bad, all.String())
+		}
+	}
+}
+
+func toString(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case error:
+		return x.Error()
+	}
+	return ""
+}
+
+func TestProvisionErrors(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	t.Setenv("SANGHO_EMPTY_SECRET", "")
+	for name, h := range map[string]*Handler{
+		"no secret":    {},
+		"empty secret": {Secrets: []string{"{env.SANGHO_EMPTY_SECRET}"}},
+	} {
+		if err := h.Provision(ctx); err == nil {
+			t.Errorf("%s: provisioned", name)
+		}
+	}
+	for name, h := range map[string]*Handler{
+		"bad on_store_error": {Secrets: []string{"s"}, OnStoreError: "maybe"},
+		"tiny lock_ttl":      {Secrets: []string{"s"}, LockTTL: caddy.Duration(time.Millisecond)},
+		"negative tolerance": {Secrets: []string{"s"}, Tolerance: -1},
+		"bad header":         {Secrets: []string{"s"}, EventIDHeader: "a b"},
+	} {
+		if err := h.Provision(ctx); err != nil {
+			t.Errorf("%s: provision: %v", name, err)
+			continue
+		}
+		if err := h.Validate(); err == nil {
+			t.Errorf("%s: validated", name)
+		}
+	}
+	t.Setenv("SANGHO_TEST_SECRET", secret1)
+	h := &Handler{Secrets: []string{"{env.SANGHO_TEST_SECRET}"}}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.now = func() time.Time { return testNow }
+	if err := h.verifier.verify("t=1733140800,v1="+vectors[0].v1, []byte(bodyA)); err != nil {
+		t.Fatalf("secret from {env.X} not resolved: %v", err)
+	}
+}
+
+func TestRedisStoreProvisionErrorsHideThePassword(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, s := range []*RedisStore{
+		{URL: "redis://user:hunter2secret@host:6379/x"},
+		{URL: "redis://user:hunter2secret@ho st:6379"},
+		{URL: "http://user:hunter2secret@host"},
+		{URL: "redis://user:hunter2secret@host", Address: []string{"a:1"}},
+	} {
+		err := s.Provision(ctx)
+		if err == nil {
+			t.Errorf("%q provisioned", s.URL)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2secret") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
