@@ -136,4 +136,3 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // Interface guard
 var _ caddyfile.Unmarshaler = (*Handler)(nil)
-

@@ -144,15 +144,15 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 // TestCaddyfileErrorsNameTheProblem checks a few messages in full.
 func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 	for in, want := range map[string]string{
-		"sangho_dedup {\nsecret s\nfrobnicate 1\n}":              `unrecognized sangho_dedup subdirective "frobnicate"`,
-		"sangho_dedup {\nsecret s\nlock_ttl 1s\nlock_ttl 2s\n}":  "lock_ttl given more than once",
-		"sangho_dedup {\n}":                                      "at least one secret is required",
-		"sangho_dedup {\nsecret s\ntolerance soon\n}":            `tolerance: invalid duration "soon"`,
-		"sangho_dedup {\nsecret s\non_store_error maybe\n}":      `on_store_error: must be reject or pass, not "maybe"`,
-		"sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}":  `unrecognized redis store option "host"`,
-		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}":  `db: "one" is not a non-negative whole number`,
-		"sangho_dedup {\nsecret s\nstore nosuch\n}":              "http.sangho_dedup.stores.nosuch",
-		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":        `max_body_size: invalid size "huge"`,
+		"sangho_dedup {\nsecret s\nfrobnicate 1\n}":             `unrecognized sangho_dedup subdirective "frobnicate"`,
+		"sangho_dedup {\nsecret s\nlock_ttl 1s\nlock_ttl 2s\n}": "lock_ttl given more than once",
+		"sangho_dedup {\n}":                                     "at least one secret is required",
+		"sangho_dedup {\nsecret s\ntolerance soon\n}":           `tolerance: invalid duration "soon"`,
+		"sangho_dedup {\nsecret s\non_store_error maybe\n}":     `on_store_error: must be reject or pass, not "maybe"`,
+		"sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}": `unrecognized redis store option "host"`,
+		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}": `db: "one" is not a non-negative whole number`,
+		"sangho_dedup {\nsecret s\nstore nosuch\n}":             "http.sangho_dedup.stores.nosuch",
+		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":       `max_body_size: invalid size "huge"`,
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))

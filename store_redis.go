@@ -20,6 +20,15 @@ import (
 
 func init() {
 	caddy.RegisterModule(RedisStore{})
+	redis.SetLogger(redisLogger{})
+}
+
+// redisLogger sends go-redis's own messages (dial failures and the like)
+// to Caddy's log instead of raw stderr.
+type redisLogger struct{}
+
+func (redisLogger) Printf(_ context.Context, format string, v ...any) {
+	caddy.Log().Named("sangho_dedup.redis").Warn(fmt.Sprintf(format, v...))
 }
 
 var (
@@ -167,6 +176,13 @@ func (s *RedisStore) options() (resolvedOptions, error) {
 		WriteTimeout:          time.Duration(s.WriteTimeout),
 		PoolSize:              s.PoolSize,
 		ContextTimeoutEnabled: true,
+		// Fail fast when Redis is down: a delivery is answered 503 (and
+		// retried by Sangho) within a few milliseconds instead of holding
+		// its connection through go-redis's default 4 attempts of 5 dials
+		// each. One retry remains, for a pooled connection that died
+		// (e.g. after a Redis restart).
+		MaxRetries:    1,
+		DialerRetries: 1,
 	}
 	if u != "" {
 		if len(addrs) > 0 || o.MasterName != "" || s.TLS {

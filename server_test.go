@@ -1,0 +1,484 @@
+package sanghodedup
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Whole-server tests: a real Caddy (in this process) with sangho_dedup
+// in front of reverse_proxy, and a backend that keeps a ledger of what it
+// receives. Everything listens on 127.0.0.1.
+
+// ledger is a backend that records every event ID it receives.
+type ledger struct {
+	srv      *httptest.Server
+	mu       sync.Mutex
+	received map[string]int // deliveries that reached the backend
+	ok       map[string]int // deliveries the backend answered 2xx
+	bodies   map[string][]byte
+	// behave decides the answer to the n-th delivery (1-based) of id.
+	behave func(id string, n int) (status int, delay time.Duration)
+}
+
+func newLedger(t testing.TB) *ledger {
+	l := &ledger{received: map[string]int{}, ok: map[string]int{}, bodies: map[string][]byte{}}
+	l.srv = httptest.NewServer(http.HandlerFunc(l.serve))
+	t.Cleanup(l.srv.Close)
+	return l
+}
+
+func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	id := r.Header.Get("Sangho-Event-ID")
+	l.mu.Lock()
+	l.received[id]++
+	n := l.received[id]
+	l.bodies[id] = body
+	behave := l.behave
+	l.mu.Unlock()
+	status, delay := http.StatusOK, time.Duration(0)
+	if behave != nil {
+		status, delay = behave(id, n)
+	}
+	time.Sleep(delay)
+	if status >= 200 && status < 300 {
+		l.mu.Lock()
+		l.ok[id]++
+		l.mu.Unlock()
+	}
+	w.Header().Set("X-Backend", "ledger")
+	w.WriteHeader(status)
+	fmt.Fprintf(w, `{"app":"%s"}`, id)
+}
+
+func (l *ledger) counts(id string) (received, ok int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.received[id], l.ok[id]
+}
+
+func (l *ledger) addr() string { return strings.TrimPrefix(l.srv.URL, "http://") }
+
+// caddyServer runs one Caddy config in this process.
+type caddyServer struct {
+	url  string
+	port int
+}
+
+// serverConfig is the Caddyfile of a test server: the site block
+// body is given by the test, %PORT% is filled in.
+func serverCaddyfile(port int, site string) string {
+	return fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+%s
+}
+`, port, site)
+}
+
+// startCaddy loads a config; the test's cleanup stops Caddy.
+func startCaddy(t testing.TB, site string) *caddyServer {
+	t.Helper()
+	port := freePort(t)
+	s := &caddyServer{url: "http://127.0.0.1:" + strconv.Itoa(port) + "/webhook", port: port}
+	s.load(t, site)
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return s
+}
+
+// load (re)loads the server with a new site body: a config reload.
+func (s *caddyServer) load(t testing.TB, site string) {
+	t.Helper()
+	cfg, _ := adaptCaddyfile(t, serverCaddyfile(s.port, site))
+	if err := caddy.Load([]byte(cfg), true); err != nil {
+		t.Fatalf("loading config: %v", err)
+	}
+}
+
+// The test client opens a connection per request: a config reload
+// closes idle keep-alive connections, which would fail the next request
+// for a reason that has nothing to do with the plugin.
+var client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+type answer struct {
+	status int
+	dedup  string
+	body   string
+	header http.Header
+}
+
+// send signs body now and posts it, as Sangho does.
+func send(t testing.TB, url, body, id string) answer {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if id != "" {
+		req.Header.Set("Sangho-Event-ID", id)
+	}
+	req.Header.Set("Sangho-Signature", Sign(time.Now(), []byte(body), secret1))
+	return do(t, req)
+}
+
+func do(t testing.TB, req *http.Request) answer {
+	t.Helper()
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatalf("request: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header.Get("Sangho-Dedup"), string(b), resp.Header}
+}
+
+func dedupSite(backend, storeAndOptions string) string {
+	return fmt.Sprintf(`	sangho_dedup {
+		secret %s
+		%s
+	}
+	reverse_proxy %s`, secret1, storeAndOptions, backend)
+}
+
+func redisStoreLine(addr string) string {
+	return "store redis {\n\t\t\taddress " + addr + "\n\t\t\tdial_timeout 200ms\n\t\t\tread_timeout 500ms\n\t\t}"
+}
+
+func TestServerStatusTable(t *testing.T) {
+	l := newLedger(t)
+	l.behave = func(id string, n int) (int, time.Duration) {
+		if id == "evt_slow" {
+			return 200, 400 * time.Millisecond
+		}
+		if id == "evt_created" {
+			return 201, 0
+		}
+		return 200, 0
+	}
+	s := startCaddy(t, dedupSite(l.addr(), "max_body_size 2KiB\n\t\tretry_after 7s"))
+
+	post := func(body string, mutate func(*http.Request)) answer {
+		req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(body))
+		req.Header.Set("Sangho-Signature", Sign(time.Now(), []byte(body), secret1))
+		if mutate != nil {
+			mutate(req)
+		}
+		return do(t, req)
+	}
+	check := func(name string, a answer, status int) {
+		t.Helper()
+		if a.status != status {
+			t.Errorf("%s: status %d, want %d (body %q)", name, a.status, status, a.body)
+		}
+	}
+	big := `{"id":"evt_big","pad":"` + strings.Repeat("x", 3000) + `"}`
+
+	a := post(eventBody("evt_get"), func(r *http.Request) { r.Method = http.MethodGet })
+	check("GET", a, 405)
+	if a.header.Get("Allow") != "POST" {
+		t.Errorf("405 without Allow: POST: %v", a.header)
+	}
+	check("body over max_body_size", post(big, nil), 413)
+	check("chunked body over max_body_size", post(big, func(r *http.Request) {
+		r.Body = io.NopCloser(io.MultiReader(strings.NewReader(big))) // unknown length: sent chunked
+		r.ContentLength = -1
+	}), 413)
+	check("no signature", post(eventBody("evt_nosig"), func(r *http.Request) { r.Header.Del("Sangho-Signature") }), 401)
+	check("bad signature", post(eventBody("evt_badsig"), func(r *http.Request) {
+		r.Header.Set("Sangho-Signature", Sign(time.Now(), []byte(eventBody("evt_badsig")), secret2))
+	}), 401)
+	check("old signature", post(eventBody("evt_old"), func(r *http.Request) {
+		r.Header.Set("Sangho-Signature", Sign(time.Now().Add(-6*time.Minute), []byte(eventBody("evt_old")), secret1))
+	}), 401)
+	check("future signature", post(eventBody("evt_future"), func(r *http.Request) {
+		r.Header.Set("Sangho-Signature", Sign(time.Now().Add(6*time.Minute), []byte(eventBody("evt_future")), secret1))
+	}), 401)
+	check("no event ID", post(`{"type":"x"}`, nil), 400)
+	check("invalid event ID", post(`{"id":"evt 1"}`, nil), 400)
+	check("IDs differ", post(eventBody("evt_body"), func(r *http.Request) { r.Header.Set("Sangho-Event-ID", "evt_header") }), 400)
+
+	a = send(t, s.url, eventBody("evt_created"), "evt_created")
+	if a.status != 201 || a.body != `{"app":"evt_created"}` || a.header.Get("X-Backend") != "ledger" || a.dedup != "" {
+		t.Errorf("new event: the backend's answer was changed: %d %q %v", a.status, a.body, a.header)
+	}
+	a = send(t, s.url, eventBody("evt_created"), "evt_created")
+	if a.status != 200 || a.body != `{"received":true}` || a.dedup != "duplicate" || a.header.Get("Content-Type") != "application/json" {
+		t.Errorf("duplicate: %d %q %v", a.status, a.body, a.header)
+	}
+
+	// in flight: one slow delivery, another meanwhile
+	done := make(chan answer)
+	go func() { done <- send(t, s.url, eventBody("evt_slow"), "evt_slow") }()
+	deadline := time.Now().Add(5 * time.Second)
+	for n, _ := l.counts("evt_slow"); n == 0; n, _ = l.counts("evt_slow") {
+		if time.Now().After(deadline) {
+			t.Fatal("the slow event never reached the backend")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	a = send(t, s.url, eventBody("evt_slow"), "evt_slow")
+	if a.status != 409 || a.header.Get("Retry-After") != "7" {
+		t.Errorf("in flight: %d Retry-After %q", a.status, a.header.Get("Retry-After"))
+	}
+	if first := <-done; first.status != 200 {
+		t.Errorf("slow event: %d", first.status)
+	}
+
+	for _, id := range []string{"evt_get", "evt_big", "evt_nosig", "evt_badsig", "evt_old", "evt_future", "evt_body", "evt_header"} {
+		if n, _ := l.counts(id); n != 0 {
+			t.Errorf("%s reached the backend %d times", id, n)
+		}
+	}
+	for id, want := range map[string]int{"evt_created": 1, "evt_slow": 1} {
+		if n, _ := l.counts(id); n != want {
+			t.Errorf("%s reached the backend %d times, want %d", id, n, want)
+		}
+	}
+}
+
+func TestServerBodyReachesBackendByteForByte(t *testing.T) {
+	l := newLedger(t)
+	s := startCaddy(t, dedupSite(l.addr(), ""))
+	if a := send(t, s.url, bodyB, "evt_unicode_body"); a.status != 200 {
+		t.Fatalf("%d", a.status)
+	}
+	l.mu.Lock()
+	got := l.bodies["evt_unicode_body"]
+	l.mu.Unlock()
+	if !bytes.Equal(got, []byte(bodyB)) {
+		t.Fatalf("backend got %q, want %q", got, bodyB)
+	}
+}
+
+// forStores runs a test once on the memory store and once on Redis.
+func forStores(t *testing.T, test func(t *testing.T, store string)) {
+	t.Run("memory", func(t *testing.T) {
+		test(t, "store memory\n\t\tkey_prefix "+strings.ReplaceAll(t.Name(), "/", "_")+":")
+	})
+	t.Run("redis", func(t *testing.T) { test(t, redisStoreLine(startRedis(t).Addr)) })
+}
+
+func TestServerSequentialDeliveriesProcessedOnce(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		l := newLedger(t)
+		s := startCaddy(t, dedupSite(l.addr(), store))
+		for i := range 10 {
+			a := send(t, s.url, bodyA, "evt_1QZtest000000000001")
+			if a.status != 200 {
+				t.Fatalf("delivery %d: %d", i+1, a.status)
+			}
+			if i > 0 && a.dedup != "duplicate" {
+				t.Fatalf("delivery %d not answered as a duplicate", i+1)
+			}
+		}
+		if rec, ok := l.counts("evt_1QZtest000000000001"); rec != 1 || ok != 1 {
+			t.Fatalf("backend received %d, processed %d; want 1 and 1", rec, ok)
+		}
+	})
+}
+
+func TestServerConcurrentDeliveriesProcessedOnce(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		l := newLedger(t)
+		l.behave = func(string, int) (int, time.Duration) { return 200, 50 * time.Millisecond }
+		s := startCaddy(t, dedupSite(l.addr(), store))
+		const n = 50
+		var wg sync.WaitGroup
+		var acked, conflicts, other atomic.Int32
+		start := make(chan struct{})
+		for range n {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				// Like Sangho: retry until 2xx, bounded.
+				for attempt := 0; attempt < 100; attempt++ {
+					a := send(t, s.url, bodyA, "")
+					switch a.status {
+					case 200:
+						acked.Add(1)
+						return
+					case 409:
+						conflicts.Add(1)
+						time.Sleep(20 * time.Millisecond)
+					default:
+						other.Add(1)
+						return
+					}
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		rec, ok := l.counts("")
+		t.Logf("%d deliveries acknowledged, %d answered 409 and retried, backend received %d", acked.Load(), conflicts.Load(), rec)
+		if acked.Load() != n || other.Load() != 0 {
+			t.Fatalf("acknowledged %d of %d, %d unexpected answers", acked.Load(), n, other.Load())
+		}
+		if rec != 1 || ok != 1 {
+			t.Fatalf("backend received %d, processed %d; want exactly once", rec, ok)
+		}
+	})
+}
+
+func TestServerFailedAttemptIsRetried(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		l := newLedger(t)
+		l.behave = func(id string, n int) (int, time.Duration) {
+			if n == 1 {
+				return 500, 0
+			}
+			return 200, 0
+		}
+		s := startCaddy(t, dedupSite(l.addr(), store))
+		if a := send(t, s.url, bodyA, ""); a.status != 500 {
+			t.Fatalf("first attempt: %d, want the backend's 500", a.status)
+		}
+		if a := send(t, s.url, bodyA, ""); a.status != 200 || a.dedup != "" {
+			t.Fatalf("retry: %d %q, want processed", a.status, a.dedup)
+		}
+		if a := send(t, s.url, bodyA, ""); a.dedup != "duplicate" {
+			t.Fatalf("third: %d %q, want duplicate", a.status, a.dedup)
+		}
+		if rec, ok := l.counts(""); rec != 2 || ok != 1 {
+			t.Fatalf("backend received %d, processed %d; want 2 and 1", rec, ok)
+		}
+	})
+}
+
+func TestServerBackendDownIsReleased(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		// A port where nothing listens: reverse_proxy answers 502.
+		dead := "127.0.0.1:" + strconv.Itoa(freePort(t))
+		s := startCaddy(t, dedupSite(dead, store))
+		if a := send(t, s.url, bodyA, ""); a.status != 502 {
+			t.Fatalf("backend down: %d, want 502", a.status)
+		}
+		l := newLedger(t)
+		s.load(t, dedupSite(l.addr(), store))
+		if a := send(t, s.url, bodyA, ""); a.status != 200 || a.dedup != "" {
+			t.Fatalf("after the backend came back: %d %q", a.status, a.dedup)
+		}
+		if rec, ok := l.counts(""); rec != 1 || ok != 1 {
+			t.Fatalf("backend received %d, processed %d", rec, ok)
+		}
+	})
+}
+
+func TestServerRedisOutage(t *testing.T) {
+	r := startRedis(t)
+	l := newLedger(t)
+	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)))
+	if a := send(t, s.url, eventBody("evt_before"), ""); a.status != 200 {
+		t.Fatalf("before the outage: %d", a.status)
+	}
+	r.Stop()
+	for i := range 3 {
+		a := send(t, s.url, eventBody("evt_during"), "")
+		if a.status != 503 || a.header.Get("Retry-After") != "10" {
+			t.Fatalf("Redis down, attempt %d: %d Retry-After %q; want 503 and 10", i, a.status, a.header.Get("Retry-After"))
+		}
+	}
+	if n, _ := l.counts(""); n != 1 {
+		t.Fatalf("something reached the backend while Redis was down (%d deliveries in all)", n)
+	}
+	r.Start(t) // same port, empty data: no restart of Caddy
+	if a := send(t, s.url, eventBody("evt_during"), ""); a.status != 200 || a.dedup != "" {
+		t.Fatalf("after Redis came back: %d %q", a.status, a.dedup)
+	}
+	if a := send(t, s.url, eventBody("evt_during"), ""); a.dedup != "duplicate" {
+		t.Fatalf("dedup after Redis came back: %d %q", a.status, a.dedup)
+	}
+}
+
+// TestServerStartsWithRedisDown: Provision does not need Redis.
+func TestServerStartsWithRedisDown(t *testing.T) {
+	r := startRedis(t)
+	r.Stop()
+	l := newLedger(t)
+	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)))
+	if a := send(t, s.url, bodyA, ""); a.status != 503 {
+		t.Fatalf("Redis down at start: %d, want 503", a.status)
+	}
+	r.Start(t)
+	if a := send(t, s.url, bodyA, ""); a.status != 200 {
+		t.Fatalf("after Redis started: %d", a.status)
+	}
+}
+
+func TestServerStoreErrorPass(t *testing.T) {
+	r := startRedis(t)
+	r.Stop()
+	l := newLedger(t)
+	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)+"\n\t\ton_store_error pass"))
+	if a := send(t, s.url, bodyA, "evt_1QZtest000000000001"); a.status != 200 || a.body != `{"app":"evt_1QZtest000000000001"}` {
+		t.Fatalf("pass: %d %q, want the backend's answer", a.status, a.body)
+	}
+	if n, _ := l.counts("evt_1QZtest000000000001"); n != 1 {
+		t.Fatalf("backend received %d, want 1 (unchecked)", n)
+	}
+}
+
+func TestServerReloadKeepsProcessedIDs(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		l := newLedger(t)
+		s := startCaddy(t, dedupSite(l.addr(), store))
+		if a := send(t, s.url, bodyA, ""); a.status != 200 {
+			t.Fatalf("%d", a.status)
+		}
+		// A real change, so that Caddy does reload: another tolerance.
+		s.load(t, dedupSite(l.addr(), store+"\n\t\ttolerance 4m"))
+		if a := send(t, s.url, bodyA, ""); a.dedup != "duplicate" {
+			t.Fatalf("after a reload: %d %q, want duplicate", a.status, a.dedup)
+		}
+		if rec, _ := l.counts(""); rec != 1 {
+			t.Fatalf("backend received %d", rec)
+		}
+	})
+}
+
+func TestServerHandleErrorsShapesRejections(t *testing.T) {
+	l := newLedger(t)
+	s := startCaddy(t, dedupSite(l.addr(), "")+`
+	handle_errors {
+		header Content-Type application/json
+		respond `+"`"+`{"error":{http.error.status_code},"outcome":"{http.sangho_dedup.outcome}"}`+"`"+` {http.error.status_code}
+	}`)
+	req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(bodyA))
+	a := do(t, req)
+	if a.status != 401 || a.body != `{"error":401,"outcome":"invalid_signature"}` {
+		t.Fatalf("handle_errors: %d %q", a.status, a.body)
+	}
+}
+
+func TestServerPlaceholdersInLogsAndHeaders(t *testing.T) {
+	l := newLedger(t)
+	s := startCaddy(t, `	header >X-Event {http.sangho_dedup.event_id}
+	header >X-Type {http.sangho_dedup.event_type}
+	header >X-Outcome {http.sangho_dedup.outcome}
+`+dedupSite(l.addr(), ""))
+	a := send(t, s.url, bodyA, "")
+	if a.header.Get("X-Event") != "evt_1QZtest000000000001" || a.header.Get("X-Type") != "payment_intent.succeeded" {
+		t.Fatalf("placeholders: %v", a.header)
+	}
+	a = send(t, s.url, bodyA, "")
+	if a.header.Get("X-Outcome") != "duplicate" {
+		t.Fatalf("outcome placeholder: %v", a.header)
+	}
+}
