@@ -100,6 +100,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		hdr.Set("Sangho-Dedup", "duplicate")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(duplicateBody)
+		// Nothing after us sees this request (no next handler, no error
+		// route): the buffer can go back to the pool now. Whoever reads
+		// the body anyway gets EOF, never another request's bytes.
+		r.Body = http.NoBody
+		body.Close()
 		return nil
 	case InFlight:
 		w.Header().Set("Retry-After", h.retryAfter)
@@ -344,7 +349,9 @@ func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
 	}
 	buf := bufPool.Get().(*bytes.Buffer)
 	if r.ContentLength > 0 {
-		buf.Grow(int(r.ContentLength) + 1)
+		// Room for the body and for bytes.Buffer.ReadFrom's minimum read,
+		// so that a pooled buffer of that size is reused as it is.
+		buf.Grow(int(r.ContentLength) + bytes.MinRead)
 	}
 	var err error
 	if r.Body != nil {

@@ -29,17 +29,18 @@ const sigHexLen = sha256.Size * 2
 // exactly one t, and zero or more decoded v1 values. Other keys are
 // ignored, as the delivery contract requires.
 type signedHeader struct {
-	t  int64
-	v1 [][sha256.Size]byte
+	t     int64
+	v1    [][sha256.Size]byte
+	v1buf [2][sha256.Size]byte // room for the usual one or two, without allocating
 }
 
 // parseSignatureHeader parses `t=<unix>,v1=<hex>[,v1=<hex>...]`.
 // A v1 that is not 64 hex digits makes the whole header malformed:
 // Sangho never sends one, so it is a forgery or a bug, not a rotation.
-func parseSignatureHeader(value string) (signedHeader, error) {
-	var sh signedHeader
+func parseSignatureHeader(value string, sh *signedHeader) error {
+	sh.v1 = sh.v1buf[:0]
 	if value == "" {
-		return sh, errSigMissing
+		return errSigMissing
 	}
 	seenT := false
 	for value != "" {
@@ -47,37 +48,60 @@ func parseSignatureHeader(value string) (signedHeader, error) {
 		pair, value, _ = strings.Cut(value, ",")
 		k, v, ok := strings.Cut(strings.TrimSpace(pair), "=")
 		if !ok {
-			return sh, errSigMalformed
+			return errSigMalformed
 		}
 		switch k {
 		case "t":
 			if seenT || !isDigits(v) || len(v) > 18 {
-				return sh, errSigMalformed
+				return errSigMalformed
 			}
 			t, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				return sh, errSigMalformed
+				return errSigMalformed
 			}
 			sh.t, seenT = t, true
 		case "v1":
-			if len(v) != sigHexLen {
-				return sh, errSigMalformed
-			}
 			var sig [sha256.Size]byte
-			if _, err := hex.Decode(sig[:], []byte(v)); err != nil {
-				return sh, errSigMalformed
+			if len(v) != sigHexLen || !decodeHex(sig[:], v) {
+				return errSigMalformed
 			}
 			sh.v1 = append(sh.v1, sig)
 		case "":
-			return sh, errSigMalformed
+			return errSigMalformed
 		default:
 			// v0 and future schemes are ignored.
 		}
 	}
 	if !seenT || len(sh.v1) == 0 {
-		return sh, errSigMalformed
+		return errSigMalformed
 	}
-	return sh, nil
+	return nil
+}
+
+// decodeHex decodes the hex string src into dst (len(src) == 2*len(dst)),
+// upper or lower case, without converting src to a byte slice.
+func decodeHex(dst []byte, src string) bool {
+	for i := range dst {
+		hi, ok1 := fromHex(src[2*i])
+		lo, ok2 := fromHex(src[2*i+1])
+		if !ok1 || !ok2 {
+			return false
+		}
+		dst[i] = hi<<4 | lo
+	}
+	return true
+}
+
+func fromHex(c byte) (byte, bool) {
+	switch {
+	case '0' <= c && c <= '9':
+		return c - '0', true
+	case 'a' <= c && c <= 'f':
+		return c - 'a' + 10, true
+	case 'A' <= c && c <= 'F':
+		return c - 'A' + 10, true
+	}
+	return 0, false
 }
 
 func isDigits(s string) bool {
@@ -114,8 +138,8 @@ func newVerifier(secrets []string, tolerance time.Duration, now func() time.Time
 // least one v1 equal to HMAC-SHA256(secret, t + "." + body) for at least
 // one secret. Comparisons are constant-time.
 func (v *verifier) verify(header string, body []byte) error {
-	sh, err := parseSignatureHeader(header)
-	if err != nil {
+	var sh signedHeader
+	if err := parseSignatureHeader(header, &sh); err != nil {
 		return err
 	}
 	now := v.now().Unix()

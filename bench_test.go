@@ -1,0 +1,116 @@
+package sanghodedup
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// Benchmarks of the hot path. Compare side by side in one run:
+//
+//	go test -run '^$' -bench . -benchmem -count 5 . | tee new.txt
+//
+// The Redis ones start their own redis-server on a free loopback port.
+
+func BenchmarkVerify(b *testing.B) {
+	for _, size := range []int{len(bodyA), 64 << 10} {
+		body := []byte(bodyA)
+		if size > len(body) {
+			body = []byte(`{"id":"evt_1","pad":"` + strings.Repeat("x", size-22) + `"}`)
+		}
+		hdr := Sign(testNow, body, secret2, secret1)
+		ver := newVerifier([]string{secret1}, 5*time.Minute, func() time.Time { return testNow })
+		b.Run(strconv.Itoa(len(body))+"B", func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if err := ver.verify(hdr, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkExtractEvent(b *testing.B) {
+	big := `{"data":{"object":{"items":[` + strings.Repeat(`{"id":"pi_1","note":"a \"quoted\" string"},`, 22000) + `{}]}},"id":"evt_big","type":"x"}`
+	for name, body := range map[string]string{"small": bodyA, "1MiB": big} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			buf := []byte(body)
+			for b.Loop() {
+				if _, _, err := extractEvent(buf, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// benchServe measures ServeHTTP alone: the signed requests are built
+// before the timer starts (all new events, or one event again and again).
+func benchServe(b *testing.B, configure func(*Handler), duplicates bool) {
+	h, _ := newTestHandler(b, configure)
+	h.logger = zap.NewNop() // production logs at info: debug lines cost a level check only
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.Copy(io.Discard, r.Body)
+		r.Body.Close()
+		w.WriteHeader(200)
+		return nil
+	})
+	prefix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	type signed struct{ body, sig string }
+	events := make([]signed, b.N)
+	for i := range events {
+		id := "evt_dup" + prefix
+		if !duplicates {
+			id = "evt_" + prefix + "_" + strconv.Itoa(i)
+		}
+		body := eventBody(id)
+		events[i] = signed{body, Sign(testNow, []byte(body), secret1)}
+	}
+	if duplicates {
+		serve(h, delivery(events[0].body, ""), next)
+	}
+	w := httptest.NewRecorder()
+	webhookURL, _ := url.Parse("/webhook")
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		r := &http.Request{
+			Method: http.MethodPost, URL: webhookURL, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header:        http.Header{"Sangho-Signature": {events[i].sig}},
+			Body:          io.NopCloser(strings.NewReader(events[i].body)),
+			ContentLength: int64(len(events[i].body)),
+		}
+		r = r.WithContext(context.WithValue(ctx, caddy.ReplacerCtxKey, caddy.NewReplacer()))
+		w.Body.Reset()
+		if err := h.ServeHTTP(w, r, next); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkServeHTTP(b *testing.B) {
+	memory := func(h *Handler) { h.StoreRaw = []byte(`{"type":"memory"}`) }
+	b.Run("memory/new", func(b *testing.B) { benchServe(b, memory, false) })
+	b.Run("memory/duplicate", func(b *testing.B) { benchServe(b, memory, true) })
+	srv := startRedis(b)
+	withRedis := func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"]}`)
+	}
+	b.Run("redis/new", func(b *testing.B) { benchServe(b, withRedis, false) })
+	b.Run("redis/duplicate", func(b *testing.B) { benchServe(b, withRedis, true) })
+}
