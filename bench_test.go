@@ -14,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // Benchmarks of the hot path. Compare side by side in one run:
@@ -28,7 +30,7 @@ func BenchmarkVerify(b *testing.B) {
 		if size > len(body) {
 			body = []byte(`{"id":"evt_1","pad":"` + strings.Repeat("x", size-22) + `"}`)
 		}
-		hdr := Sign(testNow, body, secret2, secret1)
+		hdr := sangho.Sign(testNow, body, secret2, secret1)
 		ver := newVerifier([]string{secret1}, 5*time.Minute, func() time.Time { return testNow })
 		b.Run(strconv.Itoa(len(body))+"B", func(b *testing.B) {
 			b.ReportAllocs()
@@ -78,7 +80,7 @@ func benchServe(b *testing.B, configure func(*Handler), duplicates bool) {
 			id = "evt_" + prefix + "_" + strconv.Itoa(i)
 		}
 		body := eventBody(id)
-		events[i] = signed{body, Sign(testNow, []byte(body), secret1)}
+		events[i] = signed{body, sangho.Sign(testNow, []byte(body), secret1)}
 	}
 	if duplicates {
 		serve(h, delivery(events[0].body, ""), next)

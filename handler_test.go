@@ -20,6 +20,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // testNow is the clock of the handler tests: the time of the contract's
@@ -58,7 +60,7 @@ func delivery(body, id string, secrets ...string) *http.Request {
 	if id != "" {
 		r.Header.Set("Sangho-Event-ID", id)
 	}
-	r.Header.Set("Sangho-Signature", Sign(testNow, []byte(body), secrets...))
+	r.Header.Set("Sangho-Signature", sangho.Sign(testNow, []byte(body), secrets...))
 	return r
 }
 
@@ -109,11 +111,11 @@ func outcomeOf(repl *caddy.Replacer) string {
 func TestHandlerStatusTable(t *testing.T) {
 	h, _ := newTestHandler(t, func(h *Handler) { h.MaxBodySize = 1024 })
 	stale := delivery(eventBody("evt_stale"), "")
-	stale.Header.Set("Sangho-Signature", Sign(testNow.Add(-10*time.Minute), []byte(eventBody("evt_stale")), secret1))
+	stale.Header.Set("Sangho-Signature", sangho.Sign(testNow.Add(-10*time.Minute), []byte(eventBody("evt_stale")), secret1))
 	get := delivery(eventBody("evt_get"), "")
 	get.Method = http.MethodGet
 	twoSigs := delivery(eventBody("evt_2sig"), "")
-	twoSigs.Header.Add("Sangho-Signature", Sign(testNow, []byte(eventBody("evt_2sig")), secret1))
+	twoSigs.Header.Add("Sangho-Signature", sangho.Sign(testNow, []byte(eventBody("evt_2sig")), secret1))
 	noSig := delivery(eventBody("evt_nosig"), "")
 	noSig.Header.Del("Sangho-Signature")
 	bigBody := `{"id":"evt_big","pad":"` + strings.Repeat("x", 1100) + `"}`

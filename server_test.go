@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // Whole-server tests: a real Caddy (in this process) with sangho_dedup
@@ -133,7 +135,7 @@ func send(t testing.TB, url, body, id string) answer {
 	if id != "" {
 		req.Header.Set("Sangho-Event-ID", id)
 	}
-	req.Header.Set("Sangho-Signature", Sign(time.Now(), []byte(body), secret1))
+	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret1))
 	return do(t, req)
 }
 
@@ -175,7 +177,7 @@ func TestServerStatusTable(t *testing.T) {
 
 	post := func(body string, mutate func(*http.Request)) answer {
 		req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(body))
-		req.Header.Set("Sangho-Signature", Sign(time.Now(), []byte(body), secret1))
+		req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret1))
 		if mutate != nil {
 			mutate(req)
 		}
@@ -201,13 +203,13 @@ func TestServerStatusTable(t *testing.T) {
 	}), 413)
 	check("no signature", post(eventBody("evt_nosig"), func(r *http.Request) { r.Header.Del("Sangho-Signature") }), 401)
 	check("bad signature", post(eventBody("evt_badsig"), func(r *http.Request) {
-		r.Header.Set("Sangho-Signature", Sign(time.Now(), []byte(eventBody("evt_badsig")), secret2))
+		r.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(eventBody("evt_badsig")), secret2))
 	}), 401)
 	check("old signature", post(eventBody("evt_old"), func(r *http.Request) {
-		r.Header.Set("Sangho-Signature", Sign(time.Now().Add(-6*time.Minute), []byte(eventBody("evt_old")), secret1))
+		r.Header.Set("Sangho-Signature", sangho.Sign(time.Now().Add(-6*time.Minute), []byte(eventBody("evt_old")), secret1))
 	}), 401)
 	check("future signature", post(eventBody("evt_future"), func(r *http.Request) {
-		r.Header.Set("Sangho-Signature", Sign(time.Now().Add(6*time.Minute), []byte(eventBody("evt_future")), secret1))
+		r.Header.Set("Sangho-Signature", sangho.Sign(time.Now().Add(6*time.Minute), []byte(eventBody("evt_future")), secret1))
 	}), 401)
 	check("no event ID", post(`{"type":"x"}`, nil), 400)
 	check("invalid event ID", post(`{"id":"evt 1"}`, nil), 400)

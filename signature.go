@@ -4,7 +4,6 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/hex"
 	"errors"
 	"hash"
 	"strconv"
@@ -169,23 +168,4 @@ func (v *verifier) verify(header string, body []byte) error {
 		return errSigMismatch
 	}
 	return nil
-}
-
-// Sign returns the Sangho-Signature header value for body, signed at t
-// with each of secrets (one v1 per secret, as Sangho does during a
-// rotation). It is used by the tests and by cmd/sangho-send.
-func Sign(t time.Time, body []byte, secrets ...string) string {
-	ts := strconv.FormatInt(t.Unix(), 10)
-	var b strings.Builder
-	b.WriteString("t=")
-	b.WriteString(ts)
-	for _, s := range secrets {
-		mac := hmac.New(sha256.New, []byte(s))
-		mac.Write([]byte(ts))
-		mac.Write([]byte{'.'})
-		mac.Write(body)
-		b.WriteString(",v1=")
-		b.WriteString(hex.EncodeToString(mac.Sum(nil)))
-	}
-	return b.String()
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // The known-answer vectors of ../shared/sangho-webhooks.md, computed
@@ -45,7 +47,7 @@ func TestKnownAnswerVectors(t *testing.T) {
 		if err := ver.verify(hdr, []byte(v.body)); err != nil {
 			t.Errorf("vector %d: %v", i, err)
 		}
-		if got := Sign(time.Unix(v.t, 0), []byte(v.body), v.secret); got != hdr {
+		if got := sangho.Sign(time.Unix(v.t, 0), []byte(v.body), v.secret); got != hdr {
 			t.Errorf("vector %d: Sign = %q, want %q", i, got, hdr)
 		}
 		// One byte more, or another secret, must fail.

@@ -1,0 +1,451 @@
+// Command sangho-bench measures sangho_dedup side by side with a plain
+// reverse_proxy and with the backend alone, in one run on one machine:
+//
+//	go build -o bench/out/caddy ./cmd/caddy
+//	go run ./cmd/sangho-bench --caddy bench/out/caddy --out bench/RESULTS.md
+//
+// (`make bench` does both.) It starts redis-server, a minimal Go backend
+// and one Caddy with three sites (plain reverse_proxy, sangho_dedup on the
+// memory store, sangho_dedup on Redis), all on 127.0.0.1, then runs every
+// scenario in interleaved rounds and prints a Markdown report.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/load"
+)
+
+const secret = "whsec_bench_secret"
+
+func main() {
+	caddyBin := flag.String("caddy", "bench/out/caddy", "Caddy binary with the plugin (go build -o bench/out/caddy ./cmd/caddy)")
+	out := flag.String("out", "", "also write the report to this file")
+	dur := flag.Duration("duration", 5*time.Second, "length of each scenario run")
+	rounds := flag.Int("rounds", 2, "interleaved rounds of all scenarios")
+	conc := flag.Int("concurrency", 32, "connections for the throughput runs")
+	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
+	sink := flag.String("sink", "", "internal: run as the backend on this address")
+	flag.Parse()
+	if *sink != "" {
+		runSink(*sink)
+		return
+	}
+	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate); err != nil {
+		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func runSink(addr string) {
+	ok := []byte(`{"received":true}`)
+	srv := &http.Server{Addr: addr, ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(ok)
+	})}
+	_ = srv.ListenAndServe()
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func waitPort(addr string) error {
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not open within 15s", addr)
+}
+
+// cpuTicks returns utime+stime of a process in clock ticks (1/100 s).
+func cpuTicks(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	u, _ := strconv.ParseFloat(f[11], 64)
+	s, _ := strconv.ParseFloat(f[12], 64)
+	return u + s
+}
+
+// memKB returns VmRSS and VmHWM (peak) of a process in KiB.
+func memKB(pid int) (rss, peak int) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) < 2 {
+			continue
+		}
+		n, _ := strconv.Atoi(fs[1])
+		switch fs[0] {
+		case "VmRSS:":
+			rss = n
+		case "VmHWM:":
+			peak = n
+		}
+	}
+	return rss, peak
+}
+
+// redisCalls sums the calls of every command but the ones this tool sends.
+func redisCalls(c *redis.Client) (int64, map[string]int64) {
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		return 0, nil
+	}
+	var total int64
+	by := map[string]int64{}
+	for _, line := range strings.Split(info, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "cmdstat_") {
+			continue
+		}
+		name := strings.TrimPrefix(line[:strings.IndexByte(line, ':')], "cmdstat_")
+		if name == "info" || name == "hello" || name == "client|setinfo" || name == "ping" {
+			continue
+		}
+		i := strings.Index(line, "calls=")
+		j := strings.IndexByte(line[i:], ',')
+		n, _ := strconv.ParseInt(line[i+6:i+j], 10, 64)
+		by[name] = n
+		total += n
+	}
+	return total, by
+}
+
+type scenario struct {
+	target   string // direct, reverse_proxy, memory, redis
+	url      string
+	dup      float64
+	body     int
+	rate     float64
+	latency  bool
+	results  []load.Result
+	caddyCPU []float64 // µs per request
+	redisCPU []float64
+	cmds     []float64 // Redis commands per request
+}
+
+func (s *scenario) name() string {
+	d := "-"
+	if s.target == "memory" || s.target == "redis" {
+		d = fmt.Sprintf("%.0f%%", s.dup*100)
+	}
+	mode := "c32"
+	if s.latency {
+		mode = fmt.Sprintf("%.0f/s", s.rate)
+	}
+	return fmt.Sprintf("%-13s dup %-4s body %-5s %s", s.target, d, sizeName(s.body), mode)
+}
+
+func sizeName(n int) string {
+	if n >= 1024 {
+		return strconv.Itoa(n/1024) + "KiB"
+	}
+	return strconv.Itoa(n) + "B"
+}
+
+func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64) error {
+	if _, err := os.Stat(caddyBin); err != nil {
+		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
+	}
+	redisBin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return fmt.Errorf("redis-server not found: apt-get install redis-server")
+	}
+	tmp, err := os.MkdirTemp("", "sangho-bench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			_ = p.Process.Kill()
+			_ = p.Wait()
+		}
+	}()
+	start := func(name string, args ...string) (*exec.Cmd, error) {
+		cmd := exec.Command(name, args...)
+		logf, _ := os.Create(filepath.Join(tmp, filepath.Base(name)+".log"))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.Env = append(os.Environ(), "GOMAXPROCS="+strconv.Itoa(runtime.NumCPU()))
+		if err := cmd.Start(); err != nil {
+			return nil, err
+		}
+		procs = append(procs, cmd)
+		return cmd, nil
+	}
+
+	redisPort, backendPort := freePort(), freePort()
+	ports := [3]int{freePort(), freePort(), freePort()}
+	rs, err := start(redisBin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp)
+	if err != nil {
+		return err
+	}
+	self, _ := os.Executable()
+	if _, err := start(self, "--sink", "127.0.0.1:"+strconv.Itoa(backendPort)); err != nil {
+		return err
+	}
+	backend := "127.0.0.1:" + strconv.Itoa(backendPort)
+	caddyfile := fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		level ERROR
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	reverse_proxy %s
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		max_body_size 2MiB
+		store memory
+	}
+	reverse_proxy %s
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		max_body_size 2MiB
+		store redis {
+			address 127.0.0.1:%d
+		}
+	}
+	reverse_proxy %s
+}
+`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, backend)
+	cfgPath := filepath.Join(tmp, "Caddyfile")
+	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
+		return err
+	}
+	cd, err := start(caddyBin, "run", "--config", cfgPath, "--adapter", "caddyfile")
+	if err != nil {
+		return err
+	}
+	for _, a := range []string{backend, "127.0.0.1:" + strconv.Itoa(redisPort), "127.0.0.1:" + strconv.Itoa(ports[0]), "127.0.0.1:" + strconv.Itoa(ports[1]), "127.0.0.1:" + strconv.Itoa(ports[2])} {
+		if err := waitPort(a); err != nil {
+			log, _ := os.ReadFile(filepath.Join(tmp, "caddy.log"))
+			return fmt.Errorf("%v\n%s", err, log)
+		}
+	}
+	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(redisPort)})
+	defer rc.Close()
+
+	urls := map[string]string{
+		"direct":        "http://" + backend + "/",
+		"reverse_proxy": fmt.Sprintf("http://127.0.0.1:%d/", ports[0]),
+		"memory":        fmt.Sprintf("http://127.0.0.1:%d/", ports[1]),
+		"redis":         fmt.Sprintf("http://127.0.0.1:%d/", ports[2]),
+	}
+	var all []*scenario
+	for _, body := range []int{1024, 64 * 1024} {
+		for _, t := range []string{"direct", "reverse_proxy", "memory", "redis"} {
+			dups := []float64{0}
+			if t == "memory" || t == "redis" {
+				dups = []float64{0, 0.5, 1}
+			}
+			for _, d := range dups {
+				all = append(all, &scenario{target: t, url: urls[t], dup: d, body: body})
+			}
+		}
+	}
+	for _, t := range []string{"direct", "reverse_proxy", "memory", "redis"} {
+		all = append(all, &scenario{target: t, url: urls[t], body: 1024, rate: rate, latency: true})
+	}
+
+	fmt.Fprintf(os.Stderr, "%d scenarios x %d rounds x %v\n", len(all), rounds, dur)
+	for r := range rounds {
+		for _, s := range all {
+			cfg := load.Config{URL: s.url, Secret: secret, Duration: dur, Duplicates: s.dup, BodySize: s.body, Concurrency: conc}
+			if s.latency {
+				cfg.Concurrency, cfg.Rate = 16, s.rate
+			}
+			if s.dup > 0 {
+				cfg.Warmup = 32
+			}
+			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)
+			k0, _ := redisCalls(rc)
+			res, err := load.Run(context.Background(), cfg)
+			if err != nil {
+				return fmt.Errorf("%s: %w", s.name(), err)
+			}
+			c1, r1 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)
+			k1, _ := redisCalls(rc)
+			n := float64(res.Requests + cfg.Warmup)
+			s.results = append(s.results, res)
+			s.caddyCPU = append(s.caddyCPU, (c1-c0)*10000/n) // ticks are 10 ms: µs per request
+			s.redisCPU = append(s.redisCPU, (r1-r0)*10000/n)
+			s.cmds = append(s.cmds, float64(k1-k0)/n)
+			fmt.Fprintf(os.Stderr, "round %d  %s  %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %v\n", r+1, s.name(), res.Throughput, res.P50, res.P99, res.ByStatus)
+		}
+	}
+
+	// Memory: 64 concurrent 1 MiB bodies through the memory-store site.
+	rssBefore, _ := memKB(cd.Process.Pid)
+	big, err := load.Run(context.Background(), load.Config{URL: urls["memory"], Secret: secret, Events: 64 * 8, BodySize: 1 << 20, Concurrency: 64})
+	if err != nil {
+		return err
+	}
+	rssAfter, peak := memKB(cd.Process.Pid)
+
+	report := render(all, rounds, dur, conc, rate, rssBefore, rssAfter, peak, big)
+	fmt.Print(report)
+	if out != "" {
+		return os.WriteFile(out, []byte(report), 0o644)
+	}
+	return nil
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+func median(xs []float64) float64 {
+	ys := slices.Clone(xs)
+	sort.Float64s(ys)
+	if len(ys)%2 == 1 {
+		return ys[len(ys)/2]
+	}
+	return (ys[len(ys)/2-1] + ys[len(ys)/2]) / 2
+}
+
+func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float64, rssBefore, rssAfter, peak int, big load.Result) string {
+	var b strings.Builder
+	host, _ := os.Hostname()
+	cpu := "unknown"
+	if data, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(l[strings.IndexByte(l, ':')+1:])
+				break
+			}
+		}
+	}
+	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
+	fmt.Fprintf(&b, "# Benchmark results\n\n")
+	fmt.Fprintf(&b, "- date: %s; commit: %s; machine: %s, %d CPUs (%s), %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(string(commit)), host, runtime.NumCPU(), cpu, runtime.Version())
+	fmt.Fprintf(&b, "- every process (load generator, Caddy, redis-server, backend) shares these CPUs; loopback only\n")
+	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds; concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
+	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
+
+	base := map[string]*scenario{}
+	for _, s := range all {
+		if s.target == "reverse_proxy" {
+			key := sizeName(s.body)
+			if s.latency {
+				key = "latency"
+			}
+			base[key] = s
+		}
+	}
+	fmt.Fprintf(&b, "## Throughput at concurrency %d\n\n", conc)
+	fmt.Fprintf(&b, "| scenario | req/s | × reverse_proxy | p50 ms | p99 ms | Caddy CPU µs/req | Δ vs reverse_proxy | redis CPU µs/req | Redis cmds/req | answers |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, s := range all {
+		if s.latency {
+			continue
+		}
+		bs := base[sizeName(s.body)]
+		thr := median(tp(s.results))
+		ratio := thr / median(tp(bs.results))
+		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %.2f | %.2f | %.1f | %+.1f | %.1f | %.2f | %s |\n", s.name(), thr, ratio,
+			median(field(s.results, func(r load.Result) float64 { return r.P50 })),
+			median(field(s.results, func(r load.Result) float64 { return r.P99 })),
+			mean(s.caddyCPU), mean(s.caddyCPU)-mean(bs.caddyCPU), mean(s.redisCPU), mean(s.cmds), answers(s.results[len(s.results)-1]))
+	}
+	fmt.Fprintf(&b, "\n## Latency at a fixed %.0f req/s (new events, 1 KiB)\n\n", rate)
+	fmt.Fprintf(&b, "| scenario | p50 ms | p90 ms | p99 ms | max ms | p99 added vs reverse_proxy, ms |\n|---|---|---|---|---|---|\n")
+	for _, s := range all {
+		if !s.latency {
+			continue
+		}
+		p99 := median(field(s.results, func(r load.Result) float64 { return r.P99 }))
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f | %.2f | %+.2f |\n", s.name(),
+			median(field(s.results, func(r load.Result) float64 { return r.P50 })),
+			median(field(s.results, func(r load.Result) float64 { return r.P90 })), p99,
+			median(field(s.results, func(r load.Result) float64 { return r.Max })),
+			p99-median(field(base["latency"].results, func(r load.Result) float64 { return r.P99 })))
+	}
+	fmt.Fprintf(&b, "\n## Memory\n\n")
+	fmt.Fprintf(&b, "64 concurrent 1 MiB events (%d in all, memory store): Caddy RSS %d MiB before, %d MiB after; peak RSS of the whole run %d MiB (64 × 1 MiB buffers alone are 64 MiB). Answers: %s.\n",
+		big.Requests, rssBefore/1024, rssAfter/1024, peak/1024, answers(big))
+	return b.String()
+}
+
+func tp(rs []load.Result) []float64 {
+	return field(rs, func(r load.Result) float64 { return r.Throughput })
+}
+
+func field(rs []load.Result, f func(load.Result) float64) []float64 {
+	out := make([]float64, len(rs))
+	for i, r := range rs {
+		out[i] = f(r)
+	}
+	return out
+}
+
+func answers(r load.Result) string {
+	var parts []string
+	for _, k := range sortedKeys(r.ByStatus) {
+		parts = append(parts, fmt.Sprintf("%s×%d", k, r.ByStatus[k]))
+	}
+	if n := r.ByDedup["duplicate"]; n > 0 {
+		parts = append(parts, fmt.Sprintf("dup×%d", n))
+	}
+	return strings.Join(parts, " ")
+}
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+

@@ -1,0 +1,213 @@
+// Command sangho-send signs and sends Sangho webhook events, for trying
+// out and load-testing an endpoint behind sangho_dedup.
+//
+//	sangho-send event --url URL --secret S [--id ID] [--type T] [--data JSON|@file] [--repeat N]
+//	sangho-send sign --secret S [--t UNIX] < body
+//	sangho-send load --url URL --secret S --concurrency C (--duration D | --events N)
+//	                 [--duplicates RATIO] [--body-size BYTES] [--rate R] [--json]
+//	sangho-send sink [--listen 127.0.0.1:3000]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+const usage = `usage:
+  sangho-send event --url URL --secret S [--id ID] [--type T] [--data JSON|@file] [--repeat N]
+      sign and send one event (N times); print each status and Sangho-Dedup header
+  sangho-send sign --secret S [--t UNIX] < body
+      print the Sangho-Signature header value for the body on standard input
+  sangho-send load --url URL --secret S --concurrency C (--duration D | --events N)
+                   [--duplicates RATIO] [--body-size BYTES] [--rate R] [--json]
+      signed load with a share of redeliveries; throughput, latency, counts
+  sangho-send sink [--listen 127.0.0.1:3000]
+      a minimal backend that reads each request and answers 200 {"received":true}
+
+The secret may be given as --secret or in SANGHO_WEBHOOK_SECRET.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "event":
+		err = cmdEvent(os.Args[2:])
+	case "sign":
+		err = cmdSign(os.Args[2:])
+	case "load":
+		err = cmdLoad(os.Args[2:])
+	case "sink":
+		err = cmdSink(os.Args[2:])
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sangho-send:", err)
+		os.Exit(1)
+	}
+}
+
+func secretFlag(fs *flag.FlagSet) *string {
+	return fs.String("secret", os.Getenv("SANGHO_WEBHOOK_SECRET"), "signing secret (default $SANGHO_WEBHOOK_SECRET)")
+}
+
+func needSecret(s string) error {
+	if s == "" {
+		return fmt.Errorf("no secret: give --secret or set SANGHO_WEBHOOK_SECRET")
+	}
+	return nil
+}
+
+func cmdEvent(args []string) error {
+	fs := flag.NewFlagSet("event", flag.ExitOnError)
+	url := fs.String("url", "http://localhost:8080/", "endpoint URL")
+	secret := secretFlag(fs)
+	id := fs.String("id", "", "event ID (default: a new evt_... ID)")
+	typ := fs.String("type", "payment_intent.succeeded", "event type")
+	data := fs.String("data", `{"object":{"id":"pi_1","amount":2000,"currency":"eur"}}`, "the event's data object as JSON, or @file")
+	repeat := fs.Int("repeat", 1, "send the same event this many times (fresh signature each time)")
+	_ = fs.Parse(args)
+	if err := needSecret(*secret); err != nil {
+		return err
+	}
+	if *id == "" {
+		*id = "evt_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	}
+	raw := []byte(*data)
+	if strings.HasPrefix(*data, "@") {
+		var err error
+		if raw, err = os.ReadFile((*data)[1:]); err != nil {
+			return err
+		}
+	}
+	if !json.Valid(raw) {
+		return fmt.Errorf("--data is not valid JSON")
+	}
+	body, _ := json.Marshal(struct {
+		ID      string          `json:"id"`
+		Object  string          `json:"object"`
+		Type    string          `json:"type"`
+		Created int64           `json:"created"`
+		Data    json.RawMessage `json:"data"`
+	}{*id, "event", *typ, time.Now().Unix(), raw})
+	client := load.Client(1, 30*time.Second)
+	for i := 1; i <= *repeat; i++ {
+		d := load.NewDelivery(*id, body, *secret)
+		status, dedup, lat, err := load.Send(context.Background(), client, *url, d)
+		if err != nil {
+			fmt.Printf("%d  %s  error: %v\n", i, *id, err)
+			continue
+		}
+		if dedup == "" {
+			dedup = "-"
+		}
+		fmt.Printf("%d  %s  %d  Sangho-Dedup: %s  (%.1f ms)\n", i, *id, status, dedup, float64(lat)/float64(time.Millisecond))
+	}
+	return nil
+}
+
+func cmdSign(args []string) error {
+	fs := flag.NewFlagSet("sign", flag.ExitOnError)
+	secret := secretFlag(fs)
+	t := fs.Int64("t", 0, "Unix time to sign at (default: now)")
+	_ = fs.Parse(args)
+	if err := needSecret(*secret); err != nil {
+		return err
+	}
+	body, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		return err
+	}
+	at := time.Now()
+	if *t != 0 {
+		at = time.Unix(*t, 0)
+	}
+	fmt.Println(sangho.Sign(at, body, *secret))
+	return nil
+}
+
+func cmdLoad(args []string) error {
+	fs := flag.NewFlagSet("load", flag.ExitOnError)
+	var cfg load.Config
+	fs.StringVar(&cfg.URL, "url", "http://localhost:8080/", "endpoint URL")
+	secret := secretFlag(fs)
+	fs.IntVar(&cfg.Concurrency, "concurrency", 32, "parallel connections")
+	fs.DurationVar(&cfg.Duration, "duration", 0, "run this long (e.g. 10s)")
+	fs.IntVar(&cfg.Events, "events", 0, "or send this many requests")
+	fs.Float64Var(&cfg.Duplicates, "duplicates", 0, "share of requests that redeliver a recent event, in flight or done (0..1)")
+	fs.IntVar(&cfg.BodySize, "body-size", 1024, "approximate body size in bytes")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in all (default: as fast as possible)")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	_ = fs.Parse(args)
+	cfg.Secret = *secret
+	if err := needSecret(cfg.Secret); err != nil {
+		return err
+	}
+	if cfg.Duplicates < 0 || cfg.Duplicates > 1 {
+		return fmt.Errorf("--duplicates must be between 0 and 1")
+	}
+	if cfg.Duration == 0 && cfg.Events == 0 {
+		cfg.Duration = 10 * time.Second
+	}
+	if cfg.Duplicates > 0 {
+		cfg.Warmup = min(100, max(1, cfg.Concurrency))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := load.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		fmt.Println(res.JSON())
+	} else {
+		fmt.Print(res.String())
+	}
+	return nil
+}
+
+var received = []byte(`{"received":true}`)
+
+func cmdSink(args []string) error {
+	fs := flag.NewFlagSet("sink", flag.ExitOnError)
+	listen := fs.String("listen", "127.0.0.1:3000", "address to listen on")
+	_ = fs.Parse(args)
+	fmt.Fprintf(os.Stderr, "sink listening on %s\n", *listen)
+	srv := &http.Server{
+		Addr:              *listen,
+		ReadHeaderTimeout: 10 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(received)
+		}),
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	go func() { <-ctx.Done(); _ = srv.Close() }()
+	if err := srv.ListenAndServe(); err != nil && err != http.ErrServerClosed {
+		return err
+	}
+	return nil
+}
+

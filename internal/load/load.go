@@ -1,0 +1,342 @@
+// Package load sends signed Sangho events at an endpoint, with a chosen
+// share of redeliveries, and measures what comes back. It is the engine
+// of `sangho-send load` and of the benchmark suite.
+package load
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+// Config of a load run.
+type Config struct {
+	URL         string
+	Secret      string
+	Concurrency int           // parallel connections
+	Duration    time.Duration // run this long (0: until Events are sent)
+	Events      int           // send this many requests (0: until Duration)
+	Duplicates  float64       // share of requests that redeliver an event already sent (0..1)
+	BodySize    int           // approximate body size in bytes
+	Rate        float64       // requests per second in all (0: as fast as possible)
+	Warmup      int           // events sent before measuring, the pool duplicates draw from at first
+	Timeout     time.Duration // per request
+	Type        string        // event type
+}
+
+// Result of a load run.
+type Result struct {
+	Requests   int            `json:"requests"`
+	Seconds    float64        `json:"seconds"`
+	Throughput float64        `json:"throughput_rps"`
+	P50        float64        `json:"p50_ms"`
+	P90        float64        `json:"p90_ms"`
+	P99        float64        `json:"p99_ms"`
+	Max        float64        `json:"max_ms"`
+	ByStatus   map[string]int `json:"by_status"`
+	ByDedup    map[string]int `json:"by_dedup"`
+	NewSent    int            `json:"new_events"`
+	DupSent    int            `json:"duplicate_deliveries"`
+}
+
+// Body builds an event body of about size bytes for id.
+func Body(id, typ string, size int) []byte {
+	const head = `{"id":"","object":"event","type":"","created":0,"data":{"object":{"pad":""}}}`
+	pad := size - len(head) - len(id) - len(typ) - 10
+	if pad < 0 {
+		pad = 0
+	}
+	var b bytes.Buffer
+	b.Grow(size + 16)
+	b.WriteString(`{"id":"`)
+	b.WriteString(id)
+	b.WriteString(`","object":"event","type":"`)
+	b.WriteString(typ)
+	b.WriteString(`","created":`)
+	b.WriteString(strconv.FormatInt(time.Now().Unix(), 10))
+	b.WriteString(`,"data":{"object":{"pad":"`)
+	b.WriteString(strings.Repeat("x", pad))
+	b.WriteString(`"}}}`)
+	return b.Bytes()
+}
+
+// Client returns an HTTP client for c connections to one host.
+func Client(conns int, timeout time.Duration) *http.Client {
+	return &http.Client{
+		Timeout: timeout,
+		Transport: &http.Transport{
+			Proxy:               nil,
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        conns * 2,
+			MaxIdleConnsPerHost: conns * 2,
+			MaxConnsPerHost:     conns * 2,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		},
+	}
+}
+
+// Delivery is one signed request: ID, body and signature.
+type Delivery struct {
+	ID        string
+	Body      []byte
+	Signature string
+}
+
+// NewDelivery signs body now with secret.
+func NewDelivery(id string, body []byte, secret string) Delivery {
+	return Delivery{ID: id, Body: body, Signature: sangho.Sign(time.Now(), body, secret)}
+}
+
+// Send posts one delivery and returns the status, the Sangho-Dedup
+// header and the time it took.
+func Send(ctx context.Context, c *http.Client, url string, d Delivery) (int, string, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(d.Body))
+	if err != nil {
+		return 0, "", 0, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Sangho-Event-ID", d.ID)
+	req.Header.Set("Sangho-Signature", d.Signature)
+	start := time.Now()
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", time.Since(start), err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("Sangho-Dedup"), time.Since(start), nil
+}
+
+// pool remembers recently sent events (delivered or still in flight) for
+// redeliveries. A redelivery reuses the event's body and signature: the
+// same bytes, as Sangho does (its t changes, which the plugin ignores for
+// dedup; it stays inside the tolerance for runs shorter than it).
+type pool struct {
+	mu   sync.Mutex
+	ring []Delivery
+	next int
+	full bool
+}
+
+func (p *pool) add(d Delivery) {
+	p.mu.Lock()
+	p.ring[p.next] = d
+	p.next++
+	if p.next == len(p.ring) {
+		p.next, p.full = 0, true
+	}
+	p.mu.Unlock()
+}
+
+func (p *pool) pick(r *rand.Rand) (Delivery, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := p.next
+	if p.full {
+		n = len(p.ring)
+	}
+	if n == 0 {
+		return Delivery{}, false
+	}
+	return p.ring[r.IntN(n)], true
+}
+
+// Run performs a load run.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 30 * time.Second
+	}
+	if cfg.Type == "" {
+		cfg.Type = "payment_intent.succeeded"
+	}
+	if cfg.Duration == 0 && cfg.Events == 0 {
+		return Result{}, fmt.Errorf("give a duration or a number of events")
+	}
+	client := Client(cfg.Concurrency, cfg.Timeout)
+	defer client.CloseIdleConnections()
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	var seq atomic.Int64
+	newDelivery := func() Delivery {
+		id := "evt_" + run + "_" + strconv.FormatInt(seq.Add(1), 10)
+		return NewDelivery(id, Body(id, cfg.Type, cfg.BodySize), cfg.Secret)
+	}
+	recent := &pool{ring: make([]Delivery, 256)}
+	// Warm-up: the first events, sent before measuring, so that a run
+	// of 100 % duplicates has something to redeliver.
+	for range cfg.Warmup {
+		d := newDelivery()
+		if _, _, _, err := Send(ctx, client, cfg.URL, d); err != nil {
+			return Result{}, fmt.Errorf("warm-up: %w", err)
+		}
+		recent.add(d)
+	}
+
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	var tokens <-chan struct{}
+	if cfg.Rate > 0 {
+		tokens = pace(ctx, cfg.Rate)
+	}
+	var remaining atomic.Int64
+	remaining.Store(int64(cfg.Events))
+
+	type workerResult struct {
+		lat            []time.Duration
+		status, dedup  map[string]int
+		newSent, dupes int
+	}
+	results := make([]workerResult, cfg.Concurrency)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := range cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
+			res := workerResult{status: map[string]int{}, dedup: map[string]int{}}
+			for ctx.Err() == nil {
+				if cfg.Events > 0 && remaining.Add(-1) < 0 {
+					break
+				}
+				if tokens != nil {
+					if _, ok := <-tokens; !ok {
+						break
+					}
+				}
+				var d Delivery
+				dup := false
+				if cfg.Duplicates > 0 && r.Float64() < cfg.Duplicates {
+					d, dup = recent.pick(r)
+				}
+				if !dup {
+					d = newDelivery()
+					recent.add(d) // in flight: a concurrent redelivery may pick it
+				}
+				status, dedup, lat, err := Send(ctx, client, cfg.URL, d)
+				if err != nil {
+					if ctx.Err() != nil {
+						break // the run ended mid-request: not counted
+					}
+					res.status["error"]++
+				} else {
+					res.status[strconv.Itoa(status)]++
+					if dedup == "" {
+						dedup = "-"
+					}
+					res.dedup[dedup]++
+				}
+				res.lat = append(res.lat, lat)
+				if dup {
+					res.dupes++
+				} else {
+					res.newSent++
+				}
+			}
+			results[w] = res
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+
+	out := Result{ByStatus: map[string]int{}, ByDedup: map[string]int{}, Seconds: elapsed.Seconds()}
+	var all []time.Duration
+	for _, r := range results {
+		all = append(all, r.lat...)
+		for k, v := range r.status {
+			out.ByStatus[k] += v
+		}
+		for k, v := range r.dedup {
+			out.ByDedup[k] += v
+		}
+		out.NewSent += r.newSent
+		out.DupSent += r.dupes
+	}
+	out.Requests = len(all)
+	out.Throughput = float64(out.Requests) / elapsed.Seconds()
+	if len(all) > 0 {
+		slices.Sort(all)
+		q := func(p float64) float64 {
+			return float64(all[min(len(all)-1, int(p*float64(len(all))))]) / float64(time.Millisecond)
+		}
+		out.P50, out.P90, out.P99 = q(0.50), q(0.90), q(0.99)
+		out.Max = float64(all[len(all)-1]) / float64(time.Millisecond)
+	}
+	return out, nil
+}
+
+// pace emits rate tokens per second until ctx ends.
+func pace(ctx context.Context, rate float64) <-chan struct{} {
+	ch := make(chan struct{}, 1024)
+	go func() {
+		defer close(ch)
+		interval := time.Duration(float64(time.Second) / rate)
+		start := time.Now()
+		for i := int64(0); ; i++ {
+			due := start.Add(time.Duration(i) * interval)
+			if d := time.Until(due); d > 0 {
+				t := time.NewTimer(d)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return
+				case <-t.C:
+				}
+			}
+			select {
+			case ch <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// String renders a result for people.
+func (r Result) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "requests     %d in %.1fs: %.0f req/s (new events %d, redeliveries %d)\n", r.Requests, r.Seconds, r.Throughput, r.NewSent, r.DupSent)
+	fmt.Fprintf(&b, "latency ms   p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n", r.P50, r.P90, r.P99, r.Max)
+	fmt.Fprintf(&b, "by status    %s\n", counts(r.ByStatus))
+	fmt.Fprintf(&b, "Sangho-Dedup %s\n", counts(r.ByDedup))
+	return b.String()
+}
+
+func counts(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s=%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}
+
+// JSON renders a result for machines.
+func (r Result) JSON() string {
+	b, _ := json.MarshalIndent(r, "", "  ")
+	return string(b)
+}
