@@ -46,7 +46,8 @@ func BenchmarkVerify(b *testing.B) {
 
 func BenchmarkExtractEvent(b *testing.B) {
 	big := `{"data":{"object":{"items":[` + strings.Repeat(`{"id":"pi_1","note":"a \"quoted\" string"},`, 22000) + `{}]}},"id":"evt_big","type":"x"}`
-	for name, body := range map[string]string{"small": bodyA, "1MiB": big} {
+	long := `{"id":"evt_long","type":"x","data":{"object":{"pad":"` + strings.Repeat("x", 64<<10) + `"}}}`
+	for name, body := range map[string]string{"small": bodyA, "1MiB-tokens": big, "64KiB-string": long} {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))

@@ -41,6 +41,7 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 			read_timeout 2s
 			write_timeout 4s
 			pool_size 20
+			pipeline off
 		}
 	}`)
 	var h Handler
@@ -75,7 +76,7 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 		Address:    []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
 		MasterName: "mymaster", Username: "app", Password: "{env.REDIS_PASSWORD}", DB: 2, TLS: true,
 		DialTimeout: caddy.Duration(time.Second), ReadTimeout: caddy.Duration(2 * time.Second),
-		WriteTimeout: caddy.Duration(4 * time.Second), PoolSize: 20,
+		WriteTimeout: caddy.Duration(4 * time.Second), PoolSize: 20, DisablePipeline: true,
 	}
 	if rs.Type != "redis" || !reflect.DeepEqual(rs.RedisStore, wantStore) {
 		t.Fatalf("store %s: got %+v\nwant %+v", rs.Type, rs.RedisStore, wantStore)
@@ -131,6 +132,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"redis timeout bad":         "sangho_dedup {\nsecret s\nstore redis {\nread_timeout x\n}\n}",
 		"redis password missing":    "sangho_dedup {\nsecret s\nstore redis {\npassword\n}\n}",
 		"redis arg on store line":   "sangho_dedup {\nsecret s\nstore redis 127.0.0.1:6379\n}",
+		"redis pipeline bad":        "sangho_dedup {\nsecret s\nstore redis {\npipeline maybe\n}\n}",
+		"redis pipeline twice":      "sangho_dedup {\nsecret s\nstore redis {\npipeline on\npipeline off\n}\n}",
 	}
 	for name, in := range cases {
 		var h Handler

@@ -101,7 +101,7 @@ func scanTopLevel(b []byte) (topLevel, error) {
 	typSeen := false
 	for {
 		s.ws()
-		key, keyEsc, ok := s.str()
+		key, keyEsc, ok := s.str(true)
 		if !ok {
 			return f, errBodyJSON
 		}
@@ -123,13 +123,13 @@ func scanTopLevel(b []byte) (topLevel, error) {
 				}
 				return f, errIDNotString
 			}
-			raw, esc, ok := s.str()
+			raw, esc, ok := s.str(true)
 			if !ok {
 				return f, errBodyJSON
 			}
 			f.id, f.hasID = decodeStr(raw, esc), true
 		case isType && !typSeen && s.peek() == '"':
-			raw, esc, ok := s.str()
+			raw, esc, ok := s.str(true)
 			if !ok {
 				return f, errBodyJSON
 			}
@@ -175,6 +175,9 @@ func decodeStr(raw []byte, escaped bool) string {
 	return out
 }
 
+// structural marks the bytes that matter when skipping a nested value.
+var structural = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
+
 type jsonScanner struct {
 	b []byte
 	i int
@@ -208,34 +211,44 @@ func (s *jsonScanner) end() error {
 }
 
 // str reads a string at s.i and returns its raw content (between the
-// quotes) and whether it holds escapes.
-func (s *jsonScanner) str() (raw []byte, escaped, ok bool) {
+// quotes) and whether it holds escapes. It finds the closing quote with
+// bytes.IndexByte (vectorized), so long strings cost little. With
+// validate, control characters make the string malformed; strings that
+// are only skipped are not validated (the backend parses them anyway).
+func (s *jsonScanner) str(validate bool) (raw []byte, escaped, ok bool) {
 	if s.peek() != '"' {
 		return nil, false, false
 	}
 	start := s.i + 1
 	rest := s.b[start:]
-	for j := 0; j < len(rest); {
-		k := bytes.IndexAny(rest[j:], "\"\\")
+	j := 0
+	for {
+		k := bytes.IndexByte(rest[j:], '"')
 		if k < 0 {
 			return nil, false, false
 		}
 		j += k
-		if rest[j] == '\\' {
-			escaped = true
-			j += 2
-			continue
+		// The quote is escaped if an odd number of backslashes precede it.
+		n := 0
+		for p := j - 1; p >= 0 && rest[p] == '\\'; p-- {
+			n++
 		}
-		raw = rest[:j]
+		if n%2 == 0 {
+			break
+		}
+		j++
+	}
+	raw = rest[:j]
+	escaped = bytes.IndexByte(raw, '\\') >= 0
+	if validate {
 		for _, c := range raw {
 			if c < 0x20 {
 				return nil, false, false
 			}
 		}
-		s.i = start + j + 1
-		return raw, escaped, true
 	}
-	return nil, false, false
+	s.i = start + j + 1
+	return raw, escaped, true
 }
 
 // skipValue skips one value of any kind. Nested objects and arrays are
@@ -243,19 +256,22 @@ func (s *jsonScanner) str() (raw []byte, escaped, ok bool) {
 func (s *jsonScanner) skipValue() bool {
 	switch c := s.peek(); c {
 	case '"':
-		_, _, ok := s.str()
+		_, _, ok := s.str(false)
 		return ok
 	case '{', '[':
 		var stackBuf [64]byte
 		stack := append(stackBuf[:0], c)
 		s.i++
 		for len(stack) > 0 {
+			for s.i < len(s.b) && !structural[s.b[s.i]] {
+				s.i++
+			}
 			if s.i >= len(s.b) {
 				return false
 			}
 			switch c := s.b[s.i]; c {
 			case '"':
-				if _, _, ok := s.str(); !ok {
+				if _, _, ok := s.str(false); !ok {
 					return false
 				}
 				continue

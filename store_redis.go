@@ -44,7 +44,8 @@ var (
 // RedisStore keeps dedup state in Redis (7.0 or later, or Valkey), so
 // that it is durable (as far as Redis persists) and shared by every Caddy
 // instance that points at the same Redis. Every operation touches a
-// single key in one round trip: a claim is `SET key lease NX GET PX ttl`,
+// single key in one command (batched with other requests' commands into
+// pipelines under load): a claim is `SET key lease NX GET PX ttl`,
 // a commit `SET key record GET PX retention`, a renewal and a release
 // are small Lua scripts that compare the lease token first. It works
 // alike on a standalone server, a Redis Cluster and behind Sentinel.
@@ -94,7 +95,14 @@ type RedisStore struct {
 	// Maximum connections per node. Default: 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
+	// Send each command on its own instead of batching the commands of
+	// concurrent requests into pipelines (go-redis auto-pipelining, which
+	// halves Redis's CPU per event under load and adds no wait when a
+	// request is alone). Default: false (pipelining on).
+	DisablePipeline bool `json:"disable_pipeline,omitempty"`
+
 	client  redis.UniversalClient
+	cmd     redis.Cmdable // the client, or its auto-pipeliner
 	poolKey string
 }
 
@@ -128,6 +136,14 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.client = v.(redisClient).UniversalClient
+	s.cmd = s.client
+	if !s.DisablePipeline {
+		ap, err := s.client.AutoPipeline()
+		if err != nil {
+			return fmt.Errorf("redis store: starting the auto-pipeliner: %v", err)
+		}
+		s.cmd = ap
+	}
 	return nil
 }
 
@@ -255,6 +271,7 @@ func (s *RedisStore) Validate() error {
 //		read_timeout <duration>
 //		write_timeout <duration>
 //		pool_size <n>
+//		pipeline on|off
 //	}
 func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
@@ -318,6 +335,19 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := intArg(d, &s.PoolSize); err != nil {
 				return err
 			}
+		case "pipeline":
+			var v string
+			if err := oneArg(d, &v); err != nil {
+				return err
+			}
+			switch v {
+			case "on":
+				s.DisablePipeline = false
+			case "off":
+				s.DisablePipeline = true
+			default:
+				return d.Errf("pipeline: must be on or off, not %q", v)
+			}
 		default:
 			return d.Errf("unrecognized redis store option %q", opt)
 		}
@@ -327,7 +357,7 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // Claim implements Store with `SET key lease NX GET PX ttl`.
 func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
-	old, err := s.client.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
+	old, err := s.cmd.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
 	if errors.Is(err, redis.Nil) {
 		return Claimed, nil
 	}
@@ -339,14 +369,14 @@ func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Dura
 
 // Renew implements Store with a compare-and-extend script.
 func (s *RedisStore) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
-	n, err := renewScript.Run(ctx, s.client, []string{key}, inflightValue(token), ttl.Milliseconds()).Int()
+	n, err := renewScript.Run(ctx, s.cmd, []string{key}, inflightValue(token), ttl.Milliseconds()).Int()
 	return n == 1, err
 }
 
 // Commit implements Store with `SET key record GET PX retention`: the
 // old value tells whether our lease was still there.
 func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
-	old, err := s.client.SetArgs(ctx, key, rec.encode(), redis.SetArgs{TTL: retention, Get: true}).Result()
+	old, err := s.cmd.SetArgs(ctx, key, rec.encode(), redis.SetArgs{TTL: retention, Get: true}).Result()
 	if errors.Is(err, redis.Nil) {
 		return false, nil
 	}
@@ -359,7 +389,7 @@ func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneReco
 
 // Release implements Store with a compare-and-delete script.
 func (s *RedisStore) Release(ctx context.Context, key, token string) (bool, error) {
-	n, err := releaseScript.Run(ctx, s.client, []string{key}, inflightValue(token)).Int()
+	n, err := releaseScript.Run(ctx, s.cmd, []string{key}, inflightValue(token)).Int()
 	return n == 1, err
 }
 

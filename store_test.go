@@ -83,9 +83,11 @@ func provisionRedisStore(t testing.TB, s *RedisStore) *RedisStore {
 	return s
 }
 
-func redisHarness(t *testing.T) storeHarness {
+func redisHarness(t *testing.T) storeHarness { return redisHarnessWith(t, false) }
+
+func redisHarnessWith(t *testing.T, noPipeline bool) storeHarness {
 	srv := startRedis(t)
-	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}})
+	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, DisablePipeline: noPipeline})
 	c := srv.Client(t)
 	return storeHarness{
 		store:  s,
@@ -98,6 +100,11 @@ func redisHarness(t *testing.T) storeHarness {
 
 func TestStoreContractMemory(t *testing.T) { runStoreContract(t, memoryHarness) }
 func TestStoreContractRedis(t *testing.T)  { runStoreContract(t, redisHarness) }
+
+// The same contract with auto-pipelining off (pipeline off).
+func TestStoreContractRedisNoPipeline(t *testing.T) {
+	runStoreContract(t, func(t *testing.T) storeHarness { return redisHarnessWith(t, true) })
+}
 
 func runStoreContract(t *testing.T, newHarness func(*testing.T) storeHarness) {
 	ctx := context.Background()

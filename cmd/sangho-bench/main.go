@@ -42,13 +42,14 @@ func main() {
 	rounds := flag.Int("rounds", 2, "interleaved rounds of all scenarios")
 	conc := flag.Int("concurrency", 32, "connections for the throughput runs")
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
+	only := flag.String("only", "", "comma-separated targets to run (direct,reverse_proxy,memory,redis); default all")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	flag.Parse()
 	if *sink != "" {
 		runSink(*sink)
 		return
 	}
-	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate); err != nil {
+	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 		os.Exit(1)
 	}
@@ -180,7 +181,7 @@ func sizeName(n int) string {
 	return strconv.Itoa(n) + "B"
 }
 
-func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64) error {
+func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64, only string) error {
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
 	}
@@ -295,6 +296,10 @@ http://127.0.0.1:%d {
 		all = append(all, &scenario{target: t, url: urls[t], body: 1024, rate: rate, latency: true})
 	}
 
+	if only != "" {
+		keep := append(strings.Split(only, ","), "reverse_proxy") // the baseline always runs
+		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(keep, s.target) })
+	}
 	fmt.Fprintf(os.Stderr, "%d scenarios x %d rounds x %v\n", len(all), rounds, dur)
 	for r := range rounds {
 		for _, s := range all {
