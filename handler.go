@@ -123,7 +123,7 @@ func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp
 	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string,
 ) error {
 	l := h.startLease(sctx, key, token, id)
-	sw := &statusWriter{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+	sw := &statusWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	finished := false
 	defer func() {
 		if finished {
@@ -223,7 +223,7 @@ func observe(op string, start time.Time, err error) {
 // writes. Flush, Hijack and the like reach the real writer through
 // Unwrap (http.ResponseController).
 type statusWriter struct {
-	*caddyhttp.ResponseWriterWrapper
+	caddyhttp.ResponseWriterWrapper // by value: one allocation for both
 	status   atomic.Int32
 	finished bool // the next handler returned without error
 }
@@ -242,7 +242,7 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 
 func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 	sw.status.CompareAndSwap(0, http.StatusOK)
-	return io.Copy(sw.ResponseWriterWrapper, r)
+	return io.Copy(&sw.ResponseWriterWrapper, r)
 }
 
 // lease renews the claim on key every lock_ttl/3 while the next handler

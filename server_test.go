@@ -139,9 +139,26 @@ func send(t testing.TB, url, body, id string) answer {
 	return do(t, req)
 }
 
+// do sends req; like Sangho it tries again when the connection fails
+// before any answer (a listener handed over during a config reload can
+// reset a connection), a bounded number of times.
 func do(t testing.TB, req *http.Request) answer {
 	t.Helper()
-	resp, err := client.Do(req)
+	var body []byte
+	if req.Body != nil && req.ContentLength >= 0 {
+		body, _ = io.ReadAll(req.Body)
+	}
+	var resp *http.Response
+	var err error
+	for attempt := 0; attempt < 20; attempt++ {
+		if body != nil {
+			req.Body = io.NopCloser(bytes.NewReader(body))
+		}
+		if resp, err = client.Do(req); err == nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	if err != nil {
 		t.Fatalf("request: %v", err)
 	}

@@ -80,6 +80,13 @@ const (
 
 func inflightValue(token string) string { return inflightPrefix + token }
 
+// isLease reports whether val is the in-flight lease of token, without
+// building the lease string.
+func isLease(val, token string) bool {
+	return len(val) == len(inflightPrefix)+len(token) &&
+		val[:len(inflightPrefix)] == inflightPrefix && val[len(inflightPrefix):] == token
+}
+
 // encode renders the done record as `done:{"processed_at":...,"event_type":...}`.
 func (r DoneRecord) encode() string {
 	b := make([]byte, 0, 64+len(r.EventType))
@@ -120,7 +127,7 @@ func classify(val, token string) ClaimResult {
 	if strings.HasPrefix(val, donePrefix) {
 		return AlreadyDone
 	}
-	if val == inflightValue(token) {
+	if isLease(val, token) {
 		return Claimed
 	}
 	return InFlight

@@ -153,7 +153,7 @@ func (s *memState) renew(key, token string, ttl time.Duration) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
-	if !ok || e.val != inflightValue(token) {
+	if !ok || !isLease(e.val, token) {
 		return false
 	}
 	e.expires = now.Add(ttl)
@@ -167,7 +167,7 @@ func (s *memState) commit(key, token, rec string, retention time.Duration) bool 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
-	held := ok && e.val == inflightValue(token)
+	held := ok && isLease(e.val, token)
 	sh.m[key] = memEntry{val: rec, expires: now.Add(retention)}
 	return held
 }
@@ -178,7 +178,7 @@ func (s *memState) release(key, token string) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
-	if !ok || e.val != inflightValue(token) {
+	if !ok || !isLease(e.val, token) {
 		return false
 	}
 	delete(sh.m, key)

@@ -384,7 +384,7 @@ func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneReco
 		return false, err
 	}
 	// A retried commit whose first attempt landed finds its own record.
-	return old == inflightValue(token) || old == rec.encode(), nil
+	return isLease(old, token) || old == rec.encode(), nil
 }
 
 // Release implements Store with a compare-and-delete script.
