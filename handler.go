@@ -224,8 +224,8 @@ func observe(op string, start time.Time, err error) {
 // Unwrap (http.ResponseController).
 type statusWriter struct {
 	caddyhttp.ResponseWriterWrapper // by value: one allocation for both
-	status   atomic.Int32
-	finished bool // the next handler returned without error
+	status                          atomic.Int32
+	finished                        bool // the next handler returned without error
 }
 
 func (sw *statusWriter) WriteHeader(code int) {

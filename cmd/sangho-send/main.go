@@ -210,4 +210,3 @@ func cmdSink(args []string) error {
 	}
 	return nil
 }
-
