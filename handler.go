@@ -13,6 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -113,56 +114,100 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	h.debug("new event: passing it on", id, typ)
-	return h.process(w, r, next, repl, sctx, key, token, id, typ)
+	return h.process(w, r, next, repl, sctx, key, token, id, typ, start)
 }
 
 // process runs the next handler while holding the lease on key, then
-// commits (the backend answered 2xx) or releases (anything else,
-// including an error or a panic of the next handler).
+// settles the event: commit, release or hold (see settle).
 func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string,
+	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string, claimed time.Time,
 ) error {
-	l := h.startLease(sctx, key, token, id)
+	l := h.startLease(sctx, key, token, id, claimed)
 	sw := &statusWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	finished := false
 	defer func() {
 		if finished {
 			return
 		}
-		// The next handler panicked: settle the event, then let the
-		// panic go on to Caddy's recovery.
+		// The next handler panicked: settle the event (a panic is an
+		// unknown fate), then let the panic go on to Caddy's recovery.
 		l.stop()
-		h.settle(sctx, repl, sw, key, token, id, typ)
+		h.settle(sctx, repl, sw, l, errPanic, typ)
 	}()
 	err := next.ServeHTTP(sw, r)
 	finished = true
-	sw.finished = err == nil
 	l.stop()
-	h.settle(sctx, repl, sw, key, token, id, typ)
+	h.settle(sctx, repl, sw, l, err, typ)
 	return err
 }
 
-// settle commits the event if the backend's status line was 2xx, else
-// releases it. The status line is the verdict: once the backend has
-// said 2xx it has done the work, even if the body is cut short later
-// (client gone), so the event must not be processed again. A handler
-// that returned without writing anything answers 200 (net/http's
-// default), and counts as 2xx too.
-func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWriter, key, token, id, typ string) {
-	status := int(sw.status.Load())
-	if status == 0 && sw.finished {
-		status = http.StatusOK
+var errPanic = errors.New("the next handler panicked")
+
+// verdict is how a delivery that reached the next handler ends.
+type verdict int
+
+const (
+	commit  verdict = iota // the backend answered 2xx: processed
+	release                // the backend answered non-2xx, or was never reached: retry now
+	hold                   // unknown whether the backend got it: let the lease expire
+)
+
+// judge decides from the status line the next handler wrote and the
+// error it returned.
+//
+// The status line is the verdict: once the backend has said 2xx it has
+// done the work, even if the body is cut short later (client gone), so
+// the event must not be processed again; a handler that returned nil
+// without writing anything answers 200 (net/http's default). A non-2xx
+// status is the backend saying it failed: release. An error without any
+// status tells nothing of the backend, except when the request provably
+// never left Caddy (a dial error, no upstream available): release.
+// Otherwise — a timeout, a connection lost mid-request, the client gone
+// while the backend worked, a panic — the backend may still be working
+// on the event or may have finished it, and releasing would let Sangho's
+// next attempt run concurrently or twice: hold the lease until it
+// expires (lock_ttl), so the retry is processed after that.
+func judge(status int, err error) verdict {
+	switch {
+	case status == 0 && err == nil:
+		return commit
+	case status >= 200 && status <= 299:
+		return commit
+	case status != 0:
+		return release
+	case neverForwarded(err):
+		return release
 	}
-	if status >= 200 && status <= 299 {
-		start := time.Now()
-		held, err := h.store.Commit(ctx, key, token, DoneRecord{ProcessedAt: h.now(), EventType: typ}, time.Duration(h.Retention))
-		observe(opCommit, start, err)
+	return hold
+}
+
+// neverForwarded reports whether err shows that the request did not
+// reach the backend: reverse_proxy's (and php_fastcgi's) dial errors and
+// its "no upstreams available".
+func neverForwarded(err error) bool {
+	var de reverseproxy.DialError
+	if errors.As(err, &de) {
+		return true
+	}
+	var he caddyhttp.HandlerError
+	return errors.As(err, &he) && he.StatusCode == http.StatusServiceUnavailable &&
+		he.Err != nil && he.Err.Error() == "no upstreams available"
+}
+
+// settle commits, releases or holds the event (see judge).
+func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWriter, l *lease, err error, typ string) {
+	status := int(sw.status.Load())
+	key, token, id := l.key, l.token, l.id
+	switch judge(status, err) {
+	case commit:
 		h.outcome(repl, outcomeProcessed)
+		rec := DoneRecord{ProcessedAt: h.now(), EventType: typ}
+		held, err := h.commit(ctx, key, token, rec)
 		switch {
 		case err != nil:
-			metrics.commitErr.Inc()
-			h.logger.Error("backend processed the event but its done record could not be written; the lease expires after lock_ttl",
+			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying while the lease lasts",
 				zap.String("event_id", id), zap.Int("status", status), zap.Error(err))
+			go h.retryCommit(l, rec)
 		case !held:
 			metrics.leaseLost.Inc()
 			h.logger.Warn("lease was lost before commit (expired or taken over); recorded as done anyway",
@@ -170,23 +215,63 @@ func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWr
 		default:
 			h.debug("processed and recorded", id, typ)
 		}
-		return
+	case release:
+		start := time.Now()
+		released, rerr := h.store.Release(ctx, key, token)
+		observe(opRelease, start, rerr)
+		h.outcome(repl, outcomeReleased)
+		switch {
+		case rerr != nil:
+			h.logger.Error("releasing the event failed; Sangho's retry is accepted once the lease expires (lock_ttl)",
+				zap.String("event_id", id), zap.Int("status", status), zap.Error(rerr))
+		case !released:
+			metrics.leaseLost.Inc()
+			h.logger.Warn("lease was lost before release (expired or taken over)", zap.String("event_id", id), zap.Int("status", status))
+		default:
+			h.logger.Info("backend did not process the event: released for Sangho's retry",
+				zap.String("event_id", id), zap.Int("status", status), zap.NamedError("cause", err))
+		}
+	case hold:
+		h.outcome(repl, outcomeHeld)
+		h.logger.Warn("unknown whether the backend got the event: its lease is held until it expires (lock_ttl), then Sangho's retry is processed",
+			zap.String("event_id", id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
 	}
+}
+
+func (h *Handler) commit(ctx context.Context, key, token string, rec DoneRecord) (bool, error) {
 	start := time.Now()
-	released, err := h.store.Release(ctx, key, token)
-	observe(opRelease, start, err)
-	h.outcome(repl, outcomeReleased)
-	fields := []zap.Field{zap.String("event_id", id), zap.Int("status", status)}
-	switch {
-	case err != nil:
-		h.logger.Error("releasing the event failed; Sangho's retry is accepted once the lease expires (lock_ttl)",
-			append(fields, zap.Error(err))...)
-	case !released:
-		metrics.leaseLost.Inc()
-		h.logger.Warn("lease was lost before release (expired or taken over)", fields...)
-	default:
-		h.logger.Info("backend did not answer 2xx: event released for Sangho's retry", fields...)
+	held, err := h.store.Commit(ctx, key, token, rec, time.Duration(h.Retention))
+	observe(opCommit, start, err)
+	return held, err
+}
+
+// retryCommit keeps trying to write the done record of an event the
+// backend processed, for as long as our lease would have lasted: within
+// that time no other delivery can have claimed the event, so writing the
+// record is still right. After it, the lease has expired in the store
+// and a later redelivery would be processed again: that is logged at
+// error level and counted (caddy_sangho_dedup_commit_errors_total).
+func (h *Handler) retryCommit(l *lease, rec DoneRecord) {
+	deadline := l.expiry().Add(-time.Duration(h.LockTTL) / 10)
+	backoff := 50 * time.Millisecond
+	for tries := 1; ; tries++ {
+		wait := min(backoff, time.Until(deadline))
+		if wait <= 0 {
+			break
+		}
+		time.Sleep(wait)
+		backoff = min(2*backoff, time.Second)
+		ctx, cancel := context.WithDeadline(l.ctx, deadline)
+		_, err := h.commit(ctx, l.key, l.token, rec)
+		cancel()
+		if err == nil {
+			h.logger.Info("done record written after a retry", zap.String("event_id", l.id), zap.Int("retries", tries))
+			return
+		}
 	}
+	metrics.commitErr.Inc()
+	h.logger.Error("backend processed the event but its done record could not be written before the lease expired: a later redelivery of this event would be processed again",
+		zap.String("event_id", l.id))
 }
 
 // reject answers a request that is not passed on, as a Caddy error so
@@ -257,10 +342,17 @@ type lease struct {
 	mu      sync.Mutex
 	stopped bool
 	timer   *time.Timer
+	expires time.Time // when the lease ends in the store, as far as we know
 }
 
-func (h *Handler) startLease(ctx context.Context, key, token, id string) *lease {
-	l := &lease{h: h, ctx: ctx, key: key, token: token, id: id}
+func (l *lease) expiry() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.expires
+}
+
+func (h *Handler) startLease(ctx context.Context, key, token, id string, start time.Time) *lease {
+	l := &lease{h: h, ctx: ctx, key: key, token: token, id: id, expires: start.Add(time.Duration(h.LockTTL))}
 	l.mu.Lock()
 	l.timer = time.AfterFunc(h.renewEvery, l.renew)
 	l.mu.Unlock()
@@ -278,6 +370,9 @@ func (l *lease) renew() {
 	start := time.Now()
 	ok, err := l.h.store.Renew(ctx, l.key, l.token, time.Duration(l.h.LockTTL))
 	observe(opRenew, start, err)
+	if ok {
+		l.expires = start.Add(time.Duration(l.h.LockTTL))
+	}
 	switch {
 	case err != nil:
 		l.h.logger.Warn("renewing the lease failed; will retry", zap.String("event_id", l.id), zap.Error(err))

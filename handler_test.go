@@ -16,6 +16,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -235,19 +236,20 @@ func TestBackendAnswerPassesUntouched(t *testing.T) {
 	}
 }
 
-// TestFailuresRelease: whatever keeps the backend from answering 2xx
-// releases the event, so that Sangho's next attempt is processed.
+// TestFailuresRelease: a backend that answers non-2xx, or is never
+// reached, releases the event, so that Sangho's next attempt is processed.
 func TestFailuresRelease(t *testing.T) {
 	cases := map[string]func(w http.ResponseWriter, r *http.Request) error{
-		"500": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(500); return nil },
-		"404": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(404); return nil },
-		"302": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(302); return nil },
-		"error 502": func(w http.ResponseWriter, r *http.Request) error {
-			return caddyhttp.Error(502, errors.New("dial tcp: connection refused"))
-		},
-		"plain error":  func(w http.ResponseWriter, r *http.Request) error { return errors.New("boom") },
+		"500":          func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(500); return nil },
+		"404":          func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(404); return nil },
+		"302":          func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(302); return nil },
 		"103 then 500": func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(103); w.WriteHeader(500); return nil },
-		"client gone":  func(w http.ResponseWriter, r *http.Request) error { return caddyhttp.Error(499, context.Canceled) },
+		"dial error": func(w http.ResponseWriter, r *http.Request) error {
+			return caddyhttp.Error(502, reverseproxy.NewDialError(errors.New("dial tcp 127.0.0.1:1: connect: connection refused")))
+		},
+		"no upstreams": func(w http.ResponseWriter, r *http.Request) error {
+			return caddyhttp.Error(503, errors.New("no upstreams available"))
+		},
 	}
 	for name, fail := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -269,7 +271,7 @@ func TestFailuresRelease(t *testing.T) {
 			if w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
 				t.Fatalf("retry: %d %q, want 200 processed", w.Code, outcomeOf(repl))
 			}
-			w, repl, _ = serve(h, delivery(bodyA, ""), next)
+			_, repl, _ = serve(h, delivery(bodyA, ""), next)
 			if outcomeOf(repl) != outcomeDuplicate || next.calls.Load() != 2 {
 				t.Fatalf("third attempt: %q, backend calls %d; want duplicate and 2", outcomeOf(repl), next.calls.Load())
 			}
@@ -277,19 +279,79 @@ func TestFailuresRelease(t *testing.T) {
 	}
 }
 
-func TestPanicReleases(t *testing.T) {
-	h, _ := newTestHandler(t, nil)
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("the panic did not reach the caller")
+// TestUnknownFateHolds: when it is unknown whether the backend got the
+// event (timeout, connection lost, client gone, panic), the lease is held
+// until lock_ttl: a retry meanwhile gets 409, one after it is processed.
+func TestUnknownFateHolds(t *testing.T) {
+	cases := map[string]func(w http.ResponseWriter, r *http.Request) error{
+		"gateway timeout": func(w http.ResponseWriter, r *http.Request) error {
+			return caddyhttp.Error(504, errors.New("net/http: timeout awaiting response headers"))
+		},
+		"connection reset": func(w http.ResponseWriter, r *http.Request) error {
+			return caddyhttp.Error(502, errors.New("read tcp: connection reset by peer"))
+		},
+		"client gone": func(w http.ResponseWriter, r *http.Request) error { return caddyhttp.Error(499, context.Canceled) },
+		"plain error": func(w http.ResponseWriter, r *http.Request) error { return errors.New("boom") },
+		"panic":       func(w http.ResponseWriter, r *http.Request) error { panic("backend bug") },
+	}
+	for name, fail := range cases {
+		t.Run(name, func(t *testing.T) {
+			h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
+			func() {
+				defer func() { _ = recover() }()
+				_, repl, _ := serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(fail))
+				if outcomeOf(repl) != outcomeHeld {
+					t.Errorf("outcome %q, want held", outcomeOf(repl))
+				}
+			}()
+			next := &countingNext{}
+			if w, _, _ := serve(h, delivery(bodyA, ""), next); w.Code != 409 {
+				t.Fatalf("retry within lock_ttl: %d, want 409", w.Code)
 			}
-		}()
-		serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { panic("backend bug") }))
-	}()
-	next := &countingNext{}
+			time.Sleep(350 * time.Millisecond)
+			if w, repl, _ := serve(h, delivery(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
+				t.Fatalf("retry after lock_ttl: %d %q, want processed", w.Code, outcomeOf(repl))
+			}
+			if next.calls.Load() != 1 {
+				t.Fatalf("backend calls %d", next.calls.Load())
+			}
+		})
+	}
+}
+
+// TestCommitRetriedWhileLeaseLasts: Redis stalls (CLIENT PAUSE WRITE)
+// just as the backend answers 2xx; the done record is written once Redis
+// resumes, so the next redelivery is a duplicate.
+func TestCommitRetriedWhileLeaseLasts(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	h, logs := newTestHandler(t, func(h *Handler) {
+		h.LockTTL = caddy.Duration(5 * time.Second)
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"read_timeout":"150ms"}`)
+	})
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "1000", "WRITE").Err(); err != nil {
+			t.Error(err)
+		}
+		w.WriteHeader(200)
+		return nil
+	})
 	if w, repl, _ := serve(h, delivery(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
-		t.Fatalf("after a panic the event was not released: %d %q", w.Code, outcomeOf(repl))
+		t.Fatalf("%d %q", w.Code, outcomeOf(repl))
+	}
+	key := h.KeyPrefix + "evt_1QZtest000000000001"
+	deadline := time.Now().Add(4 * time.Second)
+	for !strings.HasPrefix(rc.Get(context.Background(), key).Val(), donePrefix) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the done record was not written within 4s: %q", rc.Get(context.Background(), key).Val())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if logs.FilterMessage("done record written after a retry").Len() != 1 {
+		t.Fatal("the commit did not go through the retry path (did CLIENT PAUSE stall it?)")
+	}
+	if _, repl, _ := serve(h, delivery(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
+		t.Fatalf("after the retried commit: %q, want duplicate", outcomeOf(repl))
 	}
 }
 

@@ -18,11 +18,12 @@ const (
 	outcomeStoreError       = "store_error"
 	outcomeUnchecked        = "unchecked"
 	outcomeReleased         = "released"
+	outcomeHeld             = "held"
 )
 
 var allOutcomes = []string{
 	outcomeProcessed, outcomeDuplicate, outcomeInFlight, outcomeInvalidSignature,
-	outcomeBadRequest, outcomeTooLarge, outcomeStoreError, outcomeUnchecked, outcomeReleased,
+	outcomeBadRequest, outcomeTooLarge, outcomeStoreError, outcomeUnchecked, outcomeReleased, outcomeHeld,
 }
 
 // Store operations, the op label of the latency histogram.
@@ -59,7 +60,7 @@ var metrics = struct {
 	}),
 	commitErr: prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_errors_total",
-		Help: "Events the backend processed (2xx) whose done record could not be written.",
+		Help: "Events the backend processed (2xx) whose done record could not be written before their lease expired.",
 	}),
 }
 
