@@ -246,33 +246,42 @@ func (h *Handler) commit(ctx context.Context, key, token string, rec DoneRecord)
 }
 
 // retryCommit keeps trying to write the done record of an event the
-// backend processed, for as long as our lease would have lasted: within
-// that time no other delivery can have claimed the event, so writing the
-// record is still right. After it, the lease has expired in the store
-// and a later redelivery would be processed again: that is logged at
-// error level and counted (caddy_sangho_dedup_commit_errors_total).
+// backend processed. Writing it late is always right: the event was
+// processed, and if another delivery claimed it meanwhile (our lease
+// expired during a long store outage), that delivery's own commit writes
+// the same fact and its release cannot delete a done record. Retries are
+// frequent (at most every 250 ms) so that the record lands soon after
+// the store is back, before Sangho's next redelivery, and they stop
+// after commitRetryFor. A record written after the lease expired, or
+// never, is logged at error level; never is counted in
+// caddy_sangho_dedup_commit_errors_total.
 func (h *Handler) retryCommit(l *lease, rec DoneRecord) {
-	deadline := l.expiry().Add(-time.Duration(h.LockTTL) / 10)
+	deadline := time.Now().Add(commitRetryFor)
 	backoff := 50 * time.Millisecond
-	for tries := 1; ; tries++ {
-		wait := min(backoff, time.Until(deadline))
-		if wait <= 0 {
-			break
-		}
-		time.Sleep(wait)
-		backoff = min(2*backoff, time.Second)
-		ctx, cancel := context.WithDeadline(l.ctx, deadline)
+	for tries := 1; time.Now().Before(deadline); tries++ {
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 250*time.Millisecond)
+		ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
 		_, err := h.commit(ctx, l.key, l.token, rec)
 		cancel()
-		if err == nil {
-			h.logger.Info("done record written after a retry", zap.String("event_id", l.id), zap.Int("retries", tries))
-			return
+		if err != nil {
+			continue
 		}
+		if time.Now().After(l.expiry()) {
+			h.logger.Error("done record written after the lease had expired: a redelivery in between may have been processed again",
+				zap.String("event_id", l.id), zap.Int("retries", tries))
+		} else {
+			h.logger.Info("done record written after a retry", zap.String("event_id", l.id), zap.Int("retries", tries))
+		}
+		return
 	}
 	metrics.commitErr.Inc()
-	h.logger.Error("backend processed the event but its done record could not be written before the lease expired: a later redelivery of this event would be processed again",
-		zap.String("event_id", l.id))
+	h.logger.Error("backend processed the event but its done record could not be written: a later redelivery of this event would be processed again",
+		zap.String("event_id", l.id), zap.Duration("tried_for", commitRetryFor))
 }
+
+// commitRetryFor bounds the background retries of a failed commit.
+const commitRetryFor = 5 * time.Minute
 
 // reject answers a request that is not passed on, as a Caddy error so
 // that handle_errors can shape it.

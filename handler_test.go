@@ -427,7 +427,7 @@ func TestLeaseRenewal(t *testing.T) {
 
 func TestStoreErrorRejectOrPass(t *testing.T) {
 	srv := startRedis(t)
-	srv.Stop()
+	srv.Kill()
 	redisDown := func(h *Handler) {
 		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"dial_timeout":"100ms"}`)
 	}

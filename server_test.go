@@ -407,7 +407,7 @@ func TestServerRedisOutage(t *testing.T) {
 	if a := send(t, s.url, eventBody("evt_before"), ""); a.status != 200 {
 		t.Fatalf("before the outage: %d", a.status)
 	}
-	r.Stop()
+	r.Kill()
 	for i := range 3 {
 		a := send(t, s.url, eventBody("evt_during"), "")
 		if a.status != 503 || a.header.Get("Retry-After") != "10" {
@@ -417,7 +417,7 @@ func TestServerRedisOutage(t *testing.T) {
 	if n, _ := l.counts(""); n != 1 {
 		t.Fatalf("something reached the backend while Redis was down (%d deliveries in all)", n)
 	}
-	r.Start(t) // same port, empty data: no restart of Caddy
+	r.Restart(t) // same port, empty data: no restart of Caddy
 	if a := send(t, s.url, eventBody("evt_during"), ""); a.status != 200 || a.dedup != "" {
 		t.Fatalf("after Redis came back: %d %q", a.status, a.dedup)
 	}
@@ -429,13 +429,13 @@ func TestServerRedisOutage(t *testing.T) {
 // TestServerStartsWithRedisDown: Provision does not need Redis.
 func TestServerStartsWithRedisDown(t *testing.T) {
 	r := startRedis(t)
-	r.Stop()
+	r.Kill()
 	l := newLedger(t)
 	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)))
 	if a := send(t, s.url, bodyA, ""); a.status != 503 {
 		t.Fatalf("Redis down at start: %d, want 503", a.status)
 	}
-	r.Start(t)
+	r.Restart(t)
 	if a := send(t, s.url, bodyA, ""); a.status != 200 {
 		t.Fatalf("after Redis started: %d", a.status)
 	}
@@ -443,7 +443,7 @@ func TestServerStartsWithRedisDown(t *testing.T) {
 
 func TestServerStoreErrorPass(t *testing.T) {
 	r := startRedis(t)
-	r.Stop()
+	r.Kill()
 	l := newLedger(t)
 	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)+"\n\t\ton_store_error pass"))
 	if a := send(t, s.url, bodyA, "evt_1QZtest000000000001"); a.status != 200 || a.body != `{"app":"evt_1QZtest000000000001"}` {

@@ -295,7 +295,7 @@ func TestRedisStoreErrorIsNotDuplicate(t *testing.T) {
 	if _, err := s.Claim(ctx, "k", "tok1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	srv.Stop()
+	srv.Kill()
 	res, err := s.Claim(ctx, "k", "tok2", time.Minute)
 	if err == nil {
 		t.Fatalf("claim with Redis down = %v, nil error; want an error", res)
@@ -311,7 +311,7 @@ func TestRedisStoreErrorIsNotDuplicate(t *testing.T) {
 	}
 	// Back again on the same port: the same client works, scripts are
 	// reloaded (NOSCRIPT after a restart is handled).
-	srv.Start(t)
+	srv.Restart(t)
 	if res, err := s.Claim(ctx, "k2", "tok1", time.Minute); err != nil || res != Claimed {
 		t.Fatalf("claim after restart = %v, %v", res, err)
 	}

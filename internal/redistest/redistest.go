@@ -1,0 +1,238 @@
+// Package redistest starts real redis-server processes for tests, on free
+// loopback ports: a standalone server, a Redis Cluster (3 masters, 3
+// replicas) or a Sentinel setup (1 master, 1 replica, 3 sentinels). It
+// fails the test with a clear message when redis-server is missing: the
+// Redis tests never skip.
+package redistest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Bin returns the path of a redis-server (or redis-cli) binary, or fails
+// the test.
+func Bin(t testing.TB, name string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Fatalf("%s is not installed or not in PATH: the Redis tests need real Redis 7+ processes (Debian: apt-get install redis-server; .ci/run installs it)", name)
+	}
+	return p
+}
+
+// FreePort returns a port that was free on 127.0.0.1 a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("finding a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Server is one redis-server (or sentinel) process.
+type Server struct {
+	Addr string
+	Port int
+	Dir  string
+	args []string
+	bin  string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+}
+
+// Start starts a redis-server that the test's cleanup stops; extra are
+// more arguments (e.g. "--appendonly", "yes").
+func Start(t testing.TB, extra ...string) *Server {
+	t.Helper()
+	s := newServer(t, Bin(t, "redis-server"), t.TempDir(), extra...)
+	s.Restart(t)
+	t.Cleanup(s.Kill)
+	return s
+}
+
+func newServer(t testing.TB, bin, dir string, extra ...string) *Server {
+	port := FreePort(t)
+	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: dir, bin: bin}
+	s.args = append([]string{
+		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
+		"--save", "", "--appendonly", "no", "--daemonize", "no",
+		"--logfile", filepath.Join(dir, "redis.log"),
+	}, extra...)
+	return s
+}
+
+// Restart starts the server (again, after Kill) on the same port and
+// directory, and waits until it answers PING.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cmd = exec.Command(s.bin, s.args...)
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", s.bin, err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+			t.Fatalf("%s on %s did not answer within 15s: %v\n%s", filepath.Base(s.bin), s.Addr, err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Kill kills the process (SIGKILL) and waits for it.
+func (s *Server) Kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Client returns a client to this server, closed at cleanup.
+func (s *Server) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Cluster is a Redis Cluster of 3 masters and 3 replicas.
+type Cluster struct {
+	Nodes []*Server
+}
+
+// Addrs returns the addresses of every node.
+func (c *Cluster) Addrs() []string {
+	out := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		out[i] = n.Addr
+	}
+	return out
+}
+
+// StartCluster starts 6 nodes and joins them with redis-cli --cluster
+// create (3 masters, one replica each).
+func StartCluster(t testing.TB, extra ...string) *Cluster {
+	t.Helper()
+	bin := Bin(t, "redis-server")
+	cli := Bin(t, "redis-cli")
+	c := &Cluster{}
+	for range 6 {
+		dir := t.TempDir()
+		s := newServer(t, bin, dir, append([]string{"--cluster-enabled", "yes",
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "1000"}, extra...)...)
+		s.Restart(t)
+		t.Cleanup(s.Kill)
+		c.Nodes = append(c.Nodes, s)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs()...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	out, err := exec.Command(cli, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	// Wait until every node reports the cluster ok.
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range c.Nodes {
+		rc := redis.NewClient(&redis.Options{Addr: n.Addr})
+		for {
+			info, _ := rc.ClusterInfo(context.Background()).Result()
+			if strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				rc.Close()
+				t.Fatalf("cluster not ok within 30s on %s:\n%s", n.Addr, info)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		rc.Close()
+	}
+	return c
+}
+
+// Sentinel is a master, a replica and 3 sentinels watching "mymaster".
+type Sentinel struct {
+	Master, Replica *Server
+	Sentinels       []*Server
+}
+
+// MasterName is the name the sentinels monitor.
+const MasterName = "mymaster"
+
+// SentinelAddrs returns the sentinels' addresses.
+func (s *Sentinel) SentinelAddrs() []string {
+	out := make([]string, len(s.Sentinels))
+	for i, n := range s.Sentinels {
+		out[i] = n.Addr
+	}
+	return out
+}
+
+// StartSentinel starts the master, the replica and three sentinels.
+func StartSentinel(t testing.TB, extra ...string) *Sentinel {
+	t.Helper()
+	bin := Bin(t, "redis-server")
+	st := &Sentinel{}
+	st.Master = newServer(t, bin, t.TempDir(), extra...)
+	st.Master.Restart(t)
+	t.Cleanup(st.Master.Kill)
+	st.Replica = newServer(t, bin, t.TempDir(), append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Master.Port)}, extra...)...)
+	st.Replica.Restart(t)
+	t.Cleanup(st.Replica.Kill)
+	for range 3 {
+		dir := t.TempDir()
+		port := FreePort(t)
+		conf := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\nsentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
+			port, dir, filepath.Join(dir, "redis.log"), MasterName, st.Master.Port, MasterName, MasterName, MasterName)
+		path := filepath.Join(dir, "sentinel.conf")
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: dir, bin: bin, args: []string{path, "--sentinel"}}
+		s.Restart(t)
+		t.Cleanup(s.Kill)
+		st.Sentinels = append(st.Sentinels, s)
+	}
+	// Wait until the sentinels know the replica and each other.
+	deadline := time.Now().Add(30 * time.Second)
+	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinels[0].Addr})
+	defer sc.Close()
+	for {
+		reps, _ := sc.Replicas(context.Background(), MasterName).Result()
+		sens, _ := sc.Sentinels(context.Background(), MasterName).Result()
+		if len(reps) == 1 && len(sens) == 2 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sentinels not ready within 30s: %d replicas, %d other sentinels seen", len(reps), len(sens))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

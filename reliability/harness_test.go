@@ -1,0 +1,454 @@
+// Package reliability is the evidence that sangho_dedup keeps its
+// promise: no event processed twice, none lost, through Redis, backend
+// and Caddy faults. Every test plays Sangho against real processes on
+// 127.0.0.1 — Caddy built from ./cmd/caddy, redis-server (standalone,
+// Cluster, Sentinel) and a backend that keeps a ledger — and prints its
+// figures.
+//
+//	go test -race -count=1 ./reliability              # the CI size
+//	RELIABILITY_SCALE=10 go test -count=1 -v ./reliability   # make reliability
+package reliability
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+const secret = "whsec_reliability"
+
+var caddyBin string
+
+// scale multiplies the number of events (RELIABILITY_SCALE, default 1).
+var scale = func() int {
+	n, err := strconv.Atoi(os.Getenv("RELIABILITY_SCALE"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
+}()
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "sangho-reliability")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	caddyBin = filepath.Join(dir, "caddy")
+	build := exec.Command("go", "build", "-o", caddyBin, "../cmd/caddy")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building ./cmd/caddy:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// ---- the backend and its ledger ----
+
+type action struct {
+	status int           // answer (default 200)
+	delay  time.Duration // work time; the work is abandoned if the request goes away
+	hang   time.Duration // work time that goes on even if nobody waits
+	crash  bool          // drop the connection without an answer, work not done
+}
+
+// ledger is the backend: it records every event ID it receives and every
+// one it processes (answers 2xx for, having done the work).
+type ledger struct {
+	addr     string
+	mu       sync.Mutex
+	received map[string]int
+	done     map[string]int
+	behave   func(id string, n int) action
+	srv      *http.Server
+	faults   atomic.Int64
+}
+
+func newLedger(t *testing.T) *ledger {
+	l := &ledger{received: map[string]int{}, done: map[string]int{}, addr: "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))}
+	l.start(t)
+	t.Cleanup(l.stop)
+	return l
+}
+
+func (l *ledger) start(t *testing.T) {
+	var ln net.Listener
+	var err error
+	for i := 0; i < 50; i++ { // the port may linger for a moment after stop
+		if ln, err = net.Listen("tcp", l.addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("backend listen: %v", err)
+	}
+	l.srv = &http.Server{Handler: http.HandlerFunc(l.serve), ReadHeaderTimeout: 10 * time.Second}
+	go l.srv.Serve(ln)
+}
+
+func (l *ledger) stop() { _ = l.srv.Close() }
+
+func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	id := r.Header.Get("Sangho-Event-ID")
+	l.mu.Lock()
+	l.received[id]++
+	n := l.received[id]
+	behave := l.behave
+	l.mu.Unlock()
+	a := action{status: 200}
+	if behave != nil {
+		a = behave(id, n)
+		if a.status == 0 {
+			a.status = 200
+		}
+	}
+	if a.crash {
+		l.faults.Add(1)
+		if hj, ok := w.(http.Hijacker); ok {
+			if c, _, err := hj.Hijack(); err == nil {
+				c.Close()
+				return
+			}
+		}
+		panic(http.ErrAbortHandler)
+	}
+	if a.delay > 0 {
+		select {
+		case <-time.After(a.delay):
+		case <-r.Context().Done():
+			return // the request went away: the work is rolled back
+		}
+	}
+	if a.hang > 0 {
+		l.faults.Add(1)
+		time.Sleep(a.hang)
+	}
+	if a.status >= 200 && a.status < 300 {
+		l.mu.Lock()
+		l.done[id]++
+		l.mu.Unlock()
+	} else {
+		l.faults.Add(1)
+	}
+	w.WriteHeader(a.status)
+}
+
+// ---- Caddy processes ----
+
+type caddyProc struct {
+	url, admin string
+	port       int
+	cmd        *exec.Cmd
+	log        string
+}
+
+// siteConfig is the sangho_dedup block and reverse_proxy of a site;
+// reverse_proxy gives up on a backend that has not answered in 1s.
+func siteConfig(store, backend, extra string) string {
+	return siteConfigTimeout(store, backend, extra, time.Second)
+}
+
+func siteConfigTimeout(store, backend, extra string, proxyTimeout time.Duration) string {
+	return fmt.Sprintf(`	sangho_dedup {
+		secret %s
+		lock_ttl 2s
+		retry_after 1s
+		%s
+		%s
+	}
+	reverse_proxy %s {
+		transport http {
+			response_header_timeout %s
+		}
+	}`, secret, store, extra, backend, proxyTimeout)
+}
+
+func caddyfile(port, admin int, site string) string {
+	return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	auto_https off
+	persist_config off
+	log {
+		level WARN
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+%s
+}
+`, admin, port, site)
+}
+
+func startCaddy(t *testing.T, site string) *caddyProc {
+	t.Helper()
+	p := &caddyProc{port: redistest.FreePort(t)}
+	admin := redistest.FreePort(t)
+	p.url = "http://127.0.0.1:" + strconv.Itoa(p.port) + "/webhook"
+	p.admin = "127.0.0.1:" + strconv.Itoa(admin)
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(cfg, []byte(caddyfile(p.port, admin, site)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p.log = filepath.Join(dir, "caddy.log")
+	logf, _ := os.Create(p.log)
+	p.cmd = exec.Command(caddyBin, "run", "--config", cfg, "--adapter", "caddyfile")
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	p.cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.kill)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p.port), 200*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return p
+		}
+		if time.Now().After(deadline) {
+			b, _ := os.ReadFile(p.log)
+			t.Fatalf("caddy did not listen within 20s:\n%s", b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill sends SIGKILL: no graceful shutdown, leases in flight stay behind.
+func (p *caddyProc) kill() {
+	if p.cmd != nil && p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		_ = p.cmd.Wait()
+		p.cmd = nil
+	}
+}
+
+// reload loads a new site config through the admin API.
+func (p *caddyProc) reload(site string) error {
+	body := caddyfile(p.port, mustAtoi(p.admin[strings.LastIndexByte(p.admin, ':')+1:]), site)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+p.admin+"/load", strings.NewReader(body))
+	req.Header.Set("Content-Type", "text/caddyfile")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("reload: %d %s", resp.StatusCode, b)
+	}
+	return nil
+}
+
+func mustAtoi(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		panic(err)
+	}
+	return n
+}
+
+// ---- Sangho ----
+
+// figures of one run.
+type figures struct {
+	events, deliveries, acked, duplicates, conflicts, unavailable, otherNon2xx, connErrors, retries atomic.Int64
+	faults                                                                                          atomic.Int64
+	once, twice, lost                                                                               int
+}
+
+func (f *figures) String() string {
+	return fmt.Sprintf("events %d, deliveries %d (retries %d), acknowledged %d, duplicates absorbed %d, 409 %d, 503 %d, other non-2xx %d, connection errors %d, faults injected %d; processed once %d, processed twice or more %d, lost %d",
+		f.events.Load(), f.deliveries.Load(), f.retries.Load(), f.acked.Load(), f.duplicates.Load(), f.conflicts.Load(), f.unavailable.Load(),
+		f.otherNon2xx.Load(), f.connErrors.Load(), f.faults.Load(), f.once, f.twice, f.lost)
+}
+
+// sender plays Sangho: every event is delivered `copies` times at once
+// (duplicates on purpose) to random instances, and each delivery is
+// retried after any non-2xx answer, timeout or connection error, with
+// backoff, until acknowledged or until giveUp.
+type sender struct {
+	urls        []string
+	copies      int
+	concurrency int
+	giveUp      time.Duration
+	client      *http.Client
+	fig         *figures
+}
+
+func newSender(urls []string, copies int) *sender {
+	return &sender{
+		urls: urls, copies: copies, concurrency: 48, giveUp: 60 * time.Second, fig: &figures{},
+		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}},
+	}
+}
+
+// deliver sends one delivery until it is acknowledged; it reports
+// whether it was.
+func (s *sender) deliver(id string, body []byte, r *rand.Rand) bool {
+	deadline := time.Now().Add(s.giveUp)
+	backoff := 50 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		if attempt > 0 {
+			s.fig.retries.Add(1)
+			time.Sleep(backoff + time.Duration(r.Int64N(int64(backoff))))
+			backoff = min(2*backoff, 800*time.Millisecond)
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		url := s.urls[r.IntN(len(s.urls))]
+		req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Sangho-Event-ID", id)
+		req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), body, secret)) // signed afresh each attempt
+		s.fig.deliveries.Add(1)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			s.fig.connErrors.Add(1)
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch {
+		case resp.StatusCode >= 200 && resp.StatusCode < 300:
+			if resp.Header.Get("Sangho-Dedup") == "duplicate" {
+				s.fig.duplicates.Add(1)
+			}
+			return true
+		case resp.StatusCode == 409:
+			s.fig.conflicts.Add(1)
+		case resp.StatusCode == 503:
+			s.fig.unavailable.Add(1)
+		default:
+			s.fig.otherNon2xx.Add(1)
+		}
+	}
+}
+
+// run delivers n events (each `copies` times) and returns their IDs and
+// whether each was acknowledged at least once.
+func (s *sender) run(prefix string, n int, during func(progress *atomic.Int64)) (ids []string, acked map[string]bool) {
+	acked = map[string]bool{}
+	var mu sync.Mutex
+	sem := make(chan struct{}, s.concurrency)
+	var wg sync.WaitGroup
+	var progress atomic.Int64
+	stop := make(chan struct{})
+	faultsDone := make(chan struct{})
+	go func() {
+		defer close(faultsDone)
+		if during != nil {
+			during(&progress)
+		}
+		<-stop
+	}()
+	for i := range n {
+		id := fmt.Sprintf("evt_%s_%05d", prefix, i)
+		ids = append(ids, id)
+		body := []byte(fmt.Sprintf(`{"id":%q,"object":"event","type":"payment_intent.succeeded","data":{"object":{"n":%d}}}`, id, i))
+		s.fig.events.Add(1)
+		for c := range s.copies {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				r := rand.New(rand.NewPCG(uint64(i), uint64(c)))
+				if s.deliver(id, body, r) {
+					s.fig.acked.Add(1)
+					mu.Lock()
+					acked[id] = true
+					mu.Unlock()
+				}
+				progress.Add(1)
+			}()
+		}
+	}
+	wg.Wait()
+	close(stop)
+	<-faultsDone
+	return ids, acked
+}
+
+// check compares the ledger with what Sangho saw, prints the figures,
+// and fails the test if an event was lost, or processed twice unless
+// doublesAllowed (a fault that breaks the promise by nature: then the
+// figure is reported, not asserted).
+func check(t *testing.T, name string, s *sender, l *ledger, ids []string, acked map[string]bool, doublesAllowed bool) *figures {
+	t.Helper()
+	f := s.fig
+	f.faults.Add(l.faults.Load())
+	l.mu.Lock()
+	var twiceIDs, lostIDs []string
+	for _, id := range ids {
+		switch n := l.done[id]; {
+		case n == 1:
+			f.once++
+		case n > 1:
+			f.twice++
+			twiceIDs = append(twiceIDs, id)
+		}
+		if !acked[id] || l.done[id] == 0 {
+			f.lost++
+			lostIDs = append(lostIDs, id)
+		}
+	}
+	l.mu.Unlock()
+	t.Logf("%s: %s", name, f)
+	fmt.Printf("FIGURES %s: %s\n", name, f)
+	if f.lost > 0 {
+		t.Errorf("%d events lost (never acknowledged, or acknowledged but never processed), e.g. %v", f.lost, head(lostIDs))
+	}
+	if f.twice > 0 && !doublesAllowed {
+		t.Errorf("%d events processed twice or more, e.g. %v", f.twice, head(twiceIDs))
+	}
+	return f
+}
+
+func head(s []string) []string {
+	if len(s) > 5 {
+		return s[:5]
+	}
+	return s
+}
+
+func redisStore(addrs ...string) string {
+	return "store redis {\n\t\t\taddress " + strings.Join(addrs, " ") + "\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 300ms\n\t\t}"
+}
+
+// waitFor polls until cond or the timeout.
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
