@@ -102,7 +102,8 @@ type RedisStore struct {
 	DisablePipeline bool `json:"disable_pipeline,omitempty"`
 
 	client  redis.UniversalClient
-	cmd     redis.Cmdable // the client, or its auto-pipeliner
+	cluster *redis.ClusterClient // set on a Redis Cluster
+	cmd     redis.Cmdable        // the client, or its auto-pipeliner
 	poolKey string
 }
 
@@ -136,6 +137,7 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.client = v.(redisClient).UniversalClient
+	s.cluster, _ = s.client.(*redis.ClusterClient)
 	s.cmd = s.client
 	if !s.DisablePipeline {
 		ap, err := s.client.AutoPipeline()
@@ -355,6 +357,18 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// failed is called with every error but redis.Nil. On a Redis Cluster
+// it asks for a fresh slot map: go-redis reloads it by itself on MOVED
+// redirects and otherwise only once a minute, so after a master dies
+// and its replica takes over, every command for the dead master's slots
+// would fail for up to a minute (measured: 60 s) without this.
+func (s *RedisStore) failed(err error) error {
+	if s.cluster != nil {
+		s.cluster.ReloadState(context.Background()) // lazy and deduplicated by go-redis
+	}
+	return err
+}
+
 // Claim implements Store with `SET key lease NX GET PX ttl`.
 func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
 	old, err := s.cmd.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
@@ -362,7 +376,7 @@ func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Dura
 		return Claimed, nil
 	}
 	if err != nil {
-		return 0, err
+		return 0, s.failed(err)
 	}
 	return classify(old, token), nil
 }
@@ -370,7 +384,10 @@ func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Dura
 // Renew implements Store with a compare-and-extend script.
 func (s *RedisStore) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
 	n, err := renewScript.Run(ctx, s.cmd, []string{key}, inflightValue(token), ttl.Milliseconds()).Int()
-	return n == 1, err
+	if err != nil {
+		return false, s.failed(err)
+	}
+	return n == 1, nil
 }
 
 // Commit implements Store with `SET key record GET PX retention`: the
@@ -381,7 +398,7 @@ func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneReco
 		return false, nil
 	}
 	if err != nil {
-		return false, err
+		return false, s.failed(err)
 	}
 	// A retried commit whose first attempt landed finds its own record.
 	return isLease(old, token) || old == rec.encode(), nil
@@ -390,7 +407,10 @@ func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneReco
 // Release implements Store with a compare-and-delete script.
 func (s *RedisStore) Release(ctx context.Context, key, token string) (bool, error) {
 	n, err := releaseScript.Run(ctx, s.cmd, []string{key}, inflightValue(token)).Int()
-	return n == 1, err
+	if err != nil {
+		return false, s.failed(err)
+	}
+	return n == 1, nil
 }
 
 func oneArg(d *caddyfile.Dispenser, dst *string) error {

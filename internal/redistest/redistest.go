@@ -146,7 +146,10 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 	for range 6 {
 		dir := t.TempDir()
 		s := newServer(t, bin, dir, append([]string{"--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "1000"}, extra...)...)
+			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "1000",
+			// A replica may take over whatever its data age (tests kill
+			// masters seconds after start), and syncs without delay.
+			"--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0"}, extra...)...)
 		s.Restart(t)
 		t.Cleanup(s.Kill)
 		c.Nodes = append(c.Nodes, s)
@@ -157,13 +160,17 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 	if err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	// Wait until every node reports the cluster ok.
+	// Wait until every node reports the cluster ok and every replica's
+	// link to its master is up (a replica that never synced cannot
+	// take over).
 	deadline := time.Now().Add(30 * time.Second)
 	for _, n := range c.Nodes {
 		rc := redis.NewClient(&redis.Options{Addr: n.Addr})
 		for {
 			info, _ := rc.ClusterInfo(context.Background()).Result()
-			if strings.Contains(info, "cluster_state:ok") {
+			repl, _ := rc.Info(context.Background(), "replication").Result()
+			if strings.Contains(info, "cluster_state:ok") &&
+				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -200,10 +207,10 @@ func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 	t.Helper()
 	bin := Bin(t, "redis-server")
 	st := &Sentinel{}
-	st.Master = newServer(t, bin, t.TempDir(), extra...)
+	st.Master = newServer(t, bin, t.TempDir(), append([]string{"--repl-diskless-sync-delay", "0"}, extra...)...)
 	st.Master.Restart(t)
 	t.Cleanup(st.Master.Kill)
-	st.Replica = newServer(t, bin, t.TempDir(), append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Master.Port)}, extra...)...)
+	st.Replica = newServer(t, bin, t.TempDir(), append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Master.Port), "--repl-diskless-sync-delay", "0"}, extra...)...)
 	st.Replica.Restart(t)
 	t.Cleanup(st.Replica.Kill)
 	for range 3 {
