@@ -172,9 +172,13 @@ func siteConfig(store, backend, extra string) string {
 }
 
 func siteConfigTimeout(store, backend, extra string, proxyTimeout time.Duration) string {
+	lockTTL := "lock_ttl 2s"
+	if strings.Contains(extra, "lock_ttl") {
+		lockTTL = ""
+	}
 	return fmt.Sprintf(`	sangho_dedup {
 		secret %s
-		lock_ttl 2s
+		%s
 		retry_after 1s
 		%s
 		%s
@@ -183,7 +187,7 @@ func siteConfigTimeout(store, backend, extra string, proxyTimeout time.Duration)
 		transport http {
 			response_header_timeout %s
 		}
-	}`, secret, store, extra, backend, proxyTimeout)
+	}`, secret, lockTTL, store, extra, backend, proxyTimeout)
 }
 
 func caddyfile(port, admin int, site string) string {

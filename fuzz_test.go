@@ -1,0 +1,151 @@
+package sanghodedup
+
+import (
+	"bytes"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+// Fuzz targets. Their seed corpora are in testdata/fuzz/<name>/; .ci/run
+// runs each for a short while, e.g.
+//
+//	go test -run '^$' -fuzz '^FuzzExtractEvent$' -fuzztime 20s .
+
+// FuzzSignatureHeader: the parser never panics, and a header verifies
+// only if one of its v1 values is the HMAC of the body.
+func FuzzSignatureHeader(f *testing.F) {
+	for _, v := range vectors {
+		f.Add("t="+strconv.FormatInt(v.t, 10)+",v1="+v.v1, v.body)
+	}
+	f.Add("t=1733140800,v0=00,v1=zz", "")
+	f.Add(",,,=,t=,v1=", "{}")
+	f.Fuzz(func(t *testing.T, header, body string) {
+		var sh signedHeader
+		err := parseSignatureHeader(header, &sh)
+		if err == nil && len(sh.v1) == 0 {
+			t.Fatal("parsed without a v1")
+		}
+		ver := newVerifier([]string{secret1}, 5*time.Minute, fixedNow(1733140800))
+		if ver.verify(header, []byte(body)) != nil {
+			return
+		}
+		mac := hmac.New(sha256.New, []byte(secret1))
+		mac.Write([]byte(strconv.FormatInt(sh.t, 10) + "." + body))
+		want := mac.Sum(nil)
+		for _, v := range sh.v1 {
+			if bytes.Equal(v[:], want) {
+				return
+			}
+		}
+		t.Fatalf("%q verified without a matching v1", header)
+	})
+}
+
+// FuzzExtractEvent: never panics; an ID it returns is valid; and on a
+// body that encoding/json accepts as an object with a unique top-level
+// "id", it agrees with encoding/json.
+func FuzzExtractEvent(f *testing.F) {
+	f.Add(bodyA, "")
+	f.Add(bodyB, "evt_unicode_body")
+	f.Add(`{"id":"a","id":"b"}`, "")
+	f.Add(`{"\u0069d":"evt_esc","data":{"id":"x"}}`, "")
+	f.Add(`[1,2,{"id":"x"}]`, "evt_h")
+	f.Add(`{"a":"\\\"","id":"e"}`, "e")
+	f.Fuzz(func(t *testing.T, body, header string) {
+		var headers []string
+		if header != "" {
+			headers = []string{header}
+		}
+		id, _, err := extractEvent([]byte(body), headers)
+		if err == nil && !validID(id) {
+			t.Fatalf("returned invalid ID %q", id)
+		}
+		var obj map[string]json.RawMessage
+		if json.Unmarshal([]byte(body), &obj) != nil || obj == nil || strings.Count(body, `"id"`) > 1 {
+			return // not a plain JSON object, or possibly a duplicate key
+		}
+		raw, ok := obj["id"]
+		var want string
+		if !ok || json.Unmarshal(raw, &want) != nil || !validID(want) {
+			return
+		}
+		if header != "" && header != want {
+			if err != errIDMismatch {
+				t.Fatalf("header %q, body id %q: err %v, want a mismatch", header, want, err)
+			}
+			return
+		}
+		if err != nil || id != want {
+			t.Fatalf("body %q: got %q, %v; encoding/json says %q", body, id, err, want)
+		}
+	})
+}
+
+// FuzzHandler: the whole handler (memory store) on arbitrary requests,
+// signed or not: it never panics, answers only documented statuses, and
+// passes on only requests with a valid signature and a valid event ID.
+func FuzzHandler(f *testing.F) {
+	f.Add("POST", bodyA, "", true)
+	f.Add("POST", bodyA, "evt_other", true)
+	f.Add("POST", `{"id":"x y"}`, "", true)
+	f.Add("GET", bodyA, "", true)
+	f.Add("POST", bodyA, "", false)
+	f.Add("POST", strings.Repeat("[", 5000), "evt_h", true)
+	h, _ := newTestHandler(f, func(h *Handler) { h.MaxBodySize = 4096 })
+	allowed := map[int]bool{200: true, 400: true, 401: true, 405: true, 409: true, 413: true}
+	f.Fuzz(func(t *testing.T, method, body, headerID string, sign bool) {
+		if !validMethod(method) {
+			return
+		}
+		r := httptest.NewRequest(http.MethodPost, "/webhook", strings.NewReader(body))
+		r.Method = method
+		if headerID != "" {
+			r.Header["Sangho-Event-Id"] = []string{headerID}
+		}
+		if sign {
+			r.Header.Set("Sangho-Signature", sangho.Sign(testNow, []byte(body), secret1))
+		}
+		reached := false
+		next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			reached = true
+			w.WriteHeader(500) // released: the fuzzer may send the same event again
+			return nil
+		})
+		w, _, _ := serve(h, r, next)
+		if !allowed[w.Code] && !(reached && w.Code == 500) {
+			t.Fatalf("undocumented status %d", w.Code)
+		}
+		if reached {
+			if !sign || method != http.MethodPost || len(body) > 4096 {
+				t.Fatalf("passed on: method %q, signed %v, %d bytes", method, sign, len(body))
+			}
+			if _, _, err := extractEvent([]byte(body), r.Header.Values("Sangho-Event-Id")); err != nil {
+				t.Fatalf("passed on a request whose event ID is refused: %v", err)
+			}
+		}
+	})
+}
+
+func validMethod(m string) bool {
+	if m == "" {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		if c := m[i]; c <= ' ' || c >= 0x7f || strings.IndexByte("()<>@,;:\\\"/[]?={}", c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
