@@ -148,4 +148,3 @@ func validMethod(m string) bool {
 	}
 	return true
 }
-

@@ -471,4 +471,3 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-
