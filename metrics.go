@@ -38,10 +38,11 @@ const (
 // registry of every config that provisions the handler, so their counts
 // survive config reloads. No label ever holds an event ID.
 var metrics = struct {
-	events    *prometheus.CounterVec
-	storeOps  *prometheus.HistogramVec
-	leaseLost prometheus.Counter
-	commitErr prometheus.Counter
+	events       *prometheus.CounterVec
+	storeOps     *prometheus.HistogramVec
+	leaseLost    prometheus.Counter
+	commitErr    prometheus.Counter
+	unreplicated prometheus.Counter
 
 	outcome map[string]prometheus.Counter
 }{
@@ -60,7 +61,11 @@ var metrics = struct {
 	}),
 	commitErr: prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_errors_total",
-		Help: "Events the backend processed (2xx) whose done record could not be written before their lease expired.",
+		Help: "Events the backend processed (2xx) whose done record could not be written.",
+	}),
+	unreplicated: prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_unreplicated_total",
+		Help: "Done records that fewer replicas than wait_replicas acknowledged in wait_timeout.",
 	}),
 }
 
@@ -86,7 +91,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.events, metrics.storeOps, metrics.leaseLost, metrics.commitErr} {
+	for _, c := range []prometheus.Collector{metrics.events, metrics.storeOps, metrics.leaseLost, metrics.commitErr, metrics.unreplicated} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

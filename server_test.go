@@ -106,6 +106,9 @@ func startCaddy(t testing.TB, site string) *caddyServer {
 	return s
 }
 
+// caddyLoad loads a whole JSON config; the test's cleanup must stop Caddy.
+func caddyLoad(cfg string) error { return caddy.Load([]byte(cfg), true) }
+
 // load (re)loads the server with a new site body: a config reload.
 func (s *caddyServer) load(t testing.TB, site string) {
 	t.Helper()

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 )
 
 func init() {
@@ -100,6 +101,18 @@ type RedisStore struct {
 	// halves Redis's CPU per event under load and adds no wait when a
 	// request is alone). Default: false (pipelining on).
 	DisablePipeline bool `json:"disable_pipeline,omitempty"`
+
+	// Replicas that must acknowledge a done record (Redis WAIT, on the
+	// same connection as the write) before the commit counts as complete.
+	// Redis replicates asynchronously: without it, a failover right
+	// after a commit can lose the record and let a redelivery through.
+	// A commit that fewer replicas acknowledge within WaitTimeout is kept
+	// on the master, logged and counted
+	// (caddy_sangho_dedup_commit_unreplicated_total). Default: 0 (off).
+	WaitReplicas int `json:"wait_replicas,omitempty"`
+
+	// How long a commit waits for WaitReplicas. Default: 100ms.
+	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // set on a Redis Cluster
@@ -253,6 +266,8 @@ func (s *RedisStore) Validate() error {
 		return errors.New("redis store: db must not be negative")
 	case s.PoolSize < 0:
 		return errors.New("redis store: pool_size must not be negative")
+	case s.WaitReplicas < 0 || s.WaitTimeout < 0:
+		return errors.New("redis store: wait_replicas and wait_timeout must not be negative")
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("redis store: timeouts must not be negative")
 	}
@@ -274,6 +289,8 @@ func (s *RedisStore) Validate() error {
 //		write_timeout <duration>
 //		pool_size <n>
 //		pipeline on|off
+//		wait_replicas <n>
+//		wait_timeout <duration>
 //	}
 func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
@@ -337,6 +354,14 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := intArg(d, &s.PoolSize); err != nil {
 				return err
 			}
+		case "wait_replicas":
+			if err := intArg(d, &s.WaitReplicas); err != nil {
+				return err
+			}
+		case "wait_timeout":
+			if err := durationArg(d, &s.WaitTimeout); err != nil {
+				return err
+			}
 		case "pipeline":
 			var v string
 			if err := oneArg(d, &v); err != nil {
@@ -391,9 +416,17 @@ func (s *RedisStore) Renew(ctx context.Context, key, token string, ttl time.Dura
 }
 
 // Commit implements Store with `SET key record GET PX retention`: the
-// old value tells whether our lease was still there.
+// old value tells whether our lease was still there. With WaitReplicas,
+// `WAIT n timeout` follows on the same connection, to the master that
+// owns the key.
 func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
-	old, err := s.cmd.SetArgs(ctx, key, rec.encode(), redis.SetArgs{TTL: retention, Get: true}).Result()
+	var old string
+	var err error
+	if s.WaitReplicas > 0 {
+		old, err = s.commitAndWait(ctx, key, rec.encode(), retention)
+	} else {
+		old, err = s.cmd.SetArgs(ctx, key, rec.encode(), redis.SetArgs{TTL: retention, Get: true}).Result()
+	}
 	if errors.Is(err, redis.Nil) {
 		return false, nil
 	}
@@ -402,6 +435,37 @@ func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneReco
 	}
 	// A retried commit whose first attempt landed finds its own record.
 	return isLease(old, token) || old == rec.encode(), nil
+}
+
+func (s *RedisStore) commitAndWait(ctx context.Context, key, val string, retention time.Duration) (string, error) {
+	var p redis.Pipeliner
+	if s.cluster != nil {
+		master, err := s.cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return "", err
+		}
+		p = master.Pipeline()
+	} else {
+		p = s.client.Pipeline()
+	}
+	timeout := time.Duration(s.WaitTimeout)
+	if timeout == 0 {
+		timeout = 100 * time.Millisecond
+	}
+	set := p.SetArgs(ctx, key, val, redis.SetArgs{TTL: retention, Get: true})
+	wait := redis.NewIntCmd(ctx, "wait", s.WaitReplicas, timeout.Milliseconds())
+	_ = p.Process(ctx, wait)
+	_, _ = p.Exec(ctx)
+	old, err := set.Result()
+	if err != nil {
+		return old, err
+	}
+	if n, werr := wait.Result(); werr != nil || n < int64(s.WaitReplicas) {
+		metrics.unreplicated.Inc()
+		caddy.Log().Named("sangho_dedup.redis").Warn("done record written on the master but acknowledged by fewer replicas than wait_replicas",
+			zap.String("key", key), zap.Int64("acknowledged", n), zap.Int("wanted", s.WaitReplicas), zap.Error(werr))
+	}
+	return old, nil
 }
 
 // Release implements Store with a compare-and-delete script.

@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -9,6 +10,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
 // fakeClock is a swappable clock for time-dependent logic.
@@ -383,5 +387,48 @@ func TestMemoryStateSharedAcrossReloads(t *testing.T) {
 	defer c.Cleanup()
 	if res, _ := c.Claim(ctx, "reload-k", "tok3", time.Minute); res != Claimed {
 		t.Fatalf("state outlived its last user: %v", res)
+	}
+}
+
+// TestRedisWaitReplicas: with wait_replicas the done record is on the
+// replica when Commit returns; when fewer replicas acknowledge it, the
+// record stays on the master and the shortfall is counted.
+func TestRedisWaitReplicas(t *testing.T) {
+	master := startRedis(t)
+	replica := redistest.StartReplica(t, master)
+	rc := replica.Client(t)
+	ctx := context.Background()
+	rec := DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "x"}
+
+	s := provisionRedisStore(t, &RedisStore{Address: []string{master.Addr}, WaitReplicas: 1})
+	before := testutil.ToFloat64(metrics.unreplicated)
+	for i := range 20 {
+		key := "wait:" + strconv.Itoa(i)
+		if _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if held, err := s.Commit(ctx, key, "tok", rec, time.Hour); err != nil || !held {
+			t.Fatalf("commit: %v %v", held, err)
+		}
+		if v := rc.Get(ctx, key).Val(); !strings.HasPrefix(v, donePrefix) {
+			t.Fatalf("right after a WAIT 1 commit the replica holds %q", v)
+		}
+	}
+	if d := testutil.ToFloat64(metrics.unreplicated) - before; d != 0 {
+		t.Fatalf("unreplicated moved by %v with the replica up", d)
+	}
+
+	s2 := provisionRedisStore(t, &RedisStore{Address: []string{master.Addr}, WaitReplicas: 2, WaitTimeout: caddy.Duration(50 * time.Millisecond)})
+	if _, err := s2.Claim(ctx, "wait:short", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := s2.Commit(ctx, "wait:short", "tok", rec, time.Hour); err != nil || !held {
+		t.Fatalf("commit with too few replicas: %v %v (the record must still be written)", held, err)
+	}
+	if d := testutil.ToFloat64(metrics.unreplicated) - before; d != 1 {
+		t.Fatalf("unreplicated moved by %v, want 1", d)
+	}
+	if res, _ := s2.Claim(ctx, "wait:short", "tok2", time.Minute); res != AlreadyDone {
+		t.Fatalf("claim after the commit: %v", res)
 	}
 }

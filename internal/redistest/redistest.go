@@ -69,7 +69,7 @@ func newServer(t testing.TB, bin, dir string, extra ...string) *Server {
 	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: dir, bin: bin}
 	s.args = append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
-		"--save", "", "--appendonly", "no", "--daemonize", "no",
+		"--save", "", "--appendonly", "no", "--daemonize", "no", "--repl-diskless-sync-delay", "0",
 		"--logfile", filepath.Join(dir, "redis.log"),
 	}, extra...)
 	return s
@@ -149,7 +149,7 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "1000",
 			// A replica may take over whatever its data age (tests kill
 			// masters seconds after start), and syncs without delay.
-			"--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0"}, extra...)...)
+			"--cluster-replica-validity-factor", "0"}, extra...)...)
 		s.Restart(t)
 		t.Cleanup(s.Kill)
 		c.Nodes = append(c.Nodes, s)
@@ -207,10 +207,10 @@ func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 	t.Helper()
 	bin := Bin(t, "redis-server")
 	st := &Sentinel{}
-	st.Master = newServer(t, bin, t.TempDir(), append([]string{"--repl-diskless-sync-delay", "0"}, extra...)...)
+	st.Master = newServer(t, bin, t.TempDir(), extra...)
 	st.Master.Restart(t)
 	t.Cleanup(st.Master.Kill)
-	st.Replica = newServer(t, bin, t.TempDir(), append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Master.Port), "--repl-diskless-sync-delay", "0"}, extra...)...)
+	st.Replica = newServer(t, bin, t.TempDir(), append([]string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Master.Port)}, extra...)...)
 	st.Replica.Restart(t)
 	t.Cleanup(st.Replica.Kill)
 	for range 3 {
@@ -241,5 +241,25 @@ func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 			t.Fatalf("sentinels not ready within 30s: %d replicas, %d other sentinels seen", len(reps), len(sens))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// StartReplica starts a replica of master and waits until its link is up.
+func StartReplica(t testing.TB, master *Server) *Server {
+	t.Helper()
+	s := newServer(t, Bin(t, "redis-server"), t.TempDir(), "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	s.Restart(t)
+	t.Cleanup(s.Kill)
+	c := s.Client(t)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		info, _ := c.Info(context.Background(), "replication").Result()
+		if strings.Contains(info, "master_link_status:up") {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica of %s not in sync within 20s:\n%s", master.Addr, info)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

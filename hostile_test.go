@@ -1,0 +1,195 @@
+package sanghodedup
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+// TestHostileRequests sends what an attacker or a broken client would,
+// through a real Caddy with the Redis store. Each request gets its
+// documented answer, none reaches the backend unless it is a valid signed
+// event, and none leaves a key in Redis.
+func TestHostileRequests(t *testing.T) {
+	r := startRedis(t)
+	rc := r.Client(t)
+	l := newLedger(t)
+	s := startCaddy(t, `	sangho_dedup {
+		secret `+secret1+`
+		max_body_size 4KiB
+		`+redisStoreLine(r.Addr)+`
+	}
+	reverse_proxy `+l.addr())
+	// (Caddy's server timeouts bound slow bodies; see TestSlowBody.)
+	now := time.Now()
+	sig := func(body string) string { return sangho.Sign(now, []byte(body), secret1) }
+	id255, id256, id10k := strings.Repeat("a", 255), strings.Repeat("b", 256), strings.Repeat("c", 10000)
+	manyV1 := "t=" + strconv.FormatInt(now.Unix(), 10) + strings.Repeat(",v1="+strings.Repeat("0", 64), 200)
+	hugeHeader := "t=" + strconv.FormatInt(now.Unix(), 10) + strings.Repeat(",v1="+strings.Repeat("0", 64), 3000)
+	cases := []struct {
+		name   string
+		body   string
+		header map[string][]string
+		status int
+		passes bool
+	}{
+		{"invalid JSON object", `{"id":"evt_h1",`, nil, 400, false},
+		{"duplicate id keys", `{"id":"evt_h2a","id":"evt_h2b"}`, nil, 400, false},
+		{"id empty", `{"id":""}`, nil, 400, false},
+		{"id 255 bytes", `{"id":"` + id255 + `"}`, nil, 200, true},
+		{"id 256 bytes", `{"id":"` + id256 + `"}`, nil, 400, false},
+		{"id 10000 bytes in the header", `{}`, map[string][]string{"Sangho-Event-Id": {id10k}}, 400, false},
+		{"id not a string", `{"id":42}`, nil, 400, false},
+		{"non-UTF-8 body, valid id", "{\"id\":\"evt_h3\",\"x\":\"\xff\xfe\"}", nil, 200, true},
+		{"header and body ids differ", `{"id":"evt_h4"}`, map[string][]string{"Sangho-Event-Id": {"evt_h5"}}, 400, false},
+		{"two event ID headers", `{}`, map[string][]string{"Sangho-Event-Id": {"evt_h6", "evt_h7"}}, 400, false},
+		{"two signature headers", `{"id":"evt_h8"}`, map[string][]string{"Sangho-Signature": {sig(`{"id":"evt_h8"}`), sig(`{"id":"evt_h8"}`)}}, 401, false},
+		{"huge t", `{"id":"evt_h9"}`, map[string][]string{"Sangho-Signature": {"t=99999999999999,v1=" + strings.Repeat("0", 64)}}, 401, false},
+		{"t beyond int64", `{"id":"evt_h10"}`, map[string][]string{"Sangho-Signature": {"t=99999999999999999999999,v1=" + strings.Repeat("0", 64)}}, 401, false},
+		{"negative t", `{"id":"evt_h11"}`, map[string][]string{"Sangho-Signature": {"t=-5,v1=" + strings.Repeat("0", 64)}}, 401, false},
+		{"non-numeric t", `{"id":"evt_h12"}`, map[string][]string{"Sangho-Signature": {"t=now,v1=" + strings.Repeat("0", 64)}}, 401, false},
+		{"200 wrong v1 (14 KB)", `{"id":"evt_h13"}`, map[string][]string{"Sangho-Signature": {manyV1}}, 401, false},
+		{"3000 v1 (200 KB): Caddy's header limit answers", `{"id":"evt_h16"}`, map[string][]string{"Sangho-Signature": {hugeHeader}}, 431, false},
+		{"200 wrong v1 and a right one", `{"id":"evt_h14"}`, map[string][]string{"Sangho-Signature": {manyV1 + "," + strings.SplitN(sig(`{"id":"evt_h14"}`), ",", 2)[1]}}, 200, true},
+		{"forger: unsigned, with a real future event ID", `{"id":"evt_future"}`, map[string][]string{"Sangho-Signature": nil}, 401, false},
+		{"forger: signed with a guessed secret", `{"id":"evt_future"}`, map[string][]string{"Sangho-Signature": {sangho.Sign(now, []byte(`{"id":"evt_future"}`), "whsec_guess")}}, 401, false},
+		{"body over max_body_size", `{"id":"evt_h15","pad":"` + strings.Repeat("x", 5000) + `"}`, nil, 413, false},
+	}
+	passed := 0
+	for _, c := range cases {
+		req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(c.body))
+		req.Header.Set("Sangho-Signature", sig(c.body))
+		for k, v := range c.header {
+			if v == nil {
+				req.Header.Del(k)
+			} else {
+				req.Header[k] = v
+			}
+		}
+		a := do(t, req)
+		if a.status != c.status {
+			t.Errorf("%s: %d, want %d", c.name, a.status, c.status)
+		}
+		if c.passes {
+			passed++
+		}
+	}
+	l.mu.Lock()
+	reached := 0
+	for _, n := range l.received {
+		reached += n
+	}
+	l.mu.Unlock()
+	if reached != passed {
+		t.Errorf("%d requests reached the backend, want %d (the valid ones)", reached, passed)
+	}
+	if n := rc.DBSize(context.Background()).Val(); n != int64(passed) {
+		keys, _ := rc.Keys(context.Background(), "*").Result()
+		t.Errorf("%d keys in Redis, want %d (one per processed event): %v", n, passed, keys)
+	}
+	// The forger burnt nothing: the real event is processed.
+	if a := send(t, s.url, `{"id":"evt_future"}`, ""); a.status != 200 || a.dedup != "" {
+		t.Errorf("the real evt_future after the forgeries: %d %q, want processed", a.status, a.dedup)
+	}
+}
+
+// TestTruncatedAndSlowBodies: a body cut short (the client announces
+// 500 bytes, sends 100 and goes away) and a slow-loris body (one byte
+// every 100 ms, past Caddy's read_body timeout) reach nothing and leave
+// no key behind.
+func TestTruncatedAndSlowBodies(t *testing.T) {
+	r := startRedis(t)
+	rc := r.Client(t)
+	l := newLedger(t)
+	port := freePort(t)
+	cfg, _ := adaptCaddyfile(t, fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output discard
+	}
+	servers {
+		timeouts {
+			read_body 500ms
+		}
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		%s
+	}
+	reverse_proxy %s
+}`, port, secret1, redisStoreLine(r.Addr), l.addr()))
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatal(err)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	body := `{"id":"evt_slow_body","pad":"` + strings.Repeat("x", 400) + `"}`
+	head := fmt.Sprintf("POST /webhook HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nSangho-Signature: %s\r\nContent-Length: %d\r\n\r\n",
+		addr, sangho.Sign(time.Now(), []byte(body), secret1), len(body))
+
+	// truncated: 100 bytes, then the client closes its side
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(c, head, body[:100])
+	c.(*net.TCPConn).CloseWrite()
+	_, _ = bufio.NewReader(c).ReadString('\n')
+	c.Close()
+
+	// slow loris: a byte every 100 ms; read_body 500ms cuts it off
+	c, err = net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprint(c, head)
+	status := make(chan string, 1)
+	go func() {
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		status <- line
+	}()
+	for i := 0; i < 30; i++ {
+		if _, err := c.Write([]byte{body[i]}); err != nil {
+			break
+		}
+		select {
+		case line := <-status:
+			status <- line
+			i = 30
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	var line string
+	select {
+	case line = <-status:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the slow body was not cut off within 5s")
+	}
+	c.Close()
+	if line != "" && !strings.Contains(line, " 400 ") && !strings.Contains(line, " 408 ") {
+		t.Errorf("slow body answered %q, want 400 (or the connection closed)", line)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n, _ := l.counts("evt_slow_body"); n != 0 {
+		t.Error("a truncated or slow body reached the backend")
+	}
+	if n := rc.DBSize(context.Background()).Val(); n != 0 {
+		t.Errorf("%d keys left in Redis", n)
+	}
+	// and the whole event, sent properly, is processed
+	if a := send(t, "http://"+addr+"/webhook", body, ""); a.status != 200 || a.dedup != "" {
+		t.Errorf("the complete event: %d %q", a.status, a.dedup)
+	}
+}
