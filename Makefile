@@ -8,6 +8,17 @@ build:
 test:
 	go test -race -count=1 ./...
 
+# The reliability suite at 5x the CI size, with its figures.
+reliability:
+	mkdir -p bench/out
+	RELIABILITY_SCALE=5 go test -count=1 -v -timeout 20m ./reliability > bench/out/reliability.log 2>&1; \
+	status=$$?; grep -E '^(FIGURES|--- |ok|FAIL)' bench/out/reliability.log; exit $$status
+
+fuzz:
+	for f in FuzzSignatureHeader FuzzExtractEvent FuzzHandler; do \
+		go test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s . || exit 1; \
+	done
+
 # Side-by-side benchmark: backend alone, plain reverse_proxy, sangho_dedup
 # on memory and on Redis. Writes bench/RESULTS.md.
 bench:
