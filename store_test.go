@@ -400,7 +400,7 @@ func TestRedisWaitReplicas(t *testing.T) {
 	ctx := context.Background()
 	rec := DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "x"}
 
-	s := provisionRedisStore(t, &RedisStore{Address: []string{master.Addr}, WaitReplicas: 1})
+	s := provisionRedisStore(t, &RedisStore{Address: []string{master.Addr}, WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second)})
 	before := testutil.ToFloat64(metrics.unreplicated)
 	for i := range 20 {
 		key := "wait:" + strconv.Itoa(i)
