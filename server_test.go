@@ -2,10 +2,12 @@ package sanghodedup
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -502,5 +504,45 @@ func TestServerPlaceholdersInLogsAndHeaders(t *testing.T) {
 	a = send(t, s.url, bodyA, "")
 	if a.header.Get("X-Outcome") != "duplicate" {
 		t.Fatalf("outcome placeholder: %v", a.header)
+	}
+}
+
+// TestServerKeyPrefixSeparatesRoutes: two endpoints (tenants) share one
+// Redis; the same event ID is independent on each, and deduplicated
+// within each.
+func TestServerKeyPrefixSeparatesRoutes(t *testing.T) {
+	r := startRedis(t)
+	la, lb := newLedger(t), newLedger(t)
+	store := redisStoreLine(r.Addr)
+	s := startCaddy(t, fmt.Sprintf(`	handle /a {
+		sangho_dedup {
+			secret %s
+			key_prefix tenant_a:
+			%s
+		}
+		reverse_proxy %s
+	}
+	handle /b {
+		sangho_dedup {
+			secret %s
+			key_prefix tenant_b:
+			%s
+		}
+		reverse_proxy %s
+	}`, secret1, store, la.addr(), secret1, store, lb.addr()))
+	base := strings.TrimSuffix(s.url, "/webhook")
+	for range 3 {
+		send(t, base+"/a", bodyA, "")
+		send(t, base+"/b", bodyA, "")
+	}
+	if ra, _ := la.counts(""); ra != 1 {
+		t.Errorf("tenant a's backend got the event %d times, want 1", ra)
+	}
+	if rb, _ := lb.counts(""); rb != 1 {
+		t.Errorf("tenant b's backend got the event %d times, want 1", rb)
+	}
+	keys, _ := r.Client(t).Keys(context.Background(), "*").Result()
+	if len(keys) != 2 || !slices.Contains(keys, "tenant_a:evt_1QZtest000000000001") || !slices.Contains(keys, "tenant_b:evt_1QZtest000000000001") {
+		t.Errorf("keys in Redis: %v", keys)
 	}
 }

@@ -42,6 +42,8 @@ func main() {
 	rounds := flag.Int("rounds", 2, "interleaved rounds of all scenarios")
 	conc := flag.Int("concurrency", 32, "connections for the throughput runs")
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
+	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"pipeline off\"")
+	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
 	only := flag.String("only", "", "comma-separated targets to run (direct,reverse_proxy,memory,redis); default all")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	flag.Parse()
@@ -49,7 +51,7 @@ func main() {
 		runSink(*sink)
 		return
 	}
-	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate, *only); err != nil {
+	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate, *only, *redisOpts, *latencyOnly); err != nil {
 		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 		os.Exit(1)
 	}
@@ -181,7 +183,7 @@ func sizeName(n int) string {
 	return strconv.Itoa(n) + "B"
 }
 
-func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64, only string) error {
+func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts string, latencyOnly bool) error {
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
 	}
@@ -252,11 +254,12 @@ http://127.0.0.1:%d {
 		max_body_size 2MiB
 		store redis {
 			address 127.0.0.1:%d
+			%s
 		}
 	}
 	reverse_proxy %s
 }
-`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, backend)
+`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, redisOpts, backend)
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -296,6 +299,9 @@ http://127.0.0.1:%d {
 		all = append(all, &scenario{target: t, url: urls[t], body: 1024, rate: rate, latency: true})
 	}
 
+	if latencyOnly {
+		all = slices.DeleteFunc(all, func(s *scenario) bool { return !s.latency })
+	}
 	if only != "" {
 		keep := append(strings.Split(only, ","), "reverse_proxy") // the baseline always runs
 		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(keep, s.target) })
