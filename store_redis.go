@@ -268,10 +268,19 @@ func (s *RedisStore) Validate() error {
 		return errors.New("redis store: pool_size must not be negative")
 	case s.WaitReplicas < 0 || s.WaitTimeout < 0:
 		return errors.New("redis store: wait_replicas and wait_timeout must not be negative")
+	case s.WaitTimeout > 0 && s.WaitTimeout >= s.effectiveReadTimeout():
+		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("redis store: timeouts must not be negative")
 	}
 	return nil
+}
+
+func (s *RedisStore) effectiveReadTimeout() caddy.Duration {
+	if s.ReadTimeout > 0 {
+		return s.ReadTimeout
+	}
+	return caddy.Duration(3 * time.Second)
 }
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
@@ -422,10 +431,11 @@ func (s *RedisStore) Renew(ctx context.Context, key, token string, ttl time.Dura
 func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
 	var old string
 	var err error
+	val := rec.encode()
 	if s.WaitReplicas > 0 {
-		old, err = s.commitAndWait(ctx, key, rec.encode(), retention)
+		old, err = s.commitAndWait(ctx, key, val, retention)
 	} else {
-		old, err = s.cmd.SetArgs(ctx, key, rec.encode(), redis.SetArgs{TTL: retention, Get: true}).Result()
+		old, err = s.cmd.SetArgs(ctx, key, val, redis.SetArgs{TTL: retention, Get: true}).Result()
 	}
 	if errors.Is(err, redis.Nil) {
 		return false, nil
@@ -434,7 +444,7 @@ func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneReco
 		return false, s.failed(err)
 	}
 	// A retried commit whose first attempt landed finds its own record.
-	return isLease(old, token) || old == rec.encode(), nil
+	return isLease(old, token) || old == val, nil
 }
 
 func (s *RedisStore) commitAndWait(ctx context.Context, key, val string, retention time.Duration) (string, error) {

@@ -400,7 +400,7 @@ func TestRedisWaitReplicas(t *testing.T) {
 	ctx := context.Background()
 	rec := DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "x"}
 
-	s := provisionRedisStore(t, &RedisStore{Address: []string{master.Addr}, WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second)})
+	s := provisionRedisStore(t, &RedisStore{Address: []string{master.Addr}, WaitReplicas: 1, WaitTimeout: caddy.Duration(2 * time.Second)})
 	before := testutil.ToFloat64(metrics.unreplicated)
 	for i := range 20 {
 		key := "wait:" + strconv.Itoa(i)
@@ -430,5 +430,24 @@ func TestRedisWaitReplicas(t *testing.T) {
 	}
 	if res, _ := s2.Claim(ctx, "wait:short", "tok2", time.Minute); res != AlreadyDone {
 		t.Fatalf("claim after the commit: %v", res)
+	}
+}
+
+func TestRedisStoreValidate(t *testing.T) {
+	for name, c := range map[string]struct {
+		s  RedisStore
+		ok bool
+	}{
+		"defaults":                         {RedisStore{}, true},
+		"wait under the read timeout":      {RedisStore{WaitReplicas: 1, WaitTimeout: caddy.Duration(time.Second)}, true},
+		"wait past the default read":       {RedisStore{WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second)}, false},
+		"wait under a longer read timeout": {RedisStore{WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second), ReadTimeout: caddy.Duration(10 * time.Second)}, true},
+		"negative db":                      {RedisStore{DB: -1}, false},
+		"negative wait_replicas":           {RedisStore{WaitReplicas: -1}, false},
+		"negative timeout":                 {RedisStore{DialTimeout: -1}, false},
+	} {
+		if err := c.s.Validate(); (err == nil) != c.ok {
+			t.Errorf("%s: Validate() = %v, want ok=%v", name, err, c.ok)
+		}
 	}
 }
