@@ -571,3 +571,43 @@ func TestRedisStoreProvisionErrorsHideThePassword(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsRegisteredWithCaddy: the collectors are in the registry of
+// every config that provisions the handler (a reload registers them again
+// without error) and keep their counts across configs.
+func TestMetricsRegisteredWithCaddy(t *testing.T) {
+	var regs []*caddy.Context
+	for range 2 {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		t.Cleanup(cancel)
+		h := &Handler{Secrets: []string{secret1}, StoreRaw: []byte(`{"type":"memory"}`), KeyPrefix: "reg:"}
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("provision (a reload re-registers): %v", err)
+		}
+		h.now = func() time.Time { return testNow }
+		serve(h, delivery(bodyA, ""), &countingNext{})
+		regs = append(regs, &ctx)
+	}
+	for i, ctx := range regs {
+		families, err := ctx.GetMetricsRegistry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, f := range families {
+			if f.GetName() == "caddy_sangho_dedup_events_total" {
+				found = true
+				for _, m := range f.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() != "outcome" {
+							t.Errorf("unexpected label %q", l.GetName())
+						}
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("config %d: caddy_sangho_dedup_events_total not in Caddy's metrics registry", i)
+		}
+	}
+}
