@@ -162,6 +162,7 @@ type caddyProc struct {
 	url, admin string
 	port       int
 	cmd        *exec.Cmd
+	exited     <-chan struct{}
 	log        string
 }
 
@@ -213,6 +214,22 @@ http://127.0.0.1:%d {
 
 func startCaddy(t *testing.T, site string) *caddyProc {
 	t.Helper()
+	// A port found free can be taken by another process before Caddy
+	// binds it; then Caddy exits, and we try again with other ports.
+	for attempt := 1; ; attempt++ {
+		p, exited := tryStartCaddy(t, site)
+		if !exited {
+			return p
+		}
+		if attempt == 3 {
+			b, _ := os.ReadFile(p.log)
+			t.Fatalf("caddy exited before listening, 3 times; last log:\n%s", b)
+		}
+	}
+}
+
+func tryStartCaddy(t *testing.T, site string) (*caddyProc, bool) {
+	t.Helper()
 	p := &caddyProc{port: redistest.FreePort(t)}
 	admin := redistest.FreePort(t)
 	p.url = "http://127.0.0.1:" + strconv.Itoa(p.port) + "/webhook"
@@ -230,6 +247,9 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	exited := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(exited) }()
+	p.exited = exited
 	t.Cleanup(p.kill)
 	t.Cleanup(func() {
 		b, _ := os.ReadFile(p.log)
@@ -242,16 +262,22 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 			t.Logf("last lines of the log of Caddy on port %d:\n%s", p.port, strings.Join(lines[max(0, len(lines)-8):], "\n"))
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
+		select {
+		case <-exited:
+			return p, true
+		default:
+		}
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p.port), 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return p
+			return p, false
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(p.log)
-			t.Fatalf("caddy did not listen within 20s:\n%s", b)
+			state, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+			t.Fatalf("caddy did not listen within 60s; log:\n%s\nprocess status:\n%s", b, state)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -261,7 +287,7 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 func (p *caddyProc) kill() {
 	if p.cmd != nil && p.cmd.Process != nil {
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		_ = p.cmd.Wait()
+		<-p.exited
 		p.cmd = nil
 	}
 }
