@@ -272,7 +272,7 @@ func TestReloadUnderLoad(t *testing.T) {
 // can be processed again. Measured, without and with wait_replicas 1,
 // not asserted; nothing may be lost.
 func TestRedisCluster(t *testing.T) {
-	for _, wait := range []string{"", "wait_replicas 1\n\t\t\twait_timeout 1s"} {
+	for _, wait := range []string{"", "wait_replicas 1\n\t\t\twait_timeout 200ms"} {
 		name := "async"
 		if wait != "" {
 			name = "wait_replicas 1"
