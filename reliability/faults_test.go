@@ -222,7 +222,12 @@ func TestClientDisconnects(t *testing.T) {
 
 // TestCaddyKilledWithEventsInFlight: one of two instances is SIGKILLed
 // while events are in flight; their leases stay in Redis and expire after
-// lock_ttl, after which Sangho's retries are processed by the other.
+// lock_ttl, after which Sangho's retries are processed by the other. The
+// backend rolls back work whose request went away, but a backend that
+// finished at the very instant Caddy died did the work that nobody
+// recorded, and the retry processes it again: that can break the promise
+// by nature (seen: 1 in 100 events in one of five runs). Measured; more
+// than a handful would mean a bug.
 func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 	r := redistest.Start(t)
 	l := newLedger(t)
@@ -238,7 +243,10 @@ func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 			victim.kill()
 		})
 	})
-	check(t, "Caddy SIGKILLed with events in flight", s, l, ids, acked, false)
+	f := check(t, "Caddy SIGKILLed with events in flight", s, l, ids, acked, true)
+	if f.twice > 5 {
+		t.Errorf("%d events processed twice: more than the instant of the kill explains", f.twice)
+	}
 }
 
 // TestReloadUnderLoad: the config is reloaded five times during a run.
