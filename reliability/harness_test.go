@@ -11,6 +11,7 @@ package reliability
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -109,6 +110,14 @@ func (l *ledger) start(t *testing.T) {
 }
 
 func (l *ledger) stop() { _ = l.srv.Close() }
+
+// down stops accepting connections (new ones are refused) but lets the
+// requests in flight finish: the backend is down, not crashing mid-work.
+func (l *ledger) down() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = l.srv.Shutdown(ctx)
+}
 
 func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
 	_, _ = io.Copy(io.Discard, r.Body)
