@@ -3,6 +3,7 @@ package reliability
 import (
 	"context"
 	"math/rand/v2"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -348,5 +349,50 @@ func TestSentinelFailover(t *testing.T) {
 			})
 			check(t, "Sentinel failover ("+c.name+")", s, l, ids, acked, true)
 		})
+	}
+}
+
+// TestRedisClusterSlotMigration: 2000 slots move from one master to
+// another (redis-cli --cluster reshard) while events stream through three
+// instances; claims, commits and the Lua scripts follow MOVED and ASK
+// redirections.
+func TestRedisClusterSlotMigration(t *testing.T) {
+	c := redistest.StartCluster(t)
+	l := newLedger(t)
+	l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+	s := newSender(instances(t, 3, siteConfig(redisStore(c.Addrs()...), l.addr, "")), 3)
+	var masters []string
+	for _, node := range c.Nodes {
+		rc := redis.NewClient(&redis.Options{Addr: node.Addr})
+		role, _ := rc.Do(context.Background(), "ROLE").Slice()
+		id, _ := rc.Do(context.Background(), "CLUSTER", "MYID").Text()
+		rc.Close()
+		if len(role) > 0 && role[0] == "master" {
+			masters = append(masters, id)
+		}
+	}
+	if len(masters) < 2 {
+		t.Fatalf("found %d masters", len(masters))
+	}
+	n := 200 * scale
+	var moved atomic.Bool
+	ids, acked := s.run("reshard", n, func(p *atomic.Int64) {
+		at(p, int64(n/2), func() {
+			s.fig.faults.Add(1)
+			from := p.Load()
+			defer func() { t.Logf("the reshard ran while deliveries %d to %d of %d were answered", from, p.Load(), 3*n) }()
+			out, err := exec.Command(redistest.Bin(t, "redis-cli"), "--cluster", "reshard", c.Nodes[0].Addr,
+				"--cluster-from", masters[0], "--cluster-to", masters[1], "--cluster-slots", "2000",
+				"--cluster-yes", "--cluster-pipeline", "10").CombinedOutput()
+			if err != nil {
+				t.Errorf("reshard: %v\n%s", err, out)
+				return
+			}
+			moved.Store(true)
+		})
+	})
+	check(t, "Redis Cluster, 2000 slots resharded mid-stream", s, l, ids, acked, false)
+	if !moved.Load() {
+		t.Error("the reshard did not complete")
 	}
 }
