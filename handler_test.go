@@ -401,21 +401,22 @@ func TestInFlightAnswers409(t *testing.T) {
 // TestLeaseRenewal: a backend slower than lock_ttl keeps its lease, and
 // a duplicate meanwhile gets 409.
 func TestLeaseRenewal(t *testing.T) {
-	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(90 * time.Millisecond) })
-	release := make(chan struct{})
-	done := make(chan struct{})
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
+	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
 		serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			close(entered)
 			<-release
 			return nil
 		}))
 		close(done)
 	}()
+	<-entered
 	next := &countingNext{}
-	for i := 0; i < 6; i++ { // 6 × 60ms: four times lock_ttl
-		time.Sleep(60 * time.Millisecond)
+	for i := 0; i < 6; i++ { // 6 × 200ms: four times lock_ttl
+		time.Sleep(200 * time.Millisecond)
 		if w, _, _ := serve(h, delivery(bodyA, ""), next); w.Code != 409 {
-			t.Fatalf("after %dms in flight: %d, want 409", (i+1)*60, w.Code)
+			t.Fatalf("after %dms in flight: %d, want 409", (i+1)*200, w.Code)
 		}
 	}
 	close(release)
