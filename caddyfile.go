@@ -50,11 +50,8 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
 		opt := d.Val()
-		if opt != "secret" {
-			if seen[opt] {
-				return d.Errf("sangho_dedup: %s given more than once", opt)
-			}
-			seen[opt] = true
+		if err := once(d, seen, "sangho_dedup", "secret"); err != nil {
+			return err
 		}
 		switch opt {
 		case "secret":
@@ -131,6 +128,20 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(m.Secrets) == 0 {
 		return d.Err("sangho_dedup: at least one secret is required")
 	}
+	return nil
+}
+
+// once refuses a subdirective given a second time, except the
+// repeatable one (whose values accumulate).
+func once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) error {
+	opt := d.Val()
+	if opt == repeatable {
+		return nil
+	}
+	if seen[opt] {
+		return d.Errf("%s: %s given more than once", who, opt)
+	}
+	seen[opt] = true
 	return nil
 }
 

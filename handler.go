@@ -205,7 +205,7 @@ func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWr
 		held, err := h.commit(ctx, key, token, rec)
 		switch {
 		case err != nil:
-			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying while the lease lasts",
+			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying in the background",
 				zap.String("event_id", id), zap.Int("status", status), zap.Error(err))
 			go h.retryCommit(l, rec)
 		case !held:
@@ -319,7 +319,6 @@ func observe(op string, start time.Time, err error) {
 type statusWriter struct {
 	caddyhttp.ResponseWriterWrapper // by value: one allocation for both
 	status                          atomic.Int32
-	finished                        bool // the next handler returned without error
 }
 
 func (sw *statusWriter) WriteHeader(code int) {
@@ -435,9 +434,16 @@ func (b *pooledBody) Close() error {
 func (b *pooledBody) done() { b.unref() }
 
 func (b *pooledBody) unref() {
-	if b.refs.Add(-1) == 0 && b.buf.Cap() <= maxPooledBuffer {
-		b.buf.Reset()
-		bufPool.Put(b.buf)
+	if b.refs.Add(-1) == 0 {
+		recycle(b.buf)
+	}
+}
+
+// recycle puts buf back into the pool unless it grew too large.
+func recycle(buf *bytes.Buffer) {
+	if buf.Cap() <= maxPooledBuffer {
+		buf.Reset()
+		bufPool.Put(buf)
 	}
 }
 
@@ -466,10 +472,7 @@ func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
 		err = errTooLarge
 	}
 	if err != nil {
-		buf.Reset()
-		if buf.Cap() <= maxPooledBuffer {
-			bufPool.Put(buf)
-		}
+		recycle(buf)
 		var mbe *http.MaxBytesError
 		if errors.Is(err, errTooLarge) || errors.As(err, &mbe) {
 			return nil, http.StatusRequestEntityTooLarge, errTooLarge

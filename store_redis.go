@@ -309,11 +309,8 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if opt != "address" {
-			if seen[opt] {
-				return d.Errf("redis store: %s given more than once", opt)
-			}
-			seen[opt] = true
+		if err := once(d, seen, "redis store", "address"); err != nil {
+			return err
 		}
 		switch opt {
 		case "address":

@@ -494,15 +494,3 @@ func head(s []string) []string {
 func redisStore(addrs ...string) string {
 	return "store redis {\n\t\t\taddress " + strings.Join(addrs, " ") + "\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 300ms\n\t\t}"
 }
-
-// waitFor polls until cond or the timeout.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

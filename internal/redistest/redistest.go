@@ -128,12 +128,31 @@ type Cluster struct {
 }
 
 // Addrs returns the addresses of every node.
-func (c *Cluster) Addrs() []string {
-	out := make([]string, len(c.Nodes))
-	for i, n := range c.Nodes {
-		out[i] = n.Addr
+func (c *Cluster) Addrs() []string { return addrs(c.Nodes) }
+
+func addrs(servers []*Server) []string {
+	out := make([]string, len(servers))
+	for i, s := range servers {
+		out[i] = s.Addr
 	}
 	return out
+}
+
+// waitUntil polls cond every 50 ms and fails the test with what (and
+// cond's last detail) if it does not hold within timeout.
+func waitUntil(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		ok, detail := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v\n%s", what, timeout, detail)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // StartCluster starts 6 nodes and joins them with redis-cli --cluster
@@ -163,23 +182,14 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 	// Wait until every node reports the cluster ok and every replica's
 	// link to its master is up (a replica that never synced cannot
 	// take over).
-	deadline := time.Now().Add(30 * time.Second)
 	for _, n := range c.Nodes {
-		rc := redis.NewClient(&redis.Options{Addr: n.Addr})
-		for {
+		rc := n.Client(t)
+		waitUntil(t, 30*time.Second, "cluster ok on "+n.Addr, func() (bool, string) {
 			info, _ := rc.ClusterInfo(context.Background()).Result()
 			repl, _ := rc.Info(context.Background(), "replication").Result()
-			if strings.Contains(info, "cluster_state:ok") &&
-				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")) {
-				break
-			}
-			if time.Now().After(deadline) {
-				rc.Close()
-				t.Fatalf("cluster not ok within 30s on %s:\n%s", n.Addr, info)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		rc.Close()
+			return strings.Contains(info, "cluster_state:ok") &&
+				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")), info + repl
+		})
 	}
 	return c
 }
@@ -194,13 +204,7 @@ type Sentinel struct {
 const MasterName = "mymaster"
 
 // SentinelAddrs returns the sentinels' addresses.
-func (s *Sentinel) SentinelAddrs() []string {
-	out := make([]string, len(s.Sentinels))
-	for i, n := range s.Sentinels {
-		out[i] = n.Addr
-	}
-	return out
-}
+func (s *Sentinel) SentinelAddrs() []string { return addrs(s.Sentinels) }
 
 // StartSentinel starts the master, the replica and three sentinels.
 func StartSentinel(t testing.TB, extra ...string) *Sentinel {
@@ -228,20 +232,14 @@ func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 		st.Sentinels = append(st.Sentinels, s)
 	}
 	// Wait until the sentinels know the replica and each other.
-	deadline := time.Now().Add(30 * time.Second)
 	sc := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinels[0].Addr})
 	defer sc.Close()
-	for {
+	waitUntil(t, 30*time.Second, "sentinels ready", func() (bool, string) {
 		reps, _ := sc.Replicas(context.Background(), MasterName).Result()
 		sens, _ := sc.Sentinels(context.Background(), MasterName).Result()
-		if len(reps) == 1 && len(sens) == 2 {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sentinels not ready within 30s: %d replicas, %d other sentinels seen", len(reps), len(sens))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return len(reps) == 1 && len(sens) == 2, fmt.Sprintf("%d replicas, %d other sentinels seen", len(reps), len(sens))
+	})
+	return st
 }
 
 // StartReplica starts a replica of master and waits until its link is up.
@@ -251,15 +249,9 @@ func StartReplica(t testing.TB, master *Server) *Server {
 	s.Restart(t)
 	t.Cleanup(s.Kill)
 	c := s.Client(t)
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	waitUntil(t, 20*time.Second, "replica of "+master.Addr+" in sync", func() (bool, string) {
 		info, _ := c.Info(context.Background(), "replication").Result()
-		if strings.Contains(info, "master_link_status:up") {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("replica of %s not in sync within 20s:\n%s", master.Addr, info)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return strings.Contains(info, "master_link_status:up"), info
+	})
+	return s
 }
