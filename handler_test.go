@@ -3,6 +3,7 @@ package sanghodedup
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -33,7 +34,7 @@ var testNow = time.Unix(1733140800, 0)
 // a fixed clock and a log observer.
 func newTestHandler(t testing.TB, configure func(*Handler)) (*Handler, *observer.ObservedLogs) {
 	t.Helper()
-	h := &Handler{Secrets: []string{secret1}}
+	h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`)}
 	if configure != nil {
 		configure(h)
 	}
@@ -543,7 +544,7 @@ func TestProvisionErrors(t *testing.T) {
 		}
 	}
 	t.Setenv("SANGHO_TEST_SECRET", secret1)
-	h := &Handler{Secrets: []string{"{env.SANGHO_TEST_SECRET}"}}
+	h := &Handler{Secrets: []string{"{env.SANGHO_TEST_SECRET}"}, KeyPrefix: "env_secret:"}
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}

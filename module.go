@@ -8,12 +8,16 @@
 package sanghodedup
 
 import (
+	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -89,8 +93,9 @@ type Handler struct {
 	// share one store. Default: "sangho_dedup:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
-	// The store module (http.sangho_dedup.stores). Default: memory,
-	// which is neither durable nor shared between instances.
+	// The store module (http.sangho_dedup.stores). Default: file, a
+	// durable database file in Caddy's data directory, for one instance
+	// (see FileStore); redis for several instances; memory for tests.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      Store
@@ -100,6 +105,7 @@ type Handler struct {
 	pass       bool
 	retryAfter string
 	renewEvery time.Duration
+	cfgKey     context.Context // the config this handler belongs to
 }
 
 // CaddyModule returns the Caddy module information.
@@ -167,8 +173,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.verifier = newVerifier(secrets, time.Duration(h.Tolerance), func() time.Time { return h.now() })
 
 	if h.StoreRaw == nil {
-		h.StoreRaw = json.RawMessage(`{"type":"memory"}`)
-		h.logger.Warn("no store configured: using the memory store, whose dedup state is neither durable (a restart forgets processed events) nor shared between Caddy instances; configure `store redis` for production")
+		h.StoreRaw = json.RawMessage(`{"type":"file"}`)
 	}
 	mod, err := ctx.LoadModule(h, "StoreRaw")
 	if err != nil {
@@ -179,7 +184,83 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("module %T is not a sangho_dedup store", mod)
 	}
 	h.store = store
+	if err := h.claimEndpoint(ctx, secrets); err != nil {
+		return err
+	}
 	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// Cleanup forgets this config's endpoints (see claimEndpoint).
+func (h *Handler) Cleanup() error {
+	if h.cfgKey != nil {
+		endpoints.Lock()
+		delete(endpoints.byConfig, h.cfgKey)
+		endpoints.Unlock()
+	}
+	return nil
+}
+
+// stateSharer is implemented by stores whose state other handlers can
+// share: two stores with the same stateID see each other's keys.
+type stateSharer interface{ stateID() string }
+
+// endpoints records, per loaded config, which secret set uses which
+// store state and key prefix.
+var endpoints = struct {
+	sync.Mutex
+	byConfig map[context.Context]*configEndpoints
+}{byConfig: map[context.Context]*configEndpoints{}}
+
+type configEndpoints struct {
+	handlers int // provisioned so far
+	uses     map[string]endpointUse
+}
+
+type endpointUse struct {
+	secrets [sha256.Size]byte // of the sorted secret set; never printed
+	handler int               // 1-based, in provisioning order
+}
+
+// claimEndpoint refuses a second handler of the same config that would
+// share store state and key_prefix with another one under different
+// secrets: a payment provider sends one event to every endpoint that
+// subscribes, so the second endpoint would answer it as a duplicate and
+// its backend would never see it. The same endpoint on several routes
+// (same secrets) is fine.
+func (h *Handler) claimEndpoint(ctx caddy.Context, secrets []string) error {
+	sh, ok := h.store.(stateSharer)
+	if !ok {
+		return nil
+	}
+	sorted := slices.Clone(secrets)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	sum := sha256.New()
+	for _, s := range sorted {
+		sum.Write([]byte(s))
+		sum.Write([]byte{0})
+	}
+	var use endpointUse
+	sum.Sum(use.secrets[:0])
+	where := sh.stateID() + " key_prefix " + strconv.Quote(h.KeyPrefix)
+
+	endpoints.Lock()
+	defer endpoints.Unlock()
+	cfg := endpoints.byConfig[ctx.Context]
+	if cfg == nil {
+		cfg = &configEndpoints{uses: map[string]endpointUse{}}
+		endpoints.byConfig[ctx.Context] = cfg
+	}
+	h.cfgKey = ctx.Context
+	cfg.handlers++
+	use.handler = cfg.handlers
+	if prev, ok := cfg.uses[where]; ok && prev.secrets != use.secrets {
+		return fmt.Errorf("sangho_dedup handlers #%d and #%d (in config order) share one store (%s) with different secrets: one endpoint would answer the other's events as duplicates and its backend would never see them; give each endpoint its own key_prefix",
+			prev.handler, use.handler, where)
+	} else if !ok {
+		cfg.uses[where] = use
+	}
+	return nil
 }
 
 // Validate checks the configuration.
@@ -225,5 +306,6 @@ func validHeaderName(s string) bool {
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
 	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -141,6 +142,15 @@ func send(t testing.TB, url, body, id string) answer {
 		req.Header.Set("Sangho-Event-ID", id)
 	}
 	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret1))
+	return do(t, req)
+}
+
+// sendWith signs body with secret and posts it.
+func sendWith(t testing.TB, url, body, secret string) answer {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret))
 	return do(t, req)
 }
 
@@ -290,8 +300,12 @@ func TestServerBodyReachesBackendByteForByte(t *testing.T) {
 	}
 }
 
-// forStores runs a test once on the memory store and once on Redis.
+// forStores runs a test on the default store (file, in the test's data
+// directory), on the memory store and on Redis.
 func forStores(t *testing.T, test func(t *testing.T, store string)) {
+	t.Run("default", func(t *testing.T) {
+		test(t, "key_prefix "+strings.ReplaceAll(t.Name(), "/", "_")+":")
+	})
 	t.Run("memory", func(t *testing.T) {
 		test(t, "store memory\n\t\tkey_prefix "+strings.ReplaceAll(t.Name(), "/", "_")+":")
 	})
@@ -545,4 +559,89 @@ func TestServerKeyPrefixSeparatesRoutes(t *testing.T) {
 	if len(keys) != 2 || !slices.Contains(keys, "tenant_a:evt_1QZtest000000000001") || !slices.Contains(keys, "tenant_b:evt_1QZtest000000000001") {
 		t.Errorf("keys in Redis: %v", keys)
 	}
+}
+
+// twoEndpoints is one Caddy with two webhook endpoints, /a and /b, each
+// with its own secret and backend; options go into both.
+func twoEndpoints(backendA, backendB, optionsA, optionsB string) string {
+	return fmt.Sprintf(`	handle /a {
+		sangho_dedup {
+			secret %s
+			%s
+		}
+		reverse_proxy %s
+	}
+	handle /b {
+		sangho_dedup {
+			secret %s
+			%s
+		}
+		reverse_proxy %s
+	}`, secret1, optionsA, backendA, secret2, optionsB, backendB)
+}
+
+// Payment providers send one event to every endpoint that subscribes.
+// Two endpoints with different secrets that would share one store and
+// key prefix would swallow each other's events: that config is refused,
+// on every store, naming the fix; the same endpoint on two routes (same
+// secrets) is fine.
+func TestServerEndpointsSharingStateNeedDistinctPrefixes(t *testing.T) {
+	r := startRedis(t)
+	stores := map[string]string{
+		"default": "",
+		"file":    "store file " + filepath.Join(t.TempDir(), "shared.db"),
+		"memory":  "store memory",
+		"redis":   redisStoreLine(r.Addr),
+	}
+	for name, store := range stores {
+		t.Run(name, func(t *testing.T) {
+			cfg, _ := adaptCaddyfile(t, serverCaddyfile(freePort(t), twoEndpoints("127.0.0.1:1", "127.0.0.1:1", store, store)))
+			err := caddyLoad(cfg)
+			defer caddy.Stop()
+			if err == nil {
+				t.Fatal("a config with two endpoints on one store and prefix, with different secrets, loaded")
+			}
+			for _, want := range []string{"key_prefix", "different secrets"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error does not say %q: %v", want, err)
+				}
+			}
+			if strings.Contains(err.Error(), secret1) || strings.Contains(err.Error(), secret2) {
+				t.Fatalf("error holds a secret: %v", err)
+			}
+		})
+	}
+	t.Run("same secrets on two routes", func(t *testing.T) {
+		site := strings.Replace(twoEndpoints("127.0.0.1:1", "127.0.0.1:1", "", ""), "secret "+secret2, "secret "+secret1, 1)
+		startCaddy(t, site) // fails the test if the config is refused
+	})
+}
+
+// The case a new user meets: one event delivered to two endpoints of one
+// Caddy, each with its own key_prefix, reaches each backend once.
+func TestServerOneEventTwoEndpoints(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		la, lb := newLedger(t), newLedger(t)
+		prefix := strings.ReplaceAll(t.Name(), "/", "_")
+		if strings.Contains(store, "key_prefix") {
+			store = store[:strings.Index(store, "key_prefix")]
+		}
+		s := startCaddy(t, twoEndpoints(la.addr(), lb.addr(),
+			store+"\n\t\t\tkey_prefix "+prefix+"_a:", store+"\n\t\t\tkey_prefix "+prefix+"_b:"))
+		base := strings.TrimSuffix(s.url, "/webhook")
+		for range 3 {
+			if a := sendWith(t, base+"/a", bodyA, secret1); a.status != 200 {
+				t.Fatalf("endpoint a: %d %s", a.status, a.body)
+			}
+			if a := sendWith(t, base+"/b", bodyA, secret2); a.status != 200 {
+				t.Fatalf("endpoint b: %d %s", a.status, a.body)
+			}
+		}
+		if n, _ := la.counts(""); n != 1 {
+			t.Errorf("endpoint a's backend got the event %d times, want 1", n)
+		}
+		if n, _ := lb.counts(""); n != 1 {
+			t.Errorf("endpoint b's backend got the event %d times, want 1", n)
+		}
+	})
 }

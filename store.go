@@ -4,11 +4,15 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 // Store keeps the dedup state of events, one key per event. Every
@@ -148,4 +152,31 @@ var (
 
 func newToken() string {
 	return tokenPrefix + strconv.FormatUint(tokenCounter.Add(1), 36)
+}
+
+// stateID names the Redis data this store reaches: the same servers and
+// database, whatever the other connection settings.
+func (s *RedisStore) stateID() string {
+	repl := caddy.NewReplacer()
+	addrs := make([]string, 0, len(s.Address))
+	for _, a := range s.Address {
+		addrs = append(addrs, repl.ReplaceAll(a, ""))
+	}
+	slices.Sort(addrs)
+	if len(addrs) == 0 {
+		addrs = []string{"127.0.0.1:6379"}
+	}
+	id := "redis " + strings.Join(addrs, ",")
+	if u := repl.ReplaceAll(s.URL, ""); u != "" { // no password in the ID
+		if po, err := redis.ParseURL(u); err == nil {
+			id = "redis " + po.Addr + " db " + strconv.Itoa(po.DB)
+		}
+	}
+	if m := repl.ReplaceAll(s.MasterName, ""); m != "" {
+		id += " master " + m
+	}
+	if s.DB != 0 {
+		id += " db " + strconv.Itoa(s.DB)
+	}
+	return id
 }

@@ -38,7 +38,8 @@ func (MemoryStore) CaddyModule() caddy.ModuleInfo {
 const memPoolKey = "sangho_dedup.memory"
 
 // Provision attaches the store to the process-wide memory state.
-func (m *MemoryStore) Provision(caddy.Context) error {
+func (m *MemoryStore) Provision(ctx caddy.Context) error {
+	ctx.Logger().Warn("memory store: dedup state is neither durable (a restart forgets processed events) nor shared between Caddy instances; use it for tests and trials only (the default file store is durable)")
 	v, _, err := storePool.LoadOrNew(memPoolKey, func() (caddy.Destructor, error) {
 		return newMemState(time.Now, time.Minute), nil
 	})
@@ -245,3 +246,6 @@ var (
 	_ caddyfile.Unmarshaler = (*MemoryStore)(nil)
 	_ caddy.Destructor      = (*memState)(nil)
 )
+
+// stateID: every memory store of this process shares one state.
+func (m *MemoryStore) stateID() string { return "memory" }

@@ -1,0 +1,651 @@
+package sanghodedup
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+	"go.uber.org/zap"
+)
+
+func init() {
+	caddy.RegisterModule(FileStore{})
+}
+
+// FileStore keeps dedup state in one file on this machine's disk, an
+// embedded transactional key/value database (bbolt, as used by etcd). It
+// is the default store: durable across restarts, upgrades and crashes
+// with no server to run, for a single Caddy instance.
+//
+// Every operation is one serialisable write transaction on one key, so a
+// claim is an atomic create-if-absent; a duplicate is answered from a
+// read-only transaction without writing. A done record is on disk
+// (fsync) before the commit returns, and so is every lease: after a
+// `kill -9` or a power cut, processed events stay processed and events
+// that were in flight stay leased until lock_ttl. Concurrent writes are
+// grouped into one transaction and one fsync (group commit), so a burst
+// does not cost one disk flush per event.
+//
+// The file is locked by the process that opens it: a second Caddy
+// pointed at the same file refuses to start. Config reloads share the
+// open file. Expired entries are swept in small batches every 10
+// seconds, so the file stops growing once events expire as fast as they
+// arrive (freed pages are reused).
+type FileStore struct {
+	// Path of the database file. Relative paths are relative to Caddy's
+	// working directory. Default: sangho_dedup/dedup.db in Caddy's data
+	// directory ($XDG_DATA_HOME/caddy, else ~/.local/share/caddy on
+	// Linux). The folder is created with mode 0700, the file with 0600.
+	Path string `json:"path,omitempty"`
+
+	state   *fileState
+	path    string
+	logger  *zap.Logger
+	pooled  bool
+	lockErr error
+}
+
+// CaddyModule returns the Caddy module information.
+func (FileStore) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.sangho_dedup.stores.file",
+		New: func() caddy.Module { return new(FileStore) },
+	}
+}
+
+// DefaultFilePath is where the file store keeps its database when no
+// path is configured.
+func DefaultFilePath() string {
+	return filepath.Join(caddy.AppDataDir(), "sangho_dedup", "dedup.db")
+}
+
+// Provision opens the database file, or shares the one this process
+// already opened for an earlier config.
+func (s *FileStore) Provision(ctx caddy.Context) error {
+	s.logger = ctx.Logger()
+	p := s.Path
+	if p == "" {
+		p = DefaultFilePath()
+	} else {
+		p = caddy.NewReplacer().ReplaceKnown(p, "")
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return fmt.Errorf("file store: path %q: %v", p, err)
+	}
+	s.path = abs
+	v, _, err := storePool.LoadOrNew(filePoolKey(abs), func() (caddy.Destructor, error) {
+		return openFileState(abs, time.Now, fileSweepEvery, s.logger)
+	})
+	if errors.Is(err, errFileLocked) && validating() {
+		// `caddy validate` of the config that a running Caddy serves:
+		// the file is that Caddy's. Everything else was checked.
+		s.logger.Info("file store: the database file is in use by another process (the running Caddy); not opened for validation",
+			zap.String("path", abs))
+		s.lockErr = err
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	s.pooled = true
+	s.state = v.(*fileState)
+	return nil
+}
+
+// Cleanup releases this config's use of the file; it is closed when no
+// config uses it any more.
+func (s *FileStore) Cleanup() error {
+	if !s.pooled {
+		return nil
+	}
+	_, err := storePool.Delete(filePoolKey(s.path))
+	return err
+}
+
+func filePoolKey(abs string) string { return "sangho_dedup.file." + abs }
+
+// validating reports whether this process is `caddy validate` (or
+// `caddy adapt --validate`), which provisions a config without running
+// it: the only case where a database file locked by another process is
+// not an error.
+func validating() bool {
+	if len(os.Args) < 2 {
+		return false
+	}
+	switch os.Args[1] {
+	case "validate":
+		return true
+	case "adapt":
+		for _, a := range os.Args[2:] {
+			if a == "--validate" || a == "-validate" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// UnmarshalCaddyfile sets up the store from Caddyfile tokens:
+//
+//	store file [<path>]
+//	store file {
+//		path <path>
+//	}
+func (s *FileStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // store type
+	if d.NextArg() {
+		s.Path = d.Val()
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		switch d.Val() {
+		case "path":
+			if s.Path != "" {
+				return d.Err("file store: path given more than once")
+			}
+			if err := oneArg(d, &s.Path); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized file store option %q", d.Val())
+		}
+	}
+	return nil
+}
+
+// errStoreNotOpen is what a store opened only for validation answers.
+var errStoreNotOpen = errors.New("file store: the database file is not open (locked by another process)")
+
+func (s *FileStore) st() (*fileState, error) {
+	if s.state == nil {
+		if s.lockErr != nil {
+			return nil, s.lockErr
+		}
+		return nil, errStoreNotOpen
+	}
+	return s.state, nil
+}
+
+// Claim implements Store.
+func (s *FileStore) Claim(_ context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
+	st, err := s.st()
+	if err != nil {
+		return 0, err
+	}
+	// Read first: a duplicate or an event in flight needs no write.
+	if val, ok, err := st.read(key); err != nil {
+		return 0, err
+	} else if ok {
+		return classify(val, token), nil
+	}
+	var res ClaimResult
+	err = st.write(func(tx *fileTx) error {
+		if val, ok := tx.get(key); ok {
+			res = classify(val, token)
+			return nil
+		}
+		res = Claimed
+		return tx.put(key, inflightValue(token), ttl)
+	})
+	return res, err
+}
+
+// Renew implements Store.
+func (s *FileStore) Renew(_ context.Context, key, token string, ttl time.Duration) (bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return false, err
+	}
+	var ok bool
+	err = st.write(func(tx *fileTx) error {
+		val, live := tx.get(key)
+		if ok = live && isLease(val, token); ok {
+			return tx.put(key, val, ttl)
+		}
+		return nil
+	})
+	return ok, err
+}
+
+// Commit implements Store.
+func (s *FileStore) Commit(_ context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return false, err
+	}
+	enc := rec.encode()
+	var held bool
+	err = st.write(func(tx *fileTx) error {
+		val, live := tx.get(key)
+		// A retried commit whose first attempt landed finds its own record.
+		held = live && (isLease(val, token) || val == enc)
+		return tx.put(key, enc, retention)
+	})
+	return held, err
+}
+
+// Release implements Store.
+func (s *FileStore) Release(_ context.Context, key, token string) (bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return false, err
+	}
+	var ok bool
+	err = st.write(func(tx *fileTx) error {
+		val, live := tx.get(key)
+		if ok = live && isLease(val, token); ok {
+			return tx.del(key)
+		}
+		return nil
+	})
+	return ok, err
+}
+
+// stateID is what two handlers must not share with different secrets.
+func (s *FileStore) stateID() string { return "file " + s.path }
+
+// On disk: bucket "events" maps a key to its expiry (8 bytes, Unix
+// nanoseconds, big-endian) followed by the value the other stores hold
+// ("inflight:<token>" or "done:{...}"); bucket "expiry" indexes the keys
+// by expiry (8 bytes then the key) for the sweeper.
+var (
+	bucketEvents = []byte("events")
+	bucketExpiry = []byte("expiry")
+)
+
+const (
+	fileSweepEvery = 10 * time.Second
+	// fileSweepBatch bounds the entries one sweep transaction deletes,
+	// so that a sweep holds the writer for a few milliseconds at most.
+	fileSweepBatch = 500
+	// fileMaxBatch bounds the operations grouped in one transaction.
+	fileMaxBatch = 1024
+)
+
+var errFileLocked = errors.New("in use by another process")
+
+// fileState is one open database file, shared through the usage pool
+// by every config of this process that uses the same path.
+type fileState struct {
+	path   string
+	db     *bolt.DB
+	now    func() time.Time
+	logger *zap.Logger
+
+	ops  chan *fileOp
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// openFileState opens (creating it if needed) the database at path.
+func openFileState(path string, now func() time.Time, sweepEvery time.Duration, logger *zap.Logger) (*fileState, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("file store: creating the folder of %s: %v", path, err)
+	}
+	if err := createFileDB(path); err != nil {
+		return nil, err
+	}
+	if err := checkFileSize(path); err != nil {
+		return nil, err
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:      time.Nanosecond, // try the lock once: never hang
+		FreelistType: bolt.FreelistMapType,
+		// The freelist is written with every commit (bbolt's default)
+		// rather than rebuilt at open by a scan of the whole file, which
+		// panics, uncatchably, on a damaged page.
+	})
+	if err != nil {
+		return nil, fileOpenError(path, err)
+	}
+	if err := checkFileDB(db, path); err != nil {
+		db.Close()
+		return nil, err
+	}
+	st := &fileState{path: path, db: db, now: now, logger: logger,
+		ops: make(chan *fileOp), stop: make(chan struct{})}
+	st.wg.Add(2)
+	go st.writer()
+	go st.sweeper(sweepEvery)
+	return st, nil
+}
+
+// createFileDB creates a new, empty database at path if there is no
+// file there, atomically: it is built under a temporary name and linked
+// into place, so that a file at path is always a whole database, and an
+// empty or cut file there is damage to report, never a new start.
+func createFileDB(path string) error {
+	if _, err := os.Lstat(path); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return nil // exists, or cannot be checked: bolt.Open says what is wrong
+	}
+	tmp := path + ".new-" + strconv.Itoa(os.Getpid())
+	defer os.Remove(tmp)
+	db, err := bolt.Open(tmp, 0o600, &bolt.Options{Timeout: time.Nanosecond})
+	if err != nil {
+		return fmt.Errorf("file store: creating %s: %v", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketEvents, bucketExpiry} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("file store: creating %s: %v", path, err)
+	}
+	// Link, not rename: if another process created the file meanwhile,
+	// keep theirs (the lock then tells who runs).
+	if err := os.Link(tmp, path); err != nil && !errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("file store: creating %s: %v", path, err)
+	}
+	if dir, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = dir.Sync() // make the new name durable
+		dir.Close()
+	}
+	return nil
+}
+
+// fileOpenError explains why bolt.Open failed, naming the file and what
+// to do.
+func fileOpenError(path string, err error) error {
+	switch {
+	case errors.Is(err, bolterrors.ErrTimeout):
+		return fmt.Errorf("file store: %s is %w (another Caddy with the same data directory or store path?): stop it, or give this Caddy another path with `store file <path>`",
+			path, errFileLocked)
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch), errors.Is(err, bolterrors.ErrChecksum):
+		return fmt.Errorf("file store: %s is not a valid sangho_dedup database or is damaged (%v): restore it from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)",
+			path, err)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("file store: cannot open %s: %v: it must be readable and writable by the user Caddy runs as", path, err)
+	}
+	return fmt.Errorf("file store: cannot open %s: %v", path, err)
+}
+
+// checkFileSize refuses a file cut short, before bbolt maps it: bbolt
+// would read pages past its end (a fatal SIGBUS). It reads the two meta
+// pages the way bbolt does (magic, version, FNV-1a checksum; the valid
+// one with the highest transaction ID wins) and compares the size its
+// data needs with the file's. Anything else that is wrong with the
+// header is left to bolt.Open, which says so.
+func checkFileSize(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil // bolt.Open reports it
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		return nil
+	}
+	if fi.Size() == 0 { // bbolt would make it a new, empty database
+		return fmt.Errorf("file store: %s is empty, not a database (this store never leaves an empty file: it was cut or replaced): restore it from a backup, or delete it to start with an empty store (deliveries of already processed events would then be processed again)", path)
+	}
+	var need, txid uint64
+	found := false
+	for _, off := range []int64{0, 4096, int64(os.Getpagesize())} {
+		var b [16 + 64]byte // page header, then the meta
+		if _, err := f.ReadAt(b[:], off); err != nil {
+			continue
+		}
+		m := b[16:]
+		le := binary.LittleEndian
+		h := fnv.New64a()
+		h.Write(m[:56])
+		if le.Uint32(m[0:]) != 0xED0CDAED || le.Uint32(m[4:]) != 2 || le.Uint64(m[56:]) != h.Sum64() {
+			continue
+		}
+		pageSize, pgid, tx := uint64(le.Uint32(m[8:])), le.Uint64(m[40:]), le.Uint64(m[48:])
+		if off != 0 && off != int64(pageSize) {
+			continue
+		}
+		if !found || tx > txid {
+			found, txid, need = true, tx, pgid*pageSize
+		}
+	}
+	if found && uint64(fi.Size()) < need {
+		return fmt.Errorf("file store: %s is truncated (%d bytes, its data needs %d): restore it from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)",
+			path, fi.Size(), need)
+	}
+	return nil
+}
+
+// checkFileDB refuses a database that lacks the store's buckets.
+func checkFileDB(db *bolt.DB, path string) error {
+	return db.View(func(tx *bolt.Tx) error {
+		if tx.Bucket(bucketEvents) == nil || tx.Bucket(bucketExpiry) == nil {
+			return fmt.Errorf("file store: %s is a bbolt database but not a sangho_dedup one: give the store another path", path)
+		}
+		return nil
+	})
+}
+
+// read returns the live value of key from a read-only transaction.
+func (st *fileState) read(key string) (string, bool, error) {
+	var val string
+	var ok bool
+	err := st.db.View(func(tx *bolt.Tx) error {
+		val, ok = (&fileTx{events: tx.Bucket(bucketEvents), now: st.now()}).get(key)
+		return nil
+	})
+	return val, ok, err
+}
+
+// fileOp is one write waiting for the writer.
+type fileOp struct {
+	fn   func(*fileTx) error
+	err  error
+	done chan struct{}
+}
+
+var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan struct{}, 1)} }}
+
+var errFileClosed = errors.New("file store: the database file is closed (Caddy is stopping)")
+
+// write runs fn in a write transaction and returns once the transaction
+// is on disk. Concurrent writes share one transaction.
+func (st *fileState) write(fn func(*fileTx) error) error {
+	op := fileOpPool.Get().(*fileOp)
+	op.fn, op.err = fn, nil
+	select {
+	case st.ops <- op:
+	case <-st.stop:
+		op.fn = nil
+		fileOpPool.Put(op)
+		return errFileClosed
+	}
+	<-op.done
+	err := op.err
+	op.fn, op.err = nil, nil
+	fileOpPool.Put(op)
+	return err
+}
+
+// writer runs the writes: each transaction takes every write that is
+// waiting (group commit), so a burst costs one fsync, and a write that
+// is alone goes at once.
+func (st *fileState) writer() {
+	defer st.wg.Done()
+	batch := make([]*fileOp, 0, 64)
+	for {
+		select {
+		case op := <-st.ops:
+			batch = append(batch[:0], op)
+		case <-st.stop:
+			return
+		}
+	more:
+		for len(batch) < fileMaxBatch {
+			select {
+			case op := <-st.ops:
+				batch = append(batch, op)
+			default:
+				break more
+			}
+		}
+		err := st.db.Update(func(btx *bolt.Tx) error {
+			tx := &fileTx{events: btx.Bucket(bucketEvents), expiry: btx.Bucket(bucketExpiry), now: st.now()}
+			for _, op := range batch {
+				op.err = op.fn(tx)
+			}
+			return nil
+		})
+		for _, op := range batch {
+			if err != nil {
+				op.err = fmt.Errorf("file store: writing %s: %v", st.path, err)
+			}
+			op.done <- struct{}{}
+		}
+	}
+}
+
+// sweeper deletes expired entries every `every`, in bounded batches.
+func (st *fileState) sweeper(every time.Duration) {
+	defer st.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-st.stop:
+			return
+		case <-t.C:
+			if _, err := st.sweep(); err != nil && !errors.Is(err, errFileClosed) {
+				st.logger.Error("file store: sweeping expired entries failed", zap.String("path", st.path), zap.Error(err))
+			}
+		}
+	}
+}
+
+// sweep deletes every expired entry, fileSweepBatch per transaction, and
+// returns how many it deleted.
+func (st *fileState) sweep() (int, error) {
+	total := 0
+	for {
+		n := 0
+		err := st.write(func(tx *fileTx) error {
+			var err error
+			n, err = tx.sweep(fileSweepBatch)
+			return err
+		})
+		total += n
+		if err != nil || n < fileSweepBatch {
+			return total, err
+		}
+	}
+}
+
+// Destruct stops the writer and the sweeper and closes the file; the
+// usage pool calls it when the last config using the file is cleaned up.
+func (st *fileState) Destruct() error {
+	close(st.stop)
+	st.wg.Wait()
+	return st.db.Close()
+}
+
+// fileTx is the store's view of one bbolt transaction.
+type fileTx struct {
+	events, expiry *bolt.Bucket
+	now            time.Time
+}
+
+// get returns the live value of key.
+func (tx *fileTx) get(key string) (string, bool) {
+	raw := tx.events.Get([]byte(key))
+	if len(raw) < 8 {
+		return "", false
+	}
+	if exp := int64(binary.BigEndian.Uint64(raw)); tx.now.UnixNano() >= exp {
+		return "", false
+	}
+	return string(raw[8:]), true
+}
+
+// put sets key to val for ttl, keeping the expiry index in step.
+func (tx *fileTx) put(key, val string, ttl time.Duration) error {
+	if err := tx.unindex(key); err != nil {
+		return err
+	}
+	exp := uint64(tx.now.Add(ttl).UnixNano())
+	rec := make([]byte, 8+len(val))
+	binary.BigEndian.PutUint64(rec, exp)
+	copy(rec[8:], val)
+	if err := tx.events.Put([]byte(key), rec); err != nil {
+		return err
+	}
+	return tx.expiry.Put(expiryKey(exp, key), nil)
+}
+
+func (tx *fileTx) del(key string) error {
+	if err := tx.unindex(key); err != nil {
+		return err
+	}
+	return tx.events.Delete([]byte(key))
+}
+
+// unindex removes key's entry from the expiry index, if it has one.
+func (tx *fileTx) unindex(key string) error {
+	if raw := tx.events.Get([]byte(key)); len(raw) >= 8 {
+		return tx.expiry.Delete(expiryKey(binary.BigEndian.Uint64(raw), key))
+	}
+	return nil
+}
+
+func expiryKey(exp uint64, key string) []byte {
+	k := make([]byte, 8+len(key))
+	binary.BigEndian.PutUint64(k, exp)
+	copy(k[8:], key)
+	return k
+}
+
+// sweep deletes up to max expired entries, oldest first.
+func (tx *fileTx) sweep(max int) (int, error) {
+	now := uint64(tx.now.UnixNano())
+	var keys [][]byte
+	c := tx.expiry.Cursor()
+	for k, _ := c.First(); k != nil && len(keys) < max; k, _ = c.Next() {
+		if len(k) < 8 || binary.BigEndian.Uint64(k) > now {
+			break
+		}
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	for _, k := range keys {
+		if err := tx.expiry.Delete(k); err != nil {
+			return 0, err
+		}
+		key := k[8:]
+		if raw := tx.events.Get(key); len(raw) >= 8 && binary.BigEndian.Uint64(raw) <= now {
+			if err := tx.events.Delete(key); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return len(keys), nil
+}
+
+// Interface guards
+var (
+	_ Store                 = (*FileStore)(nil)
+	_ caddy.Provisioner     = (*FileStore)(nil)
+	_ caddy.CleanerUpper    = (*FileStore)(nil)
+	_ caddyfile.Unmarshaler = (*FileStore)(nil)
+	_ caddy.Destructor      = (*fileState)(nil)
+)

@@ -1,0 +1,434 @@
+package sanghodedup
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	bolt "go.etcd.io/bbolt"
+	"go.uber.org/zap"
+)
+
+func openTestFileState(t testing.TB, path string, now func() time.Time) *fileState {
+	t.Helper()
+	st, err := openFileState(path, now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatalf("opening %s: %v", path, err)
+	}
+	t.Cleanup(func() { st.Destruct() })
+	return st
+}
+
+func fileHarness(t *testing.T) storeHarness {
+	clock := newFakeClock()
+	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	s := &FileStore{state: st}
+	entry := func(key string) (string, time.Duration) {
+		val, ok, err := st.read(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return "", 0
+		}
+		var ttl time.Duration
+		_ = st.db.View(func(tx *bolt.Tx) error {
+			raw := tx.Bucket(bucketEvents).Get([]byte(key))
+			ttl = time.Unix(0, int64(binary.BigEndian.Uint64(raw))).Sub(clock.Now())
+			return nil
+		})
+		return val, ttl
+	}
+	return storeHarness{
+		store:  s,
+		elapse: clock.Advance,
+		value:  func(key string) string { v, _ := entry(key); return v },
+		ttl:    func(key string) time.Duration { _, d := entry(key); return d },
+		short:  time.Second,
+	}
+}
+
+func TestStoreContractFile(t *testing.T) { runStoreContract(t, fileHarness) }
+
+// The folder and the file are private to the user Caddy runs as.
+func TestFileStoreCreatesPrivateFiles(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data", "sangho_dedup")
+	path := filepath.Join(dir, "dedup.db")
+	openTestFileState(t, path, time.Now)
+	for p, want := range map[string]os.FileMode{dir: 0o700, path: 0o600} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != want {
+			t.Errorf("%s: mode %v, want %v", p, got, want)
+		}
+	}
+	if left, _ := filepath.Glob(path + ".new-*"); len(left) != 0 {
+		t.Errorf("temporary files left behind: %v", left)
+	}
+}
+
+// Done records and leases outlive the process that wrote them.
+func TestFileStoreReopenKeepsState(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	ctx := context.Background()
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &FileStore{state: st}
+	mustOK := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustOK(s.Claim(ctx, "done", "t1", time.Minute))
+	mustOK(s.Commit(ctx, "done", "t1", DoneRecord{ProcessedAt: time.Now(), EventType: "x"}, time.Hour))
+	mustOK(s.Claim(ctx, "leased", "t2", time.Minute))
+	mustOK(s.Claim(ctx, "released", "t3", time.Minute))
+	mustOK(s.Release(ctx, "released", "t3"))
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s = &FileStore{state: openTestFileState(t, path, time.Now)}
+	for key, want := range map[string]ClaimResult{"done": AlreadyDone, "leased": InFlight, "released": Claimed} {
+		if got, err := s.Claim(ctx, key, "t9", time.Minute); err != nil || got != want {
+			t.Errorf("after reopening, claim %s = %v, %v; want %v", key, got, err, want)
+		}
+	}
+}
+
+// The helper process of the file store tests: it is this test binary,
+// run again with fileHelperEnv set to a mode and the database path.
+const fileHelperEnv = "SANGHO_DEDUP_FILE_HELPER"
+
+func fileHelperMain() int {
+	mode, path, _ := strings.Cut(os.Getenv(fileHelperEnv), ":")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		fmt.Println("ERROR", err)
+		return 1
+	}
+	switch mode {
+	case "hold": // keep the file open until killed
+		fmt.Println("OPEN")
+		select {}
+	case "commit": // commit events from 16 writers, print each once it returned
+		s := &FileStore{state: st}
+		out := bufio.NewWriter(os.Stdout)
+		var mu sync.Mutex
+		fmt.Println("OPEN")
+		for w := range 16 {
+			go func() {
+				for i := 0; ; i++ {
+					key := fmt.Sprintf("ev_%d_%d", w, i)
+					tok := newToken()
+					if _, err := s.Claim(context.Background(), key, tok, time.Minute); err != nil {
+						panic(err)
+					}
+					if _, err := s.Commit(context.Background(), key, tok, DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+						panic(err)
+					}
+					mu.Lock()
+					fmt.Fprintln(out, "DONE", key)
+					out.Flush()
+					mu.Unlock()
+				}
+			}()
+		}
+		select {}
+	}
+	return 2
+}
+
+func startFileHelper(t *testing.T, mode, path string) (*exec.Cmd, *bufio.Scanner) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fileHelperEnv+"="+mode+":"+path)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	sc := bufio.NewScanner(stdout)
+	if !sc.Scan() || sc.Text() != "OPEN" {
+		t.Fatalf("helper did not open the file: %q", sc.Text())
+	}
+	return cmd, sc
+}
+
+// Every commit that returned survives a kill -9 of the process, while 16
+// writers are committing (and group-committing) as fast as they can.
+func TestFileStoreCommitSurvivesKill9(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	for round := range 3 {
+		cmd, sc := startFileHelper(t, "commit", path)
+		var committed []string
+		deadline := time.Now().Add(10 * time.Second)
+		for len(committed) < 500*(round+1) && time.Now().Before(deadline) && sc.Scan() {
+			if key, ok := strings.CutPrefix(sc.Text(), "DONE "); ok {
+				committed = append(committed, key)
+			}
+		}
+		if err := cmd.Process.Kill(); err != nil { // SIGKILL
+			t.Fatal(err)
+		}
+		for sc.Scan() { // what it printed before dying
+			if key, ok := strings.CutPrefix(sc.Text(), "DONE "); ok {
+				committed = append(committed, key)
+			}
+		}
+		_ = cmd.Wait()
+		if len(committed) < 100 {
+			t.Fatalf("round %d: only %d commits before the kill", round, len(committed))
+		}
+		st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+		if err != nil {
+			t.Fatalf("round %d: reopening after kill -9: %v", round, err)
+		}
+		lost := 0
+		for _, key := range committed {
+			if val, ok, err := st.read(key); err != nil || !ok || !strings.HasPrefix(val, donePrefix) {
+				lost++
+			}
+		}
+		if lost > 0 {
+			t.Fatalf("round %d: %d of %d committed events lost by kill -9", round, lost, len(committed))
+		}
+		t.Logf("round %d: %d commits acknowledged before kill -9, all on disk", round, len(committed))
+		if err := st.Destruct(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A second process cannot open a file in use: it fails at once with an
+// error that names the file, and the holder's data is untouched.
+func TestFileStoreLockedByAnotherProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	startFileHelper(t, "hold", path)
+	start := time.Now()
+	_, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err == nil {
+		t.Fatal("opened a file that another process holds")
+	}
+	if !errors.Is(err, errFileLocked) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "another process") {
+		t.Fatalf("error = %v; want one that names %s and another process", err, path)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("took %v: must not wait for the lock", d)
+	}
+}
+
+// A damaged file is an error that names it and says what to do, never a
+// silent start from empty.
+func TestFileStoreRefusesDamagedFiles(t *testing.T) {
+	good := filepath.Join(t.TempDir(), "good.db")
+	st, err := openFileState(good, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &FileStore{state: st}
+	for i := range 2000 { // enough data for the file to span many pages
+		key := "ev_" + strconv.Itoa(i)
+		if _, err := s.Claim(context.Background(), key, "t", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Commit(context.Background(), key, "t", DoneRecord{ProcessedAt: time.Now(), EventType: strings.Repeat("x", 200)}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	content, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string][]byte{
+		"empty":     {},
+		"truncated": content[:len(content)/2],
+		"garbage":   []byte(strings.Repeat("not a database ", 2000)),
+		"zeroed meta pages": func() []byte {
+			b := append([]byte(nil), content...)
+			clear(b[:2*4096])
+			return b
+		}(),
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "dedup.db")
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			if err == nil {
+				st.Destruct()
+				t.Fatal("opened a damaged file")
+			}
+			if !strings.Contains(err.Error(), path) {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			after, _ := os.ReadFile(path)
+			if string(after) != string(data) {
+				t.Fatal("the damaged file was changed")
+			}
+			t.Logf("%v", err)
+		})
+	}
+	t.Run("a directory in its place", func(t *testing.T) {
+		path := t.TempDir()
+		if _, err := openFileState(path, time.Now, time.Hour, zap.NewNop()); err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("error = %v; want one that names %s", err, path)
+		}
+	})
+}
+
+// Expired entries are swept, and the file stops growing once events
+// expire as fast as new ones arrive: it is as large after 8 rounds of
+// 2,000 events as after 3 (without the sweep it would hold all 16,000).
+func TestFileStoreSweepBoundsTheFile(t *testing.T) {
+	clock := newFakeClock()
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st := openTestFileState(t, path, clock.Now)
+	s := &FileStore{state: st}
+	ctx := context.Background()
+	size := func() int64 {
+		fi, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	live := func() (n int) {
+		_ = st.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketEvents).Stats().KeyN; return nil })
+		return n
+	}
+	var sizes []int64
+	for round := range 8 {
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 250 {
+					key := fmt.Sprintf("ev_%d_%d_%d", round, w, i)
+					if _, err := s.Claim(ctx, key, "t", time.Minute); err != nil {
+						t.Error(err)
+						return
+					}
+					if _, err := s.Commit(ctx, key, "t", DoneRecord{ProcessedAt: clock.Now(), EventType: "payment_intent.succeeded"}, 30*time.Minute); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		clock.Advance(time.Hour) // the round's records expire
+		n, err := st.sweep()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 2000 {
+			t.Fatalf("round %d: swept %d entries, want 2000", round, n)
+		}
+		if l := live(); l != 0 {
+			t.Fatalf("round %d: %d entries left after the sweep", round, l)
+		}
+		sizes = append(sizes, size())
+	}
+	t.Logf("file size after each round of 2,000 events: %v", sizes)
+	if sizes[7] > sizes[2] {
+		t.Fatalf("the file kept growing: %d bytes after 3 rounds, %d after 8", sizes[2], sizes[7])
+	}
+}
+
+func TestFileStoreCaddyfileErrors(t *testing.T) {
+	for in, want := range map[string]string{
+		"store file a b":                  "wrong argument count",
+		"store file a {\npath b\n}":       "path given more than once",
+		"store file {\npath a\npath b\n}": "path given more than once",
+		"store file {\npath\n}":           "wrong argument count",
+		"store file {\nsize 1\n}":         `unrecognized file store option "size"`,
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want it to contain %q", in, err, want)
+		}
+	}
+}
+
+// With no store configured, a handler gets the file store at its
+// default path, in Caddy's data directory.
+func TestDefaultStoreIsTheFileStore(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &Handler{Secrets: []string{secret1}, KeyPrefix: "default_store_test:"}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fs, ok := h.store.(*FileStore)
+	if !ok {
+		t.Fatalf("default store is %T, want *FileStore", h.store)
+	}
+	want := filepath.Join(os.Getenv("XDG_DATA_HOME"), "caddy", "sangho_dedup", "dedup.db")
+	if fs.path != want || DefaultFilePath() != want {
+		t.Fatalf("default path %s (DefaultFilePath %s), want %s", fs.path, DefaultFilePath(), want)
+	}
+	if _, err := os.Stat(want); err != nil {
+		t.Fatalf("the default file was not created: %v", err)
+	}
+}
+
+// Reloads share the open file: a second config with the same path
+// provisions (bbolt's lock would refuse a second open) and sees the
+// first one's events.
+func TestFileStoreSharedAcrossReloads(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	provision := func() (*FileStore, context.CancelFunc) {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		s := &FileStore{Path: path}
+		if err := s.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return s, func() { s.Cleanup(); cancel() }
+	}
+	a, stopA := provision()
+	if _, err := a.Claim(context.Background(), "k", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Commit(context.Background(), "k", "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	b, stopB := provision() // the new config starts before the old one stops
+	stopA()
+	if res, err := b.Claim(context.Background(), "k", "t2", time.Minute); err != nil || res != AlreadyDone {
+		t.Fatalf("after a reload: claim = %v, %v; want done", res, err)
+	}
+	stopB()
+	// The last user closed the file: another open succeeds.
+	st := openTestFileState(t, path, time.Now)
+	if _, ok, _ := st.read("k"); !ok {
+		t.Fatal("record missing after close and reopen")
+	}
+}
