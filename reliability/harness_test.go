@@ -170,6 +170,8 @@ func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
 type caddyProc struct {
 	url, admin string
 	port       int
+	dataDir    string // HOME and XDG_DATA_HOME: the default file store is in it
+	cfg        string
 	cmd        *exec.Cmd
 	exited     <-chan struct{}
 	log        string
@@ -226,8 +228,8 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 	// A port found free can be taken by another process before Caddy
 	// binds it; then Caddy exits, and we try again with other ports.
 	for attempt := 1; ; attempt++ {
-		p, exited := tryStartCaddy(t, site)
-		if !exited {
+		p := &caddyProc{port: redistest.FreePort(t), dataDir: t.TempDir()}
+		if !launchCaddy(t, p, site) {
 			return p
 		}
 		if attempt == 3 {
@@ -237,18 +239,21 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 	}
 }
 
-func tryStartCaddy(t *testing.T, site string) (*caddyProc, bool) {
+// launchCaddy starts Caddy on p.port with p.dataDir as its home and data
+// directory (where the default file store lives), and waits until it
+// listens. It reports whether Caddy exited before listening.
+func launchCaddy(t *testing.T, p *caddyProc, site string) bool {
 	t.Helper()
-	p := &caddyProc{port: redistest.FreePort(t)}
 	admin := redistest.FreePort(t)
 	p.url = "http://127.0.0.1:" + strconv.Itoa(p.port) + "/webhook"
 	p.admin = "127.0.0.1:" + strconv.Itoa(admin)
-	dir := t.TempDir()
-	cfg := filepath.Join(dir, "Caddyfile")
+	dir := p.dataDir
+	cfg := filepath.Join(t.TempDir(), "Caddyfile")
 	if err := os.WriteFile(cfg, []byte(caddyfile(p.port, admin, site)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p.log = filepath.Join(dir, "caddy.log")
+	p.cfg = cfg
+	p.log = filepath.Join(filepath.Dir(cfg), "caddy.log")
 	logf, _ := os.Create(p.log)
 	p.cmd = exec.Command(caddyBin, "run", "--config", cfg, "--adapter", "caddyfile")
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
@@ -275,13 +280,13 @@ func tryStartCaddy(t *testing.T, site string) (*caddyProc, bool) {
 	for {
 		select {
 		case <-exited:
-			return p, true
+			return true
 		default:
 		}
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p.port), 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return p, false
+			return false
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(p.log)

@@ -1,0 +1,124 @@
+package reliability
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// TestDefaultStoreKilledAndRestarted: one Caddy on the default config
+// (no store line: the file store in Caddy's data directory) is SIGKILLed
+// mid-stream and started again, five times, while Sangho keeps
+// delivering and retrying. Everything it acknowledged stays processed;
+// leases in flight at the kill stay on disk until lock_ttl. A double is
+// possible only by nature: the backend finished an event and Caddy died
+// before writing its done record (about a millisecond per event).
+func TestDefaultStoreKilledAndRestarted(t *testing.T) {
+	l := newLedger(t)
+	l.behave = func(string, int) action { return action{delay: 20 * time.Millisecond} }
+	site := siteConfig("", l.addr, "")
+	p := startCaddy(t, site)
+	s := newSender([]string{p.url}, 2)
+	n := 200 * scale
+	const kills = 5
+	var restartFailed atomic.Bool
+	ids, acked := s.run("file_kill", n, func(prog *atomic.Int64) {
+		for i := range kills {
+			at(prog, int64(2*n*(i+1)/(kills+1)), func() {
+				s.fig.faults.Add(1)
+				p.kill()
+				if launchCaddy(t, p, site) {
+					b, _ := os.ReadFile(p.log)
+					t.Errorf("restart %d: caddy exited before listening:\n%s", i+1, b)
+					restartFailed.Store(true)
+				}
+			})
+			if restartFailed.Load() {
+				return
+			}
+		}
+	})
+	f := check(t, "default (file) store: Caddy SIGKILLed and restarted 5 times", s, l, ids, acked, true)
+	if f.twice > kills {
+		t.Errorf("%d events processed twice: more than the instants of %d kills explain", f.twice, kills)
+	}
+}
+
+// TestDefaultStoreReloadUnderLoad: the config is reloaded five times
+// during a run on the default store; the open file is shared across
+// reloads.
+func TestDefaultStoreReloadUnderLoad(t *testing.T) {
+	l := newLedger(t)
+	l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+	site := func(tol string) string { return siteConfig("", l.addr, "tolerance "+tol) }
+	p := startCaddy(t, site("5m"))
+	s := newSender([]string{p.url}, 3)
+	n := 150 * scale
+	ids, acked := s.run("file_reload", n, func(prog *atomic.Int64) {
+		for i := range 5 {
+			at(prog, int64(n*3*(i+1)/7), func() {
+				s.fig.faults.Add(1)
+				if err := p.reload(site([]string{"4m", "5m"}[i%2])); err != nil {
+					t.Errorf("reload %d: %v", i, err)
+				}
+			})
+		}
+	})
+	check(t, "default (file) store: config reloaded 5 times under load", s, l, ids, acked, false)
+}
+
+// TestFileStoreOneProcessPerFile: a second `caddy run` pointed at the
+// data directory of a running Caddy refuses to start, naming the file,
+// and the first one keeps serving; `caddy validate` of the running
+// config, in the same data directory, succeeds.
+func TestFileStoreOneProcessPerFile(t *testing.T) {
+	l := newLedger(t)
+	site := siteConfig("", l.addr, "")
+	first := startCaddy(t, site)
+	s := newSender([]string{first.url}, 1)
+	ids, acked := s.run("file_lock_before", 5, nil)
+
+	second := &caddyProc{port: first.port + 1, dataDir: first.dataDir}
+	if !launchCaddy(t, second, site) {
+		t.Fatal("a second Caddy started on the data directory of a running one")
+	}
+	b, _ := os.ReadFile(second.log)
+	db := filepath.Join(first.dataDir, "caddy", "sangho_dedup", "dedup.db")
+	for _, want := range []string{db, "in use by another process"} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("the second Caddy's log does not say %q:\n%s", want, b)
+		}
+	}
+
+	validate := exec.Command(caddyBin, "validate", "--config", first.cfg, "--adapter", "caddyfile")
+	validate.Env = append(os.Environ(), "HOME="+first.dataDir, "XDG_DATA_HOME="+first.dataDir, "XDG_CONFIG_HOME="+first.dataDir)
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = validate.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		_ = validate.Process.Kill()
+		t.Fatal("caddy validate did not finish within 60 s")
+	}
+	if err != nil {
+		t.Errorf("caddy validate of the running config failed: %v\n%s", err, out)
+	}
+
+	ids2, acked2 := s.run("file_lock_after", 5, nil)
+	for id := range acked2 {
+		acked[id] = true
+	}
+	check(t, "default (file) store: a second process refused, validate while running", s, l, append(ids, ids2...), acked, false)
+	// and the events sent before are still duplicates
+	s2 := newSender([]string{first.url}, 1)
+	s2.run("file_lock_before", 5, nil)
+	if got := s2.fig.duplicates.Load(); got != 5 {
+		t.Errorf("redeliveries after the refused second start: %d duplicates, want 5", got)
+	}
+}
