@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -26,21 +27,20 @@ func init() {
 
 // FileStore keeps dedup state in one file on this machine's disk, an
 // embedded transactional key/value database (bbolt, as used by etcd). It
-// is the default store: durable across restarts, upgrades and crashes
-// with no server to run, for a single Caddy instance.
+// is the default store: durable across restarts, upgrades, crashes and
+// power cuts with no server to run, for a single Caddy instance.
 //
-// Every operation is one serialisable write transaction on one key, so a
-// claim is an atomic create-if-absent; a duplicate is answered from a
-// read-only transaction without writing. A done record is on disk
-// (fsync) before the commit returns, and so is every lease: after a
-// `kill -9` or a power cut, processed events stay processed and events
-// that were in flight stay leased until lock_ttl. Concurrent writes are
-// grouped into one transaction and one fsync (group commit), so a burst
-// does not cost one disk flush per event.
+// A done record is on disk (fsync) before its commit returns.
+// Concurrent commits share one transaction and one fsync (group commit),
+// so a burst does not cost one disk flush per event. A duplicate is
+// answered from a read-only transaction. Leases (events in flight) are
+// kept in memory, which is safe because the file is locked by this one
+// process: a crash loses them, exactly as if they had expired, and a
+// clean stop keeps them in the file for the next start.
 //
 // The file is locked by the process that opens it: a second Caddy
 // pointed at the same file refuses to start. Config reloads share the
-// open file. Expired entries are swept in small batches every 10
+// open file. Expired done records are swept in small batches every 10
 // seconds, so the file stops growing once events expire as fast as they
 // arrive (freed pages are reused).
 type FileStore struct {
@@ -181,28 +181,29 @@ func (s *FileStore) st() (*fileState, error) {
 	return s.state, nil
 }
 
-// Claim implements Store.
+// Claim implements Store. The file holds done records only; leases
+// live in memory (see fileState).
 func (s *FileStore) Claim(_ context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
 	st, err := s.st()
 	if err != nil {
 		return 0, err
 	}
-	// Read first: a duplicate or an event in flight needs no write.
-	if val, ok, err := st.read(key); err != nil {
-		return 0, err
-	} else if ok {
-		return classify(val, token), nil
+	if done, err := st.done(key); err != nil || done {
+		return AlreadyDone, err
 	}
-	var res ClaimResult
-	err = st.write(func(tx *fileTx) error {
-		if val, ok := tx.get(key); ok {
-			res = classify(val, token)
-			return nil
+	if res := st.leases.claim(key, token, ttl); res != Claimed {
+		return res, nil
+	}
+	// A commit writes its record before it drops its lease: if one did
+	// both since the read above, the record is there now.
+	if done, err := st.done(key); err != nil || done {
+		st.leases.release(key, token)
+		if err != nil {
+			return 0, err
 		}
-		res = Claimed
-		return tx.put(key, inflightValue(token), ttl)
-	})
-	return res, err
+		return AlreadyDone, nil
+	}
+	return Claimed, nil
 }
 
 // Renew implements Store.
@@ -211,32 +212,27 @@ func (s *FileStore) Renew(_ context.Context, key, token string, ttl time.Duratio
 	if err != nil {
 		return false, err
 	}
-	var ok bool
-	err = st.write(func(tx *fileTx) error {
-		val, live := tx.get(key)
-		if ok = live && isLease(val, token); ok {
-			return tx.put(key, val, ttl)
-		}
-		return nil
-	})
-	return ok, err
+	return st.leases.renew(key, token, ttl), nil
 }
 
-// Commit implements Store.
+// Commit implements Store: the done record is on disk when it returns;
+// then the lease is dropped.
 func (s *FileStore) Commit(_ context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
 	st, err := s.st()
 	if err != nil {
 		return false, err
 	}
 	enc := rec.encode()
-	var held bool
+	var again bool
 	err = st.write(func(tx *fileTx) error {
-		val, live := tx.get(key)
-		// A retried commit whose first attempt landed finds its own record.
-		held = live && (isLease(val, token) || val == enc)
+		old, live := tx.get(key)
+		again = live && old == enc // a retried commit whose first attempt landed
 		return tx.put(key, enc, retention)
 	})
-	return held, err
+	if err != nil {
+		return false, err
+	}
+	return st.leases.release(key, token) || again, nil
 }
 
 // Release implements Store.
@@ -245,27 +241,36 @@ func (s *FileStore) Release(_ context.Context, key, token string) (bool, error) 
 	if err != nil {
 		return false, err
 	}
-	var ok bool
-	err = st.write(func(tx *fileTx) error {
-		val, live := tx.get(key)
-		if ok = live && isLease(val, token); ok {
-			return tx.del(key)
-		}
+	return st.leases.release(key, token), nil
+}
+
+// Entries returns the number of done records in the file, including
+// expired ones that the sweeper has not deleted yet.
+func (s *FileStore) Entries() (int, error) {
+	st, err := s.st()
+	if err != nil {
+		return 0, err
+	}
+	var n int
+	err = st.db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bucketEvents).Stats().KeyN
 		return nil
 	})
-	return ok, err
+	return n, err
 }
 
 // stateID is what two handlers must not share with different secrets.
 func (s *FileStore) stateID() string { return "file " + s.path }
 
 // On disk: bucket "events" maps a key to its expiry (8 bytes, Unix
-// nanoseconds, big-endian) followed by the value the other stores hold
-// ("inflight:<token>" or "done:{...}"); bucket "expiry" indexes the keys
-// by expiry (8 bytes then the key) for the sweeper.
+// nanoseconds, big-endian) followed by the done record as the other
+// stores hold it ("done:{...}"); bucket "expiry" indexes the keys by
+// expiry (8 bytes then the key) for the sweeper; bucket "leases" holds,
+// in the same form, the leases that a clean stop parked.
 var (
 	bucketEvents = []byte("events")
 	bucketExpiry = []byte("expiry")
+	bucketLeases = []byte("leases") // leases parked by a clean stop
 )
 
 const (
@@ -281,15 +286,29 @@ var errFileLocked = errors.New("in use by another process")
 
 // fileState is one open database file, shared through the usage pool
 // by every config of this process that uses the same path.
+//
+// Done records are written to the file, each on disk before its commit
+// returns. Leases are kept in memory: the file is locked by this
+// process, so every delivery that can compete for a key is served here,
+// and an in-memory lease is as atomic as a written one, at no disk
+// write. A crash loses the leases in flight, which is what their expiry
+// would do a little later: the connections of those deliveries died
+// with the process, Sangho retries them, and each retry is processed
+// once (the backends' work for the cut requests was not acknowledged).
+// A clean stop parks the live leases in the file, and the next start
+// takes them back, so that a hold (unknown fate) outlives a restart.
 type fileState struct {
 	path   string
 	db     *bolt.DB
 	now    func() time.Time
 	logger *zap.Logger
+	leases *memState
 
 	ops  chan *fileOp
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	txns, writes atomic.Int64 // write transactions, and the writes they carried
 }
 
 // openFileState opens (creating it if needed) the database at path.
@@ -317,8 +336,13 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 		db.Close()
 		return nil, err
 	}
-	st := &fileState{path: path, db: db, now: now, logger: logger,
+	st := &fileState{path: path, db: db, now: now, logger: logger, leases: newMemState(now, sweepEvery),
 		ops: make(chan *fileOp), stop: make(chan struct{})}
+	if err := st.unparkLeases(); err != nil {
+		st.leases.Destruct()
+		db.Close()
+		return nil, fmt.Errorf("file store: reading the leases parked in %s: %v", path, err)
+	}
 	st.wg.Add(2)
 	go st.writer()
 	go st.sweeper(sweepEvery)
@@ -340,7 +364,7 @@ func createFileDB(path string) error {
 		return fmt.Errorf("file store: creating %s: %v", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketEvents, bucketExpiry} {
+		for _, b := range [][]byte{bucketEvents, bucketExpiry, bucketLeases} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -432,14 +456,14 @@ func checkFileSize(path string) error {
 // checkFileDB refuses a database that lacks the store's buckets.
 func checkFileDB(db *bolt.DB, path string) error {
 	return db.View(func(tx *bolt.Tx) error {
-		if tx.Bucket(bucketEvents) == nil || tx.Bucket(bucketExpiry) == nil {
+		if tx.Bucket(bucketEvents) == nil || tx.Bucket(bucketExpiry) == nil || tx.Bucket(bucketLeases) == nil {
 			return fmt.Errorf("file store: %s is a bbolt database but not a sangho_dedup one: give the store another path", path)
 		}
 		return nil
 	})
 }
 
-// read returns the live value of key from a read-only transaction.
+// read returns the live done record of key from a read-only transaction.
 func (st *fileState) read(key string) (string, bool, error) {
 	var val string
 	var ok bool
@@ -448,6 +472,65 @@ func (st *fileState) read(key string) (string, bool, error) {
 		return nil
 	})
 	return val, ok, err
+}
+
+// done reports whether key has a live done record.
+func (st *fileState) done(key string) (bool, error) {
+	_, ok, err := st.read(key)
+	return ok, err
+}
+
+// parkLeases writes the live leases to the file (at a clean stop).
+func (st *fileState) parkLeases() error {
+	now := st.now()
+	return st.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLeases)
+		for i := range st.leases.shards {
+			sh := &st.leases.shards[i]
+			sh.mu.Lock()
+			for key, e := range sh.m {
+				if now.Before(e.expires) {
+					if err := b.Put([]byte(key), fileRecord(uint64(e.expires.UnixNano()), e.val)); err != nil {
+						sh.mu.Unlock()
+						return err
+					}
+				}
+			}
+			sh.mu.Unlock()
+		}
+		return nil
+	})
+}
+
+// unparkLeases takes back the leases a clean stop parked, those that
+// have not expired since, and empties the bucket.
+func (st *fileState) unparkLeases() error {
+	return st.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketLeases)
+		if b.Stats().KeyN == 0 {
+			return nil
+		}
+		now := st.now()
+		err := b.ForEach(func(k, v []byte) error {
+			if len(v) >= 8 {
+				if exp := time.Unix(0, int64(binary.BigEndian.Uint64(v))); now.Before(exp) {
+					sh := st.leases.shard(string(k))
+					sh.mu.Lock()
+					sh.m[string(k)] = memEntry{val: string(v[8:]), expires: exp}
+					sh.mu.Unlock()
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if err := tx.DeleteBucket(bucketLeases); err != nil {
+			return err
+		}
+		_, err = tx.CreateBucket(bucketLeases)
+		return err
+	})
 }
 
 // fileOp is one write waiting for the writer.
@@ -502,6 +585,8 @@ func (st *fileState) writer() {
 				break more
 			}
 		}
+		st.txns.Add(1)
+		st.writes.Add(int64(len(batch)))
 		err := st.db.Update(func(btx *bolt.Tx) error {
 			tx := &fileTx{events: btx.Bucket(bucketEvents), expiry: btx.Bucket(bucketExpiry), now: st.now()}
 			for _, op := range batch {
@@ -553,12 +638,18 @@ func (st *fileState) sweep() (int, error) {
 	}
 }
 
-// Destruct stops the writer and the sweeper and closes the file; the
-// usage pool calls it when the last config using the file is cleaned up.
+// Destruct stops the writer and the sweepers, parks the live leases in
+// the file and closes it; the usage pool calls it when the last config
+// using the file is cleaned up.
 func (st *fileState) Destruct() error {
 	close(st.stop)
 	st.wg.Wait()
-	return st.db.Close()
+	st.leases.Destruct()
+	err := st.parkLeases()
+	if cerr := st.db.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // fileTx is the store's view of one bbolt transaction.
@@ -585,20 +676,18 @@ func (tx *fileTx) put(key, val string, ttl time.Duration) error {
 		return err
 	}
 	exp := uint64(tx.now.Add(ttl).UnixNano())
-	rec := make([]byte, 8+len(val))
-	binary.BigEndian.PutUint64(rec, exp)
-	copy(rec[8:], val)
-	if err := tx.events.Put([]byte(key), rec); err != nil {
+	if err := tx.events.Put([]byte(key), fileRecord(exp, val)); err != nil {
 		return err
 	}
 	return tx.expiry.Put(expiryKey(exp, key), nil)
 }
 
-func (tx *fileTx) del(key string) error {
-	if err := tx.unindex(key); err != nil {
-		return err
-	}
-	return tx.events.Delete([]byte(key))
+// fileRecord is a value on disk: the expiry, then the value.
+func fileRecord(exp uint64, val string) []byte {
+	rec := make([]byte, 8+len(val))
+	binary.BigEndian.PutUint64(rec, exp)
+	copy(rec[8:], val)
+	return rec
 }
 
 // unindex removes key's entry from the expiry index, if it has one.

@@ -6,8 +6,10 @@
 //
 // (`make bench` does both.) It starts redis-server, a minimal Go backend
 // and one Caddy with three sites (plain reverse_proxy, sangho_dedup on the
-// memory store, sangho_dedup on Redis), all on 127.0.0.1, then runs every
-// scenario in interleaved rounds and prints a Markdown report.
+// memory store, on the default file store, on Redis), all on 127.0.0.1,
+// then runs every scenario in interleaved rounds and prints a Markdown
+// report, with the disk's fsync latency and the file store's size over
+// 300,000 events.
 package main
 
 import (
@@ -39,19 +41,20 @@ func main() {
 	caddyBin := flag.String("caddy", "bench/out/caddy", "Caddy binary with the plugin (go build -o bench/out/caddy ./cmd/caddy)")
 	out := flag.String("out", "", "also write the report to this file")
 	dur := flag.Duration("duration", 5*time.Second, "length of each scenario run")
-	rounds := flag.Int("rounds", 2, "interleaved rounds of all scenarios")
+	rounds := flag.Int("rounds", 3, "interleaved rounds of all scenarios")
 	conc := flag.Int("concurrency", 32, "connections for the throughput runs")
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
 	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"pipeline off\"")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
-	only := flag.String("only", "", "comma-separated targets to run (direct,reverse_proxy,memory,redis); default all")
+	only := flag.String("only", "", "comma-separated targets to run (direct,reverse_proxy,memory,file,redis); default all")
+	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	flag.Parse()
 	if *sink != "" {
 		runSink(*sink)
 		return
 	}
-	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate, *only, *redisOpts, *latencyOnly); err != nil {
+	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate, *only, *redisOpts, *latencyOnly, *growth); err != nil {
 		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 		os.Exit(1)
 	}
@@ -166,7 +169,7 @@ type scenario struct {
 
 func (s *scenario) name() string {
 	d := "-"
-	if s.target == "memory" || s.target == "redis" {
+	if s.target == "memory" || s.target == "file" || s.target == "redis" {
 		d = fmt.Sprintf("%.0f%%", s.dup*100)
 	}
 	mode := "c32"
@@ -183,7 +186,7 @@ func sizeName(n int) string {
 	return strconv.Itoa(n) + "B"
 }
 
-func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts string, latencyOnly bool) error {
+func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts string, latencyOnly bool, growthEvents int) error {
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
 	}
@@ -216,7 +219,7 @@ func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64
 	}
 
 	redisPort, backendPort := freePort(), freePort()
-	ports := [3]int{freePort(), freePort(), freePort()}
+	ports := [4]int{freePort(), freePort(), freePort(), freePort()}
 	rs, err := start(redisBin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp)
 	if err != nil {
 		return err
@@ -259,7 +262,17 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
-`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, redisOpts, backend)
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		max_body_size 2MiB
+		store file %s
+	}
+	reverse_proxy %s
+}
+`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, redisOpts, backend,
+		ports[3], secret, filepath.Join(tmp, "dedup.db"), backend)
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -268,7 +281,7 @@ http://127.0.0.1:%d {
 	if err != nil {
 		return err
 	}
-	for _, a := range []string{backend, "127.0.0.1:" + strconv.Itoa(redisPort), "127.0.0.1:" + strconv.Itoa(ports[0]), "127.0.0.1:" + strconv.Itoa(ports[1]), "127.0.0.1:" + strconv.Itoa(ports[2])} {
+	for _, a := range []string{backend, "127.0.0.1:" + strconv.Itoa(redisPort), "127.0.0.1:" + strconv.Itoa(ports[0]), "127.0.0.1:" + strconv.Itoa(ports[1]), "127.0.0.1:" + strconv.Itoa(ports[2]), "127.0.0.1:" + strconv.Itoa(ports[3])} {
 		if err := waitPort(a); err != nil {
 			log, _ := os.ReadFile(filepath.Join(tmp, "caddy.log"))
 			return fmt.Errorf("%v\n%s", err, log)
@@ -282,12 +295,15 @@ http://127.0.0.1:%d {
 		"reverse_proxy": fmt.Sprintf("http://127.0.0.1:%d/", ports[0]),
 		"memory":        fmt.Sprintf("http://127.0.0.1:%d/", ports[1]),
 		"redis":         fmt.Sprintf("http://127.0.0.1:%d/", ports[2]),
+		"file":          fmt.Sprintf("http://127.0.0.1:%d/", ports[3]),
 	}
+	targets := []string{"direct", "reverse_proxy", "memory", "file", "redis"}
+	deduped := func(t string) bool { return t == "memory" || t == "file" || t == "redis" }
 	var all []*scenario
 	for _, body := range []int{1024, 64 * 1024} {
-		for _, t := range []string{"direct", "reverse_proxy", "memory", "redis"} {
+		for _, t := range targets {
 			dups := []float64{0}
-			if t == "memory" || t == "redis" {
+			if deduped(t) {
 				dups = []float64{0, 0.5, 1}
 			}
 			for _, d := range dups {
@@ -295,7 +311,7 @@ http://127.0.0.1:%d {
 			}
 		}
 	}
-	for _, t := range []string{"direct", "reverse_proxy", "memory", "redis"} {
+	for _, t := range targets {
 		all = append(all, &scenario{target: t, url: urls[t], body: 1024, rate: rate, latency: true})
 	}
 
@@ -341,7 +357,15 @@ http://127.0.0.1:%d {
 	}
 	rssAfter, peak := memKB(cd.Process.Pid)
 
-	report := render(all, rounds, dur, conc, rate, rssBefore, rssAfter, peak, big)
+	fsync := measureFsync(tmp)
+	var growth string
+	if growthEvents > 0 {
+		fmt.Fprintf(os.Stderr, "file store size over %d events...\n", growthEvents)
+		if growth, err = fileGrowth(filepath.Join(tmp, "growth.db"), growthEvents); err != nil {
+			return err
+		}
+	}
+	report := render(all, rounds, dur, conc, rate, rssBefore, rssAfter, peak, big) + fsync + growth
 	fmt.Print(report)
 	if out != "" {
 		return os.WriteFile(out, []byte(report), 0o644)
@@ -382,7 +406,7 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 	fmt.Fprintf(&b, "# Benchmark results\n\n")
 	fmt.Fprintf(&b, "- date: %s; commit: %s; machine: %s, %d CPUs (%s), %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(string(commit)), host, runtime.NumCPU(), cpu, runtime.Version())
 	fmt.Fprintf(&b, "- every process (load generator, Caddy, redis-server, backend) shares these CPUs; loopback only\n")
-	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds; concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
+	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios the median of the per-round ratios (min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
 	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
 
 	base := map[string]*scenario{}
@@ -403,8 +427,7 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 		}
 		bs := base[sizeName(s.body)]
 		thr := median(tp(s.results))
-		ratio := thr / median(tp(bs.results))
-		fmt.Fprintf(&b, "| %s | %.0f | %.2f | %.2f | %.2f | %.1f | %+.1f | %.1f | %.2f | %s |\n", s.name(), thr, ratio,
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %.2f | %.2f | %.1f | %+.1f | %.1f | %.2f | %s |\n", s.name(), thr, ratioSpread(s, bs),
 			median(field(s.results, func(r load.Result) float64 { return r.P50 })),
 			median(field(s.results, func(r load.Result) float64 { return r.P99 })),
 			mean(s.caddyCPU), mean(s.caddyCPU)-mean(bs.caddyCPU), mean(s.redisCPU), mean(s.cmds), answers(s.results[len(s.results)-1]))
@@ -426,6 +449,16 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 	fmt.Fprintf(&b, "64 concurrent 1 MiB events (%d in all, memory store): Caddy RSS %d MiB before, %d MiB after; peak RSS of the whole run %d MiB (64 × 1 MiB buffers alone are 64 MiB). Answers: %s.\n",
 		big.Requests, rssBefore/1024, rssAfter/1024, peak/1024, answers(big))
 	return b.String()
+}
+
+// ratioSpread is the median of the per-round throughput ratios to the
+// baseline (the same round), with their min–max.
+func ratioSpread(s, base *scenario) string {
+	var rs []float64
+	for i := range min(len(s.results), len(base.results)) {
+		rs = append(rs, s.results[i].Throughput/base.results[i].Throughput)
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", median(rs), slices.Min(rs), slices.Max(rs))
 }
 
 func tp(rs []load.Result) []float64 {
