@@ -214,6 +214,10 @@ func (s *RedisStore) options() (resolvedOptions, error) {
 		// (e.g. after a Redis restart).
 		MaxRetries:    1,
 		DialerRetries: 1,
+		// No CLIENT SETINFO on each new connection: the ACL of the README
+		// does not grant it (Redis 7.0 lacks it, so it cannot be granted
+		// everywhere), and a refused one fills Redis's ACL LOG.
+		DisableIdentity: true,
 	}
 	if u != "" {
 		if len(addrs) > 0 || o.MasterName != "" || s.TLS {
