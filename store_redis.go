@@ -118,6 +118,8 @@ type RedisStore struct {
 	cluster *redis.ClusterClient // set on a Redis Cluster
 	cmd     redis.Cmdable        // the client, or its auto-pipeliner
 	poolKey string
+	check   *permCheck
+	logger  *zap.Logger
 }
 
 // CaddyModule returns the Caddy module information.
@@ -138,6 +140,8 @@ func (c redisClient) Destruct() error { return c.Close() }
 // Redis: Caddy starts while Redis is down, and requests are answered
 // 503 (or passed, see on_store_error) until Redis is back.
 func (s *RedisStore) Provision(ctx caddy.Context) error {
+	s.logger = ctx.Logger()
+	s.check = newPermCheck()
 	opts, err := s.options()
 	if err != nil {
 		return err
@@ -392,20 +396,33 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// failed is called with every error but redis.Nil. On a Redis Cluster
+// failed is called with every error but redis.Nil. A permission error
+// makes the next claim check the permissions again (and answer 503 until
+// they are enough). On a Redis Cluster
 // it asks for a fresh slot map: go-redis reloads it by itself on MOVED
 // redirects and otherwise only once a minute, so after a master dies
 // and its replica takes over, every command for the dead master's slots
 // would fail for up to a minute (measured: 60 s) without this.
 func (s *RedisStore) failed(err error) error {
+	if isNoPerm(err) {
+		s.check.reset() // the ACL changed: the next claim checks it again
+	}
 	if s.cluster != nil {
 		s.cluster.ReloadState(context.Background()) // lazy and deduplicated by go-redis
 	}
 	return err
 }
 
-// Claim implements Store with `SET key lease NX GET PX ttl`.
+// Claim implements Store with `SET key lease NX GET PX ttl`. Until the
+// Redis user is known to have every permission the store needs
+// (permCheck), it checks them first and fails without claiming if one is
+// missing.
 func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
+	if !s.check.ok.Load() {
+		if err := s.check.ensure(ctx, s, key); err != nil {
+			return 0, s.failed(err)
+		}
+	}
 	old, err := s.cmd.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
 	if errors.Is(err, redis.Nil) {
 		return Claimed, nil
