@@ -69,6 +69,13 @@ type RedisStore struct {
 	// Address. Default: none (no Sentinel).
 	MasterName string `json:"master_name,omitempty"`
 
+	// Use the Redis Cluster client even with a single address (or a
+	// URL): for a managed cluster's configuration endpoint, which is
+	// one address. Without it one address is a standalone server, and
+	// a Cluster node given as one answers MOVED for most keys (503).
+	// Default: false (several addresses are a Cluster all the same).
+	Cluster bool `json:"cluster,omitempty"`
+
 	// ACL user name. Default: none. Placeholders resolved.
 	Username string `json:"username,omitempty"`
 
@@ -210,6 +217,7 @@ func (s *RedisStore) options() (resolvedOptions, error) {
 		ReadTimeout:           time.Duration(s.ReadTimeout),
 		WriteTimeout:          time.Duration(s.WriteTimeout),
 		PoolSize:              s.PoolSize,
+		IsClusterMode:         s.Cluster,
 		ContextTimeoutEnabled: true,
 		// Fail fast when Redis is down: a delivery is answered 503 (and
 		// retried by Sangho) within a few milliseconds instead of holding
@@ -253,13 +261,16 @@ func (s *RedisStore) options() (resolvedOptions, error) {
 	if s.TLS {
 		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 	}
-	if len(o.Addrs) > 1 && o.MasterName == "" && o.DB != 0 {
-		return resolvedOptions{}, errors.New("redis store: db must be 0 on a Redis Cluster (several addresses)")
+	if s.Cluster && o.MasterName != "" {
+		return resolvedOptions{}, errors.New("redis store: cluster cannot be combined with master_name")
+	}
+	if (len(o.Addrs) > 1 || s.Cluster) && o.MasterName == "" && o.DB != 0 {
+		return resolvedOptions{}, errors.New("redis store: db must be 0 on a Redis Cluster (several addresses, or cluster)")
 	}
 	norm := map[string]any{
 		"addrs": o.Addrs, "master": o.MasterName, "user": o.Username, "pass": o.Password,
 		"db": o.DB, "tls": o.TLSConfig != nil, "dial": o.DialTimeout, "read": o.ReadTimeout,
-		"write": o.WriteTimeout, "pool": o.PoolSize,
+		"write": o.WriteTimeout, "pool": o.PoolSize, "cluster": o.IsClusterMode,
 	}
 	if o.TLSConfig != nil {
 		norm["tls_server_name"] = o.TLSConfig.ServerName
@@ -297,6 +308,7 @@ func (s *RedisStore) effectiveReadTimeout() caddy.Duration {
 //		address <host:port...>
 //		url <redis://...|rediss://...>
 //		master_name <name>
+//		cluster
 //		username <user>
 //		password <password>
 //		db <n>
@@ -352,6 +364,11 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			s.TLS = true
+		case "cluster":
+			if err := noArg(d); err != nil {
+				return err
+			}
+			s.Cluster = true
 		case "dial_timeout":
 			if err := durationArg(d, &s.DialTimeout); err != nil {
 				return err
@@ -503,6 +520,15 @@ func (s *RedisStore) Release(ctx context.Context, key, token string) (bool, erro
 		return false, s.failed(err)
 	}
 	return n == 1, nil
+}
+
+// noArg refuses an argument after a flag.
+func noArg(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: takes no argument, got %q", name, d.Val())
+	}
+	return nil
 }
 
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
