@@ -32,6 +32,11 @@ func parseRedisStore(t *testing.T, block string) (RedisStore, error) {
 func TestRedisCaddyfileNewOptions(t *testing.T) {
 	for block, want := range map[string]RedisStore{
 		"cluster\naddress cfg.example:6379": {Cluster: true, Address: []string{"cfg.example:6379"}},
+		"tls_client_auth /etc/caddy/redis.crt /etc/caddy/redis.key\ntls_server_name redis.internal\ntls_insecure_skip_verify": {
+			TLSClientCertificateFile: "/etc/caddy/redis.crt", TLSClientCertificateKeyFile: "/etc/caddy/redis.key",
+			TLSServerName: "redis.internal", TLSInsecureSkipVerify: true,
+		},
+		"url unix:///run/redis.sock?db=1": {URL: "unix:///run/redis.sock?db=1"},
 	} {
 		got, err := parseRedisStore(t, block)
 		if err != nil {
@@ -40,6 +45,30 @@ func TestRedisCaddyfileNewOptions(t *testing.T) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%q:\ngot  %+v\nwant %+v", block, got, want)
+		}
+	}
+}
+
+// TestRedisCaddyfileTrustPool: tls_trust_pool takes Caddy's CA pool
+// modules in reverse_proxy's forms (arguments or a block).
+func TestRedisCaddyfileTrustPool(t *testing.T) {
+	for block, want := range map[string]string{
+		"tls_trust_pool file /etc/redis/ca.pem":            `{"pem_files":["/etc/redis/ca.pem"],"provider":"file"}`,
+		"tls_trust_pool file {\npem_file /a.pem /b.pem\n}": `{"pem_files":["/a.pem","/b.pem"],"provider":"file"}`,
+		"tls_trust_pool inline {\ntrust_der MIIB\n}":       `{"provider":"inline","trusted_ca_certs":["MIIB"]}`,
+	} {
+		got, err := parseRedisStore(t, block)
+		if err != nil {
+			t.Errorf("%q: %v", block, err)
+			continue
+		}
+		var g, w any
+		if err := json.Unmarshal(got.TLSTrustPoolRaw, &g); err != nil {
+			t.Fatalf("%q: %v", block, err)
+		}
+		_ = json.Unmarshal([]byte(want), &w)
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("%q: %s, want %s", block, got.TLSTrustPoolRaw, want)
 		}
 	}
 }
