@@ -162,18 +162,70 @@ func TestREADMEACLCluster(t *testing.T) {
 		}
 	}
 
+	// A key in a slot being migrated: its old master answers ASK, and
+	// the client sends ASKING then the command to the new one.
+	s := provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: user, Password: password})
+	migrating(t, admins, DefaultKeyPrefix+"evt_ask")
+	if res, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_ask", "tok", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim in a migrating slot: %v %v", res, err)
+	}
+	asked := false
+	for _, a := range admins {
+		asked = asked || infoLine(a.Info(context.Background(), "commandstats").Val(), "cmdstat_asking:") != ""
+	}
+	if !asked {
+		t.Fatal("no ASKING was sent: the test did not go through a migrating slot")
+	}
+	exerciseStore(t, s, admins) // checks the ACL LOG again
+
 	// Without CLUSTER SLOTS nothing works on a Cluster: the first claim
 	// says so.
 	var pw string
 	for _, a := range admins {
 		pw = aclUser(t, a, "noslots", "", "+cluster|slots")
 	}
-	s := provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: "noslots", Password: pw})
+	s = provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: "noslots", Password: pw})
 	logs := observeStore(s)
 	if _, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
 		t.Fatal("claim without CLUSTER SLOTS: no error")
 	}
 	if e := logs.FilterMessage(permLog).All(); len(e) != 1 || e[0].ContextMap()["command"] != "cluster|slots" {
 		t.Fatalf("logs %v; want one error naming cluster|slots", logs.All())
+	}
+}
+
+// migrating marks the slot of key (absent) as migrating from its master
+// to another master, so that its master answers ASK for it.
+func migrating(t *testing.T, admins []*redis.Client, key string) {
+	t.Helper()
+	ctx := context.Background()
+	slot := admins[0].ClusterKeySlot(ctx, key).Val()
+	var from, to *redis.Client
+	var fromID, toID string
+	for _, a := range admins {
+		if !strings.Contains(a.Info(ctx, "replication").Val(), "role:master") {
+			continue
+		}
+		id := a.ClusterMyID(ctx).Val()
+		owns := false
+		for _, r := range a.ClusterSlots(ctx).Val() {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && r.Nodes[0].ID == id {
+				owns = true
+			}
+		}
+		if owns {
+			from, fromID = a, id
+		} else if to == nil {
+			to, toID = a, id
+		}
+	}
+	if from == nil || to == nil {
+		t.Fatalf("slot %d: no owner or no other master", slot)
+	}
+	if err := to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err(); err != nil {
+		t.Fatal(err)
 	}
 }
