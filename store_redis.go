@@ -51,8 +51,16 @@ var (
 // are small Lua scripts that compare the lease token first. It works
 // alike on a standalone server, a Redis Cluster and behind Sentinel.
 //
+// Before its first claim the store checks that the Redis user may run
+// every command it sends (SET, GET, PEXPIRE, DEL, EVAL, EVALSHA, WAIT
+// with wait_replicas; CLUSTER SLOTS on a Cluster): until it may, claims
+// fail (the handler answers 503) and the refused command is logged at
+// error level. The same check warns when Redis can evict keys
+// (maxmemory-policy other than noeviction), where CONFIG GET is allowed.
+//
 // Clients are shared across config reloads: a reload that keeps the same
-// connection settings keeps the same connections.
+// connection settings (TLS certificates included) keeps the same
+// connections.
 type RedisStore struct {
 	// Addresses as host:port. One address: a standalone server. Several
 	// addresses: the seed nodes of a Redis Cluster. With MasterName: the
