@@ -3,18 +3,18 @@ package sanghodedup
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	_ "embed"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddytls"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -51,8 +51,16 @@ var (
 // are small Lua scripts that compare the lease token first. It works
 // alike on a standalone server, a Redis Cluster and behind Sentinel.
 //
+// Before its first claim the store checks that the Redis user may run
+// every command it sends (SET, GET, PEXPIRE, DEL, EVAL, EVALSHA, WAIT
+// with wait_replicas; CLUSTER SLOTS on a Cluster): until it may, claims
+// fail (the handler answers 503) and the refused command is logged at
+// error level. The same check warns when Redis can evict keys
+// (maxmemory-policy other than noeviction), where CONFIG GET is allowed.
+//
 // Clients are shared across config reloads: a reload that keeps the same
-// connection settings keeps the same connections.
+// connection settings (TLS certificates included) keeps the same
+// connections.
 type RedisStore struct {
 	// Addresses as host:port. One address: a standalone server. Several
 	// addresses: the seed nodes of a Redis Cluster. With MasterName: the
@@ -60,14 +68,27 @@ type RedisStore struct {
 	// Placeholders such as {env.REDIS_ADDR} are resolved at provision.
 	Address []string `json:"address,omitempty"`
 
-	// A redis:// or rediss:// URL of a standalone server, instead of
-	// Address (user, password, db and TLS may be given in it). It cannot
-	// be combined with Address, MasterName or TLS. Placeholders resolved.
+	// A redis://, rediss:// (TLS) or unix:// URL, instead of Address:
+	// redis[s]://[user[:password]@]host[:port][/db][?params] or
+	// unix://[user[:password]@]/path/to/socket[?params]. Query
+	// parameters honoured: db, dial_timeout, read_timeout,
+	// write_timeout, pool_size, client_name (CLIENT SETNAME) and, with
+	// rediss, skip_verify; any other is a config error, and so is a
+	// setting given both in the URL and as its own option. It cannot be
+	// combined with Address, MasterName or TLS (the tls_* options work
+	// with rediss://). Placeholders resolved.
 	URL string `json:"url,omitempty"`
 
 	// The name of the master monitored by the Sentinels listed in
 	// Address. Default: none (no Sentinel).
 	MasterName string `json:"master_name,omitempty"`
+
+	// Use the Redis Cluster client even with a single address (or a
+	// URL): for a managed cluster's configuration endpoint, which is
+	// one address. Without it one address is a standalone server, and
+	// a Cluster node given as one answers MOVED for most keys (503).
+	// Default: false (several addresses are a Cluster all the same).
+	Cluster bool `json:"cluster,omitempty"`
 
 	// ACL user name. Default: none. Placeholders resolved.
 	Username string `json:"username,omitempty"`
@@ -80,9 +101,39 @@ type RedisStore struct {
 	// Database number, standalone and Sentinel only. Default: 0.
 	DB int `json:"db,omitempty"`
 
-	// Connect with TLS (without a URL; with a URL use rediss://).
+	// Connect with TLS (without a URL; with a URL use rediss://), and
+	// verify the server against the system's trusted roots unless
+	// TLSTrustPoolRaw says otherwise. Each tls_* option implies it.
 	// Default: false.
 	TLS bool `json:"tls,omitempty"`
+
+	// The certificate authorities that the Redis server's certificate
+	// must chain to, as one of Caddy's CA pool modules
+	// (tls.ca_pool.source: file, inline, pki_root, storage, http, ...),
+	// e.g. {"provider": "file", "pem_files": ["/etc/redis/ca.pem"]}.
+	// Implies TLS (with a URL: it must be rediss://). Default: the
+	// system's trusted roots.
+	TLSTrustPoolRaw json.RawMessage `json:"tls_trust_pool,omitempty" caddy:"namespace=tls.ca_pool.source inline_key=provider"`
+
+	// PEM file of the client certificate to present to Redis (for
+	// tls-auth-clients yes), with TLSClientCertificateKeyFile. Implies
+	// TLS. Placeholders resolved. Default: none.
+	TLSClientCertificateFile string `json:"tls_client_certificate_file,omitempty"`
+
+	// PEM file of the client certificate's private key. Placeholders
+	// resolved. Default: none.
+	TLSClientCertificateKeyFile string `json:"tls_client_certificate_key_file,omitempty"`
+
+	// The name the server's certificate must hold, when it is not the
+	// host of the address (e.g. the address is an IP). On a Cluster
+	// every node's certificate must then hold it. Implies TLS.
+	// Placeholders resolved. Default: the host of each address.
+	TLSServerName string `json:"tls_server_name,omitempty"`
+
+	// Do not verify the server's certificate at all: anyone on the path
+	// can then read and change the dedup state. For tests only; warned
+	// at load. Implies TLS. Default: false.
+	TLSInsecureSkipVerify bool `json:"tls_insecure_skip_verify,omitempty"`
 
 	// Timeout to establish a connection. Default: 5s.
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
@@ -118,6 +169,11 @@ type RedisStore struct {
 	cluster *redis.ClusterClient // set on a Redis Cluster
 	cmd     redis.Cmdable        // the client, or its auto-pipeliner
 	poolKey string
+	check   *permCheck
+	logger  *zap.Logger
+	// the read timeout in effect (from ReadTimeout or the url), once
+	// provisioned
+	readTimeout time.Duration
 }
 
 // CaddyModule returns the Caddy module information.
@@ -138,9 +194,16 @@ func (c redisClient) Destruct() error { return c.Close() }
 // Redis: Caddy starts while Redis is down, and requests are answered
 // 503 (or passed, see on_store_error) until Redis is back.
 func (s *RedisStore) Provision(ctx caddy.Context) error {
-	opts, err := s.options()
+	s.check = newPermCheck()
+	if s.logger == nil {
+		s.logger = ctx.Logger()
+	}
+	opts, err := s.options(ctx)
 	if err != nil {
 		return err
+	}
+	if t := opts.universal.TLSConfig; t != nil && t.InsecureSkipVerify {
+		s.logger.Warn("redis store: TLS without verifying the server's certificate (tls_insecure_skip_verify or skip_verify): anyone on the path can read and change the dedup state")
 	}
 	s.poolKey = opts.poolKey()
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
@@ -185,9 +248,15 @@ func (o resolvedOptions) poolKey() string {
 	return "sangho_dedup.redis." + hex.EncodeToString(sum[:])
 }
 
-func (s *RedisStore) options() (resolvedOptions, error) {
+// options resolves placeholders and builds the effective go-redis
+// options, and the key of the shared client: every setting that makes
+// two clients differ, TLS included.
+func (s *RedisStore) options(ctx caddy.Context) (resolvedOptions, error) {
 	repl := caddy.NewReplacer()
 	resolve := func(v string) string { return repl.ReplaceAll(v, "") }
+	fail := func(err error) (resolvedOptions, error) {
+		return resolvedOptions{}, fmt.Errorf("redis store: %w", err)
+	}
 
 	var addrs []string
 	for _, a := range s.Address {
@@ -206,6 +275,7 @@ func (s *RedisStore) options() (resolvedOptions, error) {
 		ReadTimeout:           time.Duration(s.ReadTimeout),
 		WriteTimeout:          time.Duration(s.WriteTimeout),
 		PoolSize:              s.PoolSize,
+		IsClusterMode:         s.Cluster,
 		ContextTimeoutEnabled: true,
 		// Fail fast when Redis is down: a delivery is answered 503 (and
 		// retried by Sangho) within a few milliseconds instead of holding
@@ -214,47 +284,59 @@ func (s *RedisStore) options() (resolvedOptions, error) {
 		// (e.g. after a Redis restart).
 		MaxRetries:    1,
 		DialerRetries: 1,
+		// No CLIENT SETINFO on each new connection: the ACL of the README
+		// does not grant it (Redis 7.0 lacks it, so it cannot be granted
+		// everywhere), and a refused one fills Redis's ACL LOG.
+		DisableIdentity: true,
 	}
+	wantTLS, skipVerify := s.TLS, false
 	if u != "" {
 		if len(addrs) > 0 || o.MasterName != "" || s.TLS {
-			return resolvedOptions{}, errors.New("redis store: url cannot be combined with address, master_name or tls")
+			return fail(errors.New("url cannot be combined with address, master_name or tls"))
 		}
-		po, err := redis.ParseURL(u)
+		r, err := parseRedisURL(u)
 		if err != nil {
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err // url.Error repeats the URL, password included
-			}
-			return resolvedOptions{}, fmt.Errorf("redis store: invalid url: %v", err)
+			return fail(err)
 		}
-		o.Addrs = []string{po.Addr}
-		if o.Username == "" {
-			o.Username = po.Username
+		if err := r.apply(o); err != nil {
+			return fail(err)
 		}
-		if o.Password == "" {
-			o.Password = po.Password
+		if r.scheme == "unix" && s.Cluster {
+			return fail(errors.New("cluster cannot be used with a unix:// url"))
 		}
-		if o.DB == 0 {
-			o.DB = po.DB
+		if names := s.tlsOptions(); r.scheme != "rediss" && len(names) > 0 {
+			return fail(fmt.Errorf("%s needs TLS: use a rediss:// url", names[0]))
 		}
-		o.TLSConfig = po.TLSConfig
+		wantTLS, skipVerify = r.scheme == "rediss", r.skipVerify
 	}
 	if len(o.Addrs) == 0 {
 		o.Addrs = []string{"127.0.0.1:6379"}
 	}
-	if s.TLS {
-		o.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+	var tlsID map[string]any
+	if wantTLS || len(s.tlsOptions()) > 0 {
+		cfg, id, err := s.tlsConfig(ctx, resolve, skipVerify)
+		if err != nil {
+			return fail(err)
+		}
+		o.TLSConfig, tlsID = cfg, id
 	}
-	if len(o.Addrs) > 1 && o.MasterName == "" && o.DB != 0 {
-		return resolvedOptions{}, errors.New("redis store: db must be 0 on a Redis Cluster (several addresses)")
+	if s.Cluster && o.MasterName != "" {
+		return fail(errors.New("cluster cannot be combined with master_name"))
+	}
+	if (len(o.Addrs) > 1 || s.Cluster) && o.MasterName == "" && o.DB != 0 {
+		return fail(errors.New("db must be 0 on a Redis Cluster (several addresses, or cluster)"))
+	}
+	s.readTimeout = o.ReadTimeout
+	if s.readTimeout == 0 {
+		s.readTimeout = 3 * time.Second
+	}
+	if s.WaitTimeout > 0 && time.Duration(s.WaitTimeout) >= s.readTimeout {
+		return fail(fmt.Errorf("wait_timeout must be shorter than read_timeout (%v), or the WAIT reply times out", s.readTimeout))
 	}
 	norm := map[string]any{
 		"addrs": o.Addrs, "master": o.MasterName, "user": o.Username, "pass": o.Password,
-		"db": o.DB, "tls": o.TLSConfig != nil, "dial": o.DialTimeout, "read": o.ReadTimeout,
-		"write": o.WriteTimeout, "pool": o.PoolSize,
-	}
-	if o.TLSConfig != nil {
-		norm["tls_server_name"] = o.TLSConfig.ServerName
+		"db": o.DB, "dial": o.DialTimeout, "read": o.ReadTimeout, "write": o.WriteTimeout,
+		"pool": o.PoolSize, "cluster": o.IsClusterMode, "client_name": o.ClientName, "tls": tlsID,
 	}
 	return resolvedOptions{universal: o, norm: norm}, nil
 }
@@ -277,6 +359,9 @@ func (s *RedisStore) Validate() error {
 }
 
 func (s *RedisStore) effectiveReadTimeout() caddy.Duration {
+	if s.readTimeout > 0 { // provisioned: the url's read_timeout counts
+		return caddy.Duration(s.readTimeout)
+	}
 	if s.ReadTimeout > 0 {
 		return s.ReadTimeout
 	}
@@ -287,12 +372,17 @@ func (s *RedisStore) effectiveReadTimeout() caddy.Duration {
 //
 //	store redis {
 //		address <host:port...>
-//		url <redis://...|rediss://...>
+//		url <redis://...|rediss://...|unix://...>
 //		master_name <name>
+//		cluster
 //		username <user>
 //		password <password>
 //		db <n>
 //		tls
+//		tls_trust_pool <module> ...           # e.g. tls_trust_pool file /etc/redis/ca.pem
+//		tls_client_auth <cert_file> <key_file>
+//		tls_server_name <name>
+//		tls_insecure_skip_verify
 //		dial_timeout <duration>
 //		read_timeout <duration>
 //		write_timeout <duration>
@@ -340,10 +430,44 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "tls":
-			if d.NextArg() {
-				return d.ArgErr()
+			if err := noArg(d); err != nil {
+				return err
 			}
 			s.TLS = true
+		case "cluster":
+			if err := noArg(d); err != nil {
+				return err
+			}
+			s.Cluster = true
+		case "tls_trust_pool":
+			if !d.NextArg() {
+				return d.Err("tls_trust_pool: needs a CA pool module, e.g. tls_trust_pool file /etc/redis/ca.pem")
+			}
+			stem := d.Val()
+			mod, err := caddyfile.UnmarshalModule(d, "tls.ca_pool.source."+stem)
+			if err != nil {
+				return fmt.Errorf("tls_trust_pool: %w", err)
+			}
+			ca, ok := mod.(caddytls.CA)
+			if !ok {
+				return d.Errf("tls_trust_pool: module %q is not a CA pool", stem)
+			}
+			s.TLSTrustPoolRaw = caddyconfig.JSONModuleObject(ca, "provider", stem, nil)
+		case "tls_client_auth":
+			args := d.RemainingArgs()
+			if len(args) != 2 {
+				return d.Err("tls_client_auth: needs <cert_file> <key_file> (reverse_proxy's one-argument automate form is not supported)")
+			}
+			s.TLSClientCertificateFile, s.TLSClientCertificateKeyFile = args[0], args[1]
+		case "tls_server_name":
+			if err := oneArg(d, &s.TLSServerName); err != nil {
+				return err
+			}
+		case "tls_insecure_skip_verify":
+			if err := noArg(d); err != nil {
+				return err
+			}
+			s.TLSInsecureSkipVerify = true
 		case "dial_timeout":
 			if err := durationArg(d, &s.DialTimeout); err != nil {
 				return err
@@ -388,20 +512,33 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// failed is called with every error but redis.Nil. On a Redis Cluster
+// failed is called with every error but redis.Nil. A permission error
+// makes the next claim check the permissions again (and answer 503 until
+// they are enough). On a Redis Cluster
 // it asks for a fresh slot map: go-redis reloads it by itself on MOVED
 // redirects and otherwise only once a minute, so after a master dies
 // and its replica takes over, every command for the dead master's slots
 // would fail for up to a minute (measured: 60 s) without this.
 func (s *RedisStore) failed(err error) error {
+	if isNoPerm(err) {
+		s.check.reset() // the ACL changed: the next claim checks it again
+	}
 	if s.cluster != nil {
 		s.cluster.ReloadState(context.Background()) // lazy and deduplicated by go-redis
 	}
 	return err
 }
 
-// Claim implements Store with `SET key lease NX GET PX ttl`.
+// Claim implements Store with `SET key lease NX GET PX ttl`. Until the
+// Redis user is known to have every permission the store needs
+// (permCheck), it checks them first and fails without claiming if one is
+// missing.
 func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
+	if !s.check.ok.Load() {
+		if err := s.check.ensure(ctx, s, key); err != nil {
+			return 0, s.failed(err)
+		}
+	}
 	old, err := s.cmd.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
 	if errors.Is(err, redis.Nil) {
 		return Claimed, nil
@@ -484,13 +621,24 @@ func (s *RedisStore) Release(ctx context.Context, key, token string) (bool, erro
 	return n == 1, nil
 }
 
+// noArg refuses an argument after a flag.
+func noArg(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: takes no argument, got %q", name, d.Val())
+	}
+	return nil
+}
+
+// oneArg reads the one argument of the option in d.Val().
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	name := d.Val()
 	if !d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("%s: needs a value", name)
 	}
 	*dst = d.Val()
 	if d.NextArg() {
-		return d.ArgErr()
+		return d.Errf("%s: takes one value, got more", name)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ package redistest
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
@@ -48,6 +49,9 @@ type Server struct {
 	Addr string
 	Port int
 	Dir  string
+	// TLS is the client configuration for a server that speaks TLS only
+	// (StartTLS); nil for a plain one.
+	TLS  *tls.Config
 	args []string
 	bin  string
 	mu   sync.Mutex
@@ -85,7 +89,7 @@ func (s *Server) Restart(t testing.TB) {
 	if err := s.cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", s.bin, err)
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1, TLSConfig: s.TLS})
 	defer c.Close()
 	deadline := time.Now().Add(15 * time.Second)
 	for {
@@ -117,7 +121,7 @@ func (s *Server) Kill() {
 
 // Client returns a client to this server, closed at cleanup.
 func (s *Server) Client(t testing.TB) *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, TLSConfig: s.TLS})
 	t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -1,0 +1,231 @@
+package sanghodedup
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+)
+
+// readmeACL returns the ACL command printed in the README (the one line
+// of a code block that starts with "redis-cli ACL SETUSER"), with the
+// user name and password it sets.
+func readmeACL(t *testing.T) (line, user, password string) {
+	t.Helper()
+	data, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []string
+	inCode := false
+	for _, l := range strings.Split(string(data), "\n") {
+		trimmed := strings.TrimSpace(l)
+		if strings.HasPrefix(trimmed, "```") {
+			inCode = !inCode
+			continue
+		}
+		if inCode && strings.HasPrefix(trimmed, "redis-cli ACL SETUSER ") {
+			found = append(found, trimmed)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("README: want exactly one `redis-cli ACL SETUSER` line in a code block, found %d: %q", len(found), found)
+	}
+	line = found[0]
+	f := strings.Fields(line)
+	user = f[3]
+	for _, a := range f[4:] {
+		if a = strings.Trim(a, `'"`); strings.HasPrefix(a, ">") {
+			password = a[1:]
+		}
+	}
+	if password == "" {
+		t.Fatalf("README ACL line %q sets no password", line)
+	}
+	return line, user, password
+}
+
+// applyACL runs the README's line through a shell, as a user would paste
+// it, against the Redis at addr.
+func applyACL(t *testing.T, line, addr string) {
+	t.Helper()
+	redistest.Bin(t, "redis-cli")
+	host, port, _ := net.SplitHostPort(addr)
+	out, err := exec.Command("sh", "-c", "redis-cli -h "+host+" -p "+port+strings.TrimPrefix(line, "redis-cli")).CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "OK" {
+		t.Fatalf("README ACL line on %s: %v: %s", addr, err, out)
+	}
+}
+
+var exerciseCount int
+
+// exerciseStore runs every store operation, with the scripts flushed
+// once (go-redis then sends them with EVAL), and fails the test on any
+// error or on any command Redis refused (ACL LOG).
+func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
+	exerciseCount++
+	run := strconv.Itoa(exerciseCount)
+	t.Helper()
+	ctx := context.Background()
+	rec := DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "x"}
+	must := func(what string, ok bool, err error) {
+		t.Helper()
+		if err != nil || !ok {
+			t.Fatalf("%s: %v %v", what, ok, err)
+		}
+	}
+	for round := range 2 {
+		if round == 1 {
+			for _, a := range admins {
+				if err := a.ScriptFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		for _, id := range []string{"evt_a", "evt_b", "evt_c", "evt_d"} {
+			key := DefaultKeyPrefix + id + "_" + run + strings.Repeat("x", round)
+			res, err := s.Claim(ctx, key, "tok", time.Minute)
+			must("claim "+key, res == Claimed, err)
+			ok, err := s.Renew(ctx, key, "tok", time.Minute)
+			must("renew "+key, ok, err)
+			if id == "evt_a" || id == "evt_c" {
+				ok, err = s.Commit(ctx, key, "tok", rec, time.Hour)
+				must("commit "+key, ok, err)
+				res, err = s.Claim(ctx, key, "tok2", time.Minute)
+				must("claim after commit "+key, res == AlreadyDone, err)
+			} else {
+				ok, err = s.Release(ctx, key, "tok")
+				must("release "+key, ok, err)
+			}
+		}
+	}
+	for _, a := range admins {
+		all, err := a.Do(ctx, "ACL", "LOG").Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var entries []any
+		for _, e := range all {
+			// The optional eviction check, refused by the README's ACL.
+			if m, _ := e.(map[any]any); m["object"] == "config|get" || m["object"] == "info" {
+				continue
+			}
+			entries = append(entries, e)
+		}
+		if len(entries) != 0 {
+			t.Fatalf("Redis refused commands of the store (ACL LOG on %s): %v", a.Options().Addr, entries)
+		}
+	}
+}
+
+// TestREADMEACLStandalone: the README's ACL line, run as printed, lets
+// the store run every command it needs on a standalone Redis, with and
+// without wait_replicas.
+func TestREADMEACLStandalone(t *testing.T) {
+	line, user, password := readmeACL(t)
+	srv := startRedis(t)
+	applyACL(t, line, srv.Addr)
+	admin := srv.Client(t)
+	for _, wait := range []int{0, 1} {
+		for _, noPipeline := range []bool{false, true} {
+			s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password,
+				WaitReplicas: wait, DisablePipeline: noPipeline, WaitTimeout: caddy.Duration(10 * time.Millisecond)})
+			exerciseStore(t, s, []*redis.Client{admin})
+		}
+	}
+}
+
+// TestREADMEACLCluster: the same on a Redis Cluster, the line run on
+// every node.
+func TestREADMEACLCluster(t *testing.T) {
+	line, user, password := readmeACL(t)
+	c := redistest.StartCluster(t)
+	var admins []*redis.Client
+	for _, n := range c.Nodes {
+		applyACL(t, line, n.Addr)
+		admins = append(admins, n.Client(t))
+	}
+	for _, wait := range []int{0, 1} {
+		for _, noPipeline := range []bool{false, true} {
+			s := provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: user, Password: password,
+				WaitReplicas: wait, DisablePipeline: noPipeline, WaitTimeout: caddy.Duration(500 * time.Millisecond)})
+			exerciseStore(t, s, admins)
+		}
+	}
+
+	// A key in a slot being migrated: its old master answers ASK, and
+	// the client sends ASKING then the command to the new one.
+	s := provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: user, Password: password})
+	migrating(t, admins, DefaultKeyPrefix+"evt_ask")
+	if res, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_ask", "tok", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim in a migrating slot: %v %v", res, err)
+	}
+	asked := false
+	for _, a := range admins {
+		asked = asked || infoLine(a.Info(context.Background(), "commandstats").Val(), "cmdstat_asking:") != ""
+	}
+	if !asked {
+		t.Fatal("no ASKING was sent: the test did not go through a migrating slot")
+	}
+	exerciseStore(t, s, admins) // checks the ACL LOG again
+
+	// Without CLUSTER SLOTS nothing works on a Cluster: the first claim
+	// says so.
+	var pw string
+	for _, a := range admins {
+		pw = aclUser(t, a, "noslots", "", "+cluster|slots")
+	}
+	s = provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: "noslots", Password: pw})
+	logs := observeStore(s)
+	if _, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
+		t.Fatal("claim without CLUSTER SLOTS: no error")
+	}
+	if e := logs.FilterMessage(permLog).All(); len(e) != 1 || e[0].ContextMap()["command"] != "cluster|slots" {
+		t.Fatalf("logs %v; want one error naming cluster|slots", logs.All())
+	}
+}
+
+// migrating marks the slot of key (absent) as migrating from its master
+// to another master, so that its master answers ASK for it.
+func migrating(t *testing.T, admins []*redis.Client, key string) {
+	t.Helper()
+	ctx := context.Background()
+	slot := admins[0].ClusterKeySlot(ctx, key).Val()
+	var from, to *redis.Client
+	var fromID, toID string
+	for _, a := range admins {
+		if !strings.Contains(a.Info(ctx, "replication").Val(), "role:master") {
+			continue
+		}
+		id := a.ClusterMyID(ctx).Val()
+		owns := false
+		for _, r := range a.ClusterSlots(ctx).Val() {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && r.Nodes[0].ID == id {
+				owns = true
+			}
+		}
+		if owns {
+			from, fromID = a, id
+		} else if to == nil {
+			to, toID = a, id
+		}
+	}
+	if from == nil || to == nil {
+		t.Fatalf("slot %d: no owner or no other master", slot)
+	}
+	if err := to.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", fromID).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := from.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", toID).Err(); err != nil {
+		t.Fatal(err)
+	}
+}

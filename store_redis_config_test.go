@@ -1,0 +1,111 @@
+package sanghodedup
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// parseRedisStore parses a `store redis { ... }` block.
+func parseRedisStore(t *testing.T, block string) (RedisStore, error) {
+	t.Helper()
+	var h Handler
+	err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\nstore redis {\n" + block + "\n}\n}"))
+	if err != nil {
+		return RedisStore{}, err
+	}
+	var rs struct {
+		Type string `json:"type"`
+		RedisStore
+	}
+	if err := json.Unmarshal(h.StoreRaw, &rs); err != nil {
+		t.Fatal(err)
+	}
+	return rs.RedisStore, nil
+}
+
+func TestRedisCaddyfileNewOptions(t *testing.T) {
+	for block, want := range map[string]RedisStore{
+		"cluster\naddress cfg.example:6379": {Cluster: true, Address: []string{"cfg.example:6379"}},
+		"tls_client_auth /etc/caddy/redis.crt /etc/caddy/redis.key\ntls_server_name redis.internal\ntls_insecure_skip_verify": {
+			TLSClientCertificateFile: "/etc/caddy/redis.crt", TLSClientCertificateKeyFile: "/etc/caddy/redis.key",
+			TLSServerName: "redis.internal", TLSInsecureSkipVerify: true,
+		},
+		"url unix:///run/redis.sock?db=1": {URL: "unix:///run/redis.sock?db=1"},
+	} {
+		got, err := parseRedisStore(t, block)
+		if err != nil {
+			t.Errorf("%q: %v", block, err)
+			continue
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%q:\ngot  %+v\nwant %+v", block, got, want)
+		}
+	}
+}
+
+// TestRedisCaddyfileTrustPool: tls_trust_pool takes Caddy's CA pool
+// modules in reverse_proxy's forms (arguments or a block).
+func TestRedisCaddyfileTrustPool(t *testing.T) {
+	for block, want := range map[string]string{
+		"tls_trust_pool file /etc/redis/ca.pem":            `{"pem_files":["/etc/redis/ca.pem"],"provider":"file"}`,
+		"tls_trust_pool file {\npem_file /a.pem /b.pem\n}": `{"pem_files":["/a.pem","/b.pem"],"provider":"file"}`,
+		"tls_trust_pool inline {\ntrust_der MIIB\n}":       `{"provider":"inline","trusted_ca_certs":["MIIB"]}`,
+	} {
+		got, err := parseRedisStore(t, block)
+		if err != nil {
+			t.Errorf("%q: %v", block, err)
+			continue
+		}
+		var g, w any
+		if err := json.Unmarshal(got.TLSTrustPoolRaw, &g); err != nil {
+			t.Fatalf("%q: %v", block, err)
+		}
+		_ = json.Unmarshal([]byte(want), &w)
+		if !reflect.DeepEqual(g, w) {
+			t.Errorf("%q: %s, want %s", block, got.TLSTrustPoolRaw, want)
+		}
+	}
+}
+
+// TestRedisCaddyfileErrors: each bad value is a Caddyfile error that
+// names the option.
+func TestRedisCaddyfileErrors(t *testing.T) {
+	for block, want := range map[string]string{
+		"cluster yes":      `cluster: takes no argument, got "yes"`,
+		"cluster\ncluster": "cluster given more than once",
+	} {
+		_, err := parseRedisStore(t, block)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want it to contain %q", block, err, want)
+		}
+	}
+}
+
+// TestRedisConfigErrors: settings that cannot work together are refused
+// at provision with an error that names them.
+func TestRedisConfigErrors(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, c := range []struct {
+		s    RedisStore
+		want string
+	}{
+		{RedisStore{Cluster: true, MasterName: "m", Address: []string{"a:1"}}, "cluster cannot be combined with master_name"},
+		{RedisStore{Cluster: true, DB: 1}, "db must be 0 on a Redis Cluster"},
+	} {
+		s := c.s
+		err := s.Provision(ctx)
+		if err == nil {
+			s.Cleanup()
+		}
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: error %v, want it to contain %q", c.s, err, c.want)
+		}
+	}
+}
