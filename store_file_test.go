@@ -387,7 +387,7 @@ func TestFileStoreCaddyfileErrors(t *testing.T) {
 		"store file a b":                  "wrong argument count",
 		"store file a {\npath b\n}":       "path given more than once",
 		"store file {\npath a\npath b\n}": "path given more than once",
-		"store file {\npath\n}":           "wrong argument count",
+		"store file {\npath\n}":           "path: needs a value",
 		"store file {\nsize 1\n}":         `unrecognized file store option "size"`,
 	} {
 		var h Handler

@@ -125,6 +125,7 @@ func (tg *soakTarget) drive(ctx context.Context, rate float64, retention time.Du
 			tg.mu.Lock()
 			if ok {
 				tg.acked[id] = true
+				tg.s.fig.acked.Add(1)
 			}
 			tg.mu.Unlock()
 		}()
@@ -231,7 +232,7 @@ func (tg *soakTarget) sample(ctx context.Context, start time.Time) {
 			s.keys = int(n)
 		} else if fi, err := os.Stat(tg.dbFile); err == nil {
 			s.storeMiB = float64(fi.Size()) / (1 << 20)
-			s.keys = -1 // the file is locked by Caddy: its size is the figure
+			s.keys = -1
 		}
 		tg.mu.Lock()
 		tg.samples = append(tg.samples, s)
@@ -247,7 +248,11 @@ func (tg *soakTarget) report(t *testing.T, retention time.Duration) {
 	fmt.Fprintf(&b, "soak %s:\n| t | RSS MiB | goroutines | FDs | store MiB | keys | events | acked |\n", tg.name)
 	var steady []soakSample
 	for _, s := range tg.samples {
-		fmt.Fprintf(&b, "| %v | %.1f | %d | %d | %.2f | %d | %d | %d |\n", s.at, s.rssMiB, s.goroutines, s.fds, s.storeMiB, s.keys, s.events, s.acked)
+		keys := strconv.Itoa(s.keys)
+		if s.keys < 0 {
+			keys = "-" // the file is locked by Caddy: its size is the figure
+		}
+		fmt.Fprintf(&b, "| %v | %.1f | %d | %d | %.2f | %s | %d | %d |\n", s.at, s.rssMiB, s.goroutines, s.fds, s.storeMiB, keys, s.events, s.acked)
 		if s.at > 2*retention {
 			steady = append(steady, s)
 		}
