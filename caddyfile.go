@@ -29,7 +29,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //	sangho_dedup [<matcher>] {
 //		secret <secret...>          # required; repeatable; {env.X} works
 //		tolerance <duration>        # default 5m
-//		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576
+//		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576; at most 64MiB
 //		event_id_header <name>      # default Sangho-Event-ID
 //		signature_header <name>     # default Sangho-Signature
 //		retention <duration>        # default 72h
@@ -70,8 +70,11 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			size, err := humanize.ParseBytes(s)
-			if err != nil || size == 0 || size > 1<<40 {
+			if err != nil || size == 0 {
 				return d.Errf("max_body_size: invalid size %q (e.g. 512KB, 1MiB, 1048576)", s)
+			}
+			if size > MaxMaxBodySize {
+				return d.Errf("max_body_size: %s is over the maximum of 64MiB", s)
 			}
 			m.MaxBodySize = int64(size)
 		case "event_id_header":

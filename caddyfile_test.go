@@ -84,7 +84,7 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfileSizes(t *testing.T) {
-	for in, want := range map[string]int64{"512KB": 512000, "1MiB": 1 << 20, "1048576": 1 << 20, "64KiB": 65536, "2mb": 2000000} {
+	for in, want := range map[string]int64{"64MiB": 64 << 20, "512KB": 512000, "1MiB": 1 << 20, "1048576": 1 << 20, "64KiB": 65536, "2mb": 2000000} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\nmax_body_size " + in + "\n}"))
 		if err != nil || h.MaxBodySize != want {
@@ -156,6 +156,7 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}": `db: "one" is not a non-negative whole number`,
 		"sangho_dedup {\nsecret s\nstore nosuch\n}":             "http.sangho_dedup.stores.nosuch",
 		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":       `max_body_size: invalid size "huge"`,
+		"sangho_dedup {\nsecret s\nmax_body_size 65MiB\n}":      "max_body_size: 65MiB is over the maximum of 64MiB",
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))

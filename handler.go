@@ -457,12 +457,12 @@ func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
 	if r.ContentLength > limit {
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge
 	}
+	// The buffer grows with the bytes that arrive (bytes.Buffer.ReadFrom
+	// at most doubles it), never with Content-Length: a declared length
+	// costs nothing until the body is sent, so connections that announce
+	// large bodies and send none hold no memory for them. A pooled buffer
+	// keeps its capacity from earlier requests.
 	buf := bufPool.Get().(*bytes.Buffer)
-	if r.ContentLength > 0 {
-		// Room for the body and for bytes.Buffer.ReadFrom's minimum read,
-		// so that a pooled buffer of that size is reused as it is.
-		buf.Grow(int(r.ContentLength) + bytes.MinRead)
-	}
 	var err error
 	if r.Body != nil {
 		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))

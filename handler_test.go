@@ -529,10 +529,11 @@ func TestProvisionErrors(t *testing.T) {
 		}
 	}
 	for name, h := range map[string]*Handler{
-		"bad on_store_error": {Secrets: []string{"s"}, OnStoreError: "maybe"},
-		"tiny lock_ttl":      {Secrets: []string{"s"}, LockTTL: caddy.Duration(time.Millisecond)},
-		"negative tolerance": {Secrets: []string{"s"}, Tolerance: -1},
-		"bad header":         {Secrets: []string{"s"}, EventIDHeader: "a b"},
+		"bad on_store_error":        {Secrets: []string{"s"}, OnStoreError: "maybe"},
+		"tiny lock_ttl":             {Secrets: []string{"s"}, LockTTL: caddy.Duration(time.Millisecond)},
+		"negative tolerance":        {Secrets: []string{"s"}, Tolerance: -1},
+		"max_body_size over 64 MiB": {Secrets: []string{"s"}, MaxBodySize: 64<<20 + 1},
+		"bad header":                {Secrets: []string{"s"}, EventIDHeader: "a b"},
 	} {
 		if err := h.Provision(ctx); err != nil {
 			t.Errorf("%s: provision: %v", name, err)

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -191,5 +193,57 @@ http://127.0.0.1:%d {
 	// and the whole event, sent properly, is processed
 	if a := send(t, "http://"+addr+"/webhook", body, ""); a.status != 200 || a.dedup != "" {
 		t.Errorf("the complete event: %d %q", a.status, a.dedup)
+	}
+}
+
+// TestHeaderOnlyConnectionsCostNoBody: 200 connections that send only
+// headers announcing a 1 MiB body (no body, no signature) and wait must
+// not make Caddy allocate their bodies: the body buffer grows with the
+// bytes that arrive, not with Content-Length. Measured in this process
+// (Caddy runs in it): live heap after a GC, before and while the 200
+// connections wait inside sangho_dedup's body read.
+func TestHeaderOnlyConnectionsCostNoBody(t *testing.T) {
+	const conns = 200
+	l := newLedger(t)
+	s := startCaddy(t, "\troute {\n\t\ttest_body_probe\n"+dedupSite(l.addr(), "")+"\n\t}")
+	addr := "127.0.0.1:" + strconv.Itoa(s.port)
+	// One real event first, so that what a request needs anyway (pools,
+	// lazily built state) is in the baseline.
+	if a := send(t, s.url, bodyA, ""); a.status != 200 {
+		t.Fatalf("warm-up event: %d", a.status)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	bodyReadsStarted.Store(0)
+	idle := heap()
+	head := fmt.Sprintf("POST /webhook HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n", addr)
+	for i := 0; i < conns; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for bodyReadsStarted.Load() < conns {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s only %d of %d requests reached the body read", bodyReadsStarted.Load(), conns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	held := heap()
+	grew := int64(held) - int64(idle)
+	t.Logf("live heap: %.1f MiB idle, %.1f MiB with %d header-only connections waiting (%+.1f MiB)",
+		float64(idle)/(1<<20), float64(held)/(1<<20), conns, float64(grew)/(1<<20))
+	if grew > 20<<20 {
+		t.Fatalf("%d header-only connections grew the live heap by %.1f MiB, want under 20 MiB", conns, float64(grew)/(1<<20))
 	}
 }

@@ -40,6 +40,10 @@ const (
 	DefaultRetryAfter      = 10 * time.Second
 	DefaultKeyPrefix       = "sangho_dedup:"
 
+	// MaxMaxBodySize bounds max_body_size: every body is held in memory
+	// whole until the backend has read it.
+	MaxMaxBodySize = 64 << 20
+
 	// minLockTTL keeps renewals (every lock_ttl/3) meaningful.
 	minLockTTL = 30 * time.Millisecond
 )
@@ -58,7 +62,8 @@ type Handler struct {
 	// in either direction. Default: 5m.
 	Tolerance caddy.Duration `json:"tolerance,omitempty"`
 
-	// Largest accepted request body, in bytes. Default: 1 MiB (1048576).
+	// Largest accepted request body, in bytes, at most 64 MiB (67108864).
+	// Default: 1 MiB (1048576).
 	MaxBodySize int64 `json:"max_body_size,omitempty"`
 
 	// Header that carries the event ID. Default: Sangho-Event-ID.
@@ -189,6 +194,8 @@ func (h *Handler) Validate() error {
 		return errors.New("tolerance must be positive")
 	case h.MaxBodySize <= 0:
 		return errors.New("max_body_size must be positive")
+	case h.MaxBodySize > MaxMaxBodySize:
+		return fmt.Errorf("max_body_size must be at most %d bytes (64MiB), not %d", MaxMaxBodySize, h.MaxBodySize)
 	case h.Retention <= 0:
 		return errors.New("retention must be positive")
 	case time.Duration(h.LockTTL) < minLockTTL:
