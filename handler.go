@@ -413,18 +413,36 @@ const maxPooledBuffer = 2 << 20
 
 type pooledBody struct {
 	buf  *bytes.Buffer
-	rd   bytes.Reader
 	refs atomic.Int32
-	shut atomic.Bool
+
+	mu   sync.Mutex // orders Read and Close: no Read runs once the buffer may be recycled
+	rd   bytes.Reader
+	shut bool
 }
 
 func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
 
-func (b *pooledBody) Read(p []byte) (int, error) { return b.rd.Read(p) }
+// Read reads the body; after Close it fails with
+// http.ErrBodyReadAfterClose, as net/http's own request bodies do: the
+// buffer may already be back in the pool and hold another request (a
+// later reader, e.g. reverse_proxy in handle_errors after a backend that
+// read part of the body and failed).
+func (b *pooledBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.shut {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	return b.rd.Read(p)
+}
 
 // Close is called by the reader of the body; idempotent.
 func (b *pooledBody) Close() error {
-	if b.shut.CompareAndSwap(false, true) {
+	b.mu.Lock()
+	first := !b.shut
+	b.shut = true
+	b.mu.Unlock()
+	if first {
 		b.unref()
 	}
 	return nil

@@ -247,3 +247,61 @@ func TestHeaderOnlyConnectionsCostNoBody(t *testing.T) {
 		t.Fatalf("%d header-only connections grew the live heap by %.1f MiB, want under 20 MiB", conns, float64(grew)/(1<<20))
 	}
 }
+
+// TestServerErrorRouteGetsNoRecycledBody: a backend reads the first
+// bytes of a large event and resets the connection, so reverse_proxy
+// has read part of the body, closes it and fails; the body buffer goes
+// back to the pool. A handle_errors route that proxies the request
+// again must not send the rest of that buffer (which may by then hold
+// another request): its read fails, and the fallback receives no body
+// byte.
+func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
+	// The failing backend: reads the headers and 1 KiB, then resets.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			br := bufio.NewReader(c)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil || line == "\r\n" {
+					break
+				}
+			}
+			_, _ = io.ReadFull(br, make([]byte, 1024))
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+	}()
+	fallback := newLedger(t)
+	s := startCaddy(t, `	sangho_dedup {
+		secret `+secret1+`
+		max_body_size 64MiB
+	}
+	reverse_proxy `+ln.Addr().String()+`
+	handle_errors {
+		reverse_proxy `+fallback.addr()+`
+	}`)
+	// Larger than what loopback socket buffers hold, so that the reset
+	// comes while reverse_proxy is still sending.
+	body := `{"id":"evt_recycled","pad":"` + strings.Repeat("x", 32<<20) + `"}`
+	a := send(t, s.url, body, "evt_recycled")
+	if a.status >= 200 && a.status <= 299 {
+		t.Fatalf("answered %d", a.status)
+	}
+	fallback.srv.Close() // waits for the fallback's handlers to finish
+	fallback.mu.Lock()
+	got, reached := fallback.bodies["evt_recycled"], fallback.received["evt_recycled"]
+	fallback.mu.Unlock()
+	t.Logf("answer %d; the fallback was reached %d times with %d body bytes", a.status, reached, len(got))
+	if len(got) != 0 {
+		t.Fatalf("the error route sent %d bytes read from the recycled body buffer", len(got))
+	}
+}
