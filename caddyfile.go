@@ -27,7 +27,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	sangho_dedup [<matcher>] {
-//		secret <secret...>          # required; repeatable; {env.X} works
+//		secret <secret...>          # required; repeatable; a whole {env.X} or {file./path} is resolved
 //		tolerance <duration>        # default 5m
 //		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576; at most 64MiB
 //		event_id_header <name>      # default Sangho-Event-ID

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -597,6 +598,71 @@ func TestProvisionErrors(t *testing.T) {
 	h.now = func() time.Time { return testNow }
 	if err := h.verifier.verify("t=1733140800,v1="+vectors[0].v1, []byte(bodyA)); err != nil {
 		t.Fatalf("secret from {env.X} not resolved: %v", err)
+	}
+}
+
+// TestSecretPlaceholders: only a secret that is one whole placeholder
+// ({env.X}, {file./path}) is resolved; any other value is the secret
+// itself, braces included. A whole placeholder that is unset or empty is
+// a config error naming the secret's number and the placeholder, never a
+// secret.
+func TestSecretPlaceholders(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	t.Setenv("SANGHO_TEST_SECRET", secret1)
+	t.Setenv("SANGHO_EMPTY_SECRET", "")
+	file := t.TempDir() + "/secret"
+	if err := os.WriteFile(file, []byte(secret2+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(bodyA)
+	signedWith := func(secret string) string { return sangho.Sign(testNow, body, secret) }
+	for _, c := range []struct {
+		secret  string
+		accepts string // a request signed with this secret verifies
+		refuses string // and one signed with this does not
+	}{
+		{"whsec_ab{cd}ef", "whsec_ab{cd}ef", "whsec_abef"},
+		{"whsec_{env.SANGHO_TEST_SECRET}", "whsec_{env.SANGHO_TEST_SECRET}", "whsec_" + secret1},
+		{"whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_"},
+		{"{env.SANGHO_TEST_SECRET}", secret1, "{env.SANGHO_TEST_SECRET}"},
+		{"{file." + file + "}", secret2, secret2 + "\n"},
+		{"{env.SANGHO_TEST_SECRET} ", "{env.SANGHO_TEST_SECRET} ", secret1},
+	} {
+		h := &Handler{Secrets: []string{c.secret}, StoreRaw: []byte(`{"type":"memory"}`)}
+		if err := h.Provision(ctx); err != nil {
+			t.Errorf("%q: %v", c.secret, err)
+			continue
+		}
+		h.now = func() time.Time { return testNow }
+		if err := h.verifier.verify(signedWith(c.accepts), body); err != nil {
+			t.Errorf("secret %q: a request signed with %q is refused: %v", c.secret, c.accepts, err)
+		}
+		if err := h.verifier.verify(signedWith(c.refuses), body); err == nil {
+			t.Errorf("secret %q: a request signed with %q is accepted", c.secret, c.refuses)
+		}
+	}
+	for _, c := range []struct {
+		secrets []string
+		want    string
+	}{
+		{[]string{secret2, "{env.SANGHO_UNSET_SECRET_X}"}, "secret #2: placeholder {env.SANGHO_UNSET_SECRET_X} is unset or empty"},
+		{[]string{"{env.SANGHO_EMPTY_SECRET}"}, "secret #1: placeholder {env.SANGHO_EMPTY_SECRET} is unset or empty"},
+		{[]string{secret2, secret1, "{file." + file + ".missing}"}, "secret #3: placeholder {file." + file + ".missing} is unset or empty"},
+		{[]string{"{" + secret1 + "}"}, "secret #1 is a placeholder that Caddy does not know"},
+		{[]string{secret1, ""}, "secret #2 is empty"},
+	} {
+		h := &Handler{Secrets: c.secrets, StoreRaw: []byte(`{"type":"memory"}`)}
+		err := h.Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want it to contain %q", c.secrets, err, c.want)
+			continue
+		}
+		for _, s := range []string{secret1, secret2} {
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("the error prints a secret: %v", err)
+			}
+		}
 	}
 }
 

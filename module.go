@@ -54,8 +54,11 @@ type Handler struct {
 	// Signing secrets, used as bytes, whole (whsec_ included). A request
 	// is accepted when any v1 signature matches any secret, so old and new
 	// secrets can be listed together during a rotation. Required.
-	// Placeholders such as {env.SANGHO_WEBHOOK_SECRET} are resolved at
-	// provision, so the secret needs not appear in the JSON config.
+	// A secret that is one whole placeholder, {env.SANGHO_WEBHOOK_SECRET}
+	// or {file./run/secrets/sangho}, is resolved at provision, so the
+	// secret needs not appear in the JSON config; resolving to an empty
+	// value is an error. Any other value is the secret itself, taken
+	// literally, braces included.
 	Secrets []string `json:"secret,omitempty"`
 
 	// How far the signature timestamp t may be from this server's clock,
@@ -159,12 +162,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	repl := caddy.NewReplacer()
 	secrets := make([]string, 0, len(h.Secrets))
 	for i, s := range h.Secrets {
-		s = repl.ReplaceAll(s, "")
-		if s == "" {
-			// Never print the secret: say which one, not what it is.
-			return fmt.Errorf("secret #%d is empty (after placeholder resolution)", i+1)
+		secret, err := resolveSecret(repl, i+1, s)
+		if err != nil {
+			return err
 		}
-		secrets = append(secrets, s)
+		if secret == s && (strings.Contains(s, "{env.") || strings.Contains(s, "{file.")) {
+			h.logger.Warn("a secret holds a placeholder inside other text: it is taken literally, braces included (only a secret that is one whole placeholder is resolved)",
+				zap.Int("secret", i+1))
+		}
+		secrets = append(secrets, secret)
 	}
 	if len(secrets) == 0 {
 		return errors.New("at least one secret is required")
@@ -185,6 +191,33 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	h.store = store
 	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// resolveSecret returns the n-th secret: the value of s if s is one
+// whole placeholder ({env.X}, {file./path}), else s itself, braces and
+// all. Resolving placeholders inside a longer value would mangle a
+// literal secret that holds braces (whsec_ab{cd}ef would become
+// whsec_abef) and turn an unset variable into a shorter, weaker secret.
+// Errors name the secret by its number and a placeholder by its name,
+// never by a value.
+func resolveSecret(repl *caddy.Replacer, n int, s string) (string, error) {
+	if s == "" {
+		return "", fmt.Errorf("secret #%d is empty", n)
+	}
+	if len(s) < 3 || s[0] != '{' || s[len(s)-1] != '}' || strings.ContainsAny(s[1:len(s)-1], "{}") {
+		return s, nil
+	}
+	name := s[1 : len(s)-1]
+	v, known := repl.GetString(name)
+	switch {
+	case !known:
+		// Not a placeholder name: perhaps a literal secret in braces,
+		// which must not be printed.
+		return "", fmt.Errorf("secret #%d is a placeholder that Caddy does not know: a secret that is one whole {...} is resolved as a placeholder such as {env.X} or {file./path}", n)
+	case v == "":
+		return "", fmt.Errorf("secret #%d: placeholder {%s} is unset or empty", n, name)
+	}
+	return v, nil
 }
 
 // Validate checks the configuration.
