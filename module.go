@@ -62,7 +62,8 @@ type Handler struct {
 	Secrets []string `json:"secret,omitempty"`
 
 	// How far the signature timestamp t may be from this server's clock,
-	// in either direction. Default: 5m.
+	// in either direction, compared exactly (not in whole seconds).
+	// Default: 5m.
 	Tolerance caddy.Duration `json:"tolerance,omitempty"`
 
 	// Largest accepted request body, in bytes, at most 64 MiB (67108864).
