@@ -36,6 +36,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		lock_ttl <duration>         # default 30s
 //		retry_after <duration>      # default 10s
 //		on_store_error reject|pass  # default reject
+//		require_body_id on|off      # default on
 //		key_prefix <string>         # default "sangho_dedup:"
 //		store memory                # the default
 //		store redis {
@@ -109,6 +110,18 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			if m.OnStoreError != "reject" && m.OnStoreError != "pass" {
 				return d.Errf("on_store_error: must be reject or pass, not %q", m.OnStoreError)
+			}
+		case "require_body_id":
+			var v string
+			if err := oneArg(d, &v); err != nil {
+				return err
+			}
+			switch v {
+			case "on", "off":
+				on := v == "on"
+				m.RequireBodyID = &on
+			default:
+				return d.Errf("require_body_id: must be on or off, not %q", v)
 			}
 		case "key_prefix":
 			if err := oneArg(d, &m.KeyPrefix); err != nil {

@@ -9,6 +9,7 @@ import (
 // Errors of event ID extraction; each is answered 400.
 var (
 	errIDMissing   = errors.New("no event ID: the body has no top-level \"id\" and the event ID header is absent")
+	errIDNotInBody = errors.New("the body has no top-level \"id\" (require_body_id is on: the event ID header is not signed)")
 	errIDInvalid   = errors.New("event ID must be 1-255 characters of [A-Za-z0-9_-]")
 	errIDMismatch  = errors.New("the body's \"id\" and the event ID header differ")
 	errIDDupKey    = errors.New("the body has more than one top-level \"id\"")
@@ -33,14 +34,21 @@ func validID(id string) bool {
 	return true
 }
 
+// event is what a delivery says about itself.
+type event struct {
+	id, typ    string
+	fromHeader bool // the ID came from the (unsigned) header, not the body
+}
+
 // extractEvent returns the event ID and type of a delivery. The ID is
-// the body's top-level "id" when the body is a JSON object that has one,
-// else headerID; when both are present they must be equal, since only
-// the body is covered by the signature. The type is the body's top-level
-// "type" when it is a string, else "".
-func extractEvent(body []byte, headerIDs []string) (id, typ string, err error) {
+// the body's top-level "id" when the body is a JSON object that has one;
+// when the header is present too they must be equal, since only the body
+// is covered by the signature. Without an "id" in the body the ID is the
+// header's, unless requireBodyID (then errIDNotInBody). The type is the
+// body's top-level "type" when it is a string, else "".
+func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, error) {
 	if len(headerIDs) > 1 {
-		return "", "", errIDHeaders
+		return event{}, errIDHeaders
 	}
 	headerID := ""
 	if len(headerIDs) == 1 {
@@ -48,25 +56,28 @@ func extractEvent(body []byte, headerIDs []string) (id, typ string, err error) {
 	}
 	f, err := scanTopLevel(body)
 	if err != nil {
-		return "", "", err
+		return event{}, err
 	}
-	typ = f.typ
-	if f.hasID {
+	ev := event{typ: f.typ}
+	switch {
+	case f.hasID:
 		if !validID(f.id) {
-			return "", typ, errIDInvalid
+			return ev, errIDInvalid
 		}
 		if headerID != "" && headerID != f.id {
-			return "", typ, errIDMismatch
+			return ev, errIDMismatch
 		}
-		return f.id, typ, nil
+		ev.id = f.id
+		return ev, nil
+	case requireBodyID:
+		return ev, errIDNotInBody
+	case headerID == "":
+		return ev, errIDMissing
+	case !validID(headerID):
+		return ev, errIDInvalid
 	}
-	if headerID == "" {
-		return "", typ, errIDMissing
-	}
-	if !validID(headerID) {
-		return "", typ, errIDInvalid
-	}
-	return headerID, typ, nil
+	ev.id, ev.fromHeader = headerID, true
+	return ev, nil
 }
 
 // topLevel holds the fields of a JSON object body that dedup needs.

@@ -59,13 +59,23 @@ func TestExtractEvent(t *testing.T) {
 		{"deep nesting", `{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `,"id":"evt_deep"}`, nil, "evt_deep", "", nil},
 	}
 	for _, c := range cases {
-		id, typ, err := extractEvent([]byte(c.body), c.headers)
+		ev, err := extractEvent([]byte(c.body), c.headers, false)
 		if !errors.Is(err, c.err) || (c.err == nil && err != nil) {
 			t.Errorf("%s: err = %v, want %v", c.name, err, c.err)
 			continue
 		}
-		if err == nil && (id != c.id || typ != c.typ) {
-			t.Errorf("%s: id %q type %q, want %q %q", c.name, id, typ, c.id, c.typ)
+		if err == nil && (ev.id != c.id || ev.typ != c.typ) {
+			t.Errorf("%s: id %q type %q, want %q %q", c.name, ev.id, ev.typ, c.id, c.typ)
+		}
+		// With require_body_id on, a body without a top-level "id" is
+		// refused, and everything else is the same.
+		wantErr, wantID := err, ev.id
+		if f, scanErr := scanTopLevel([]byte(c.body)); len(c.headers) <= 1 && scanErr == nil && !f.hasID {
+			wantErr, wantID = errIDNotInBody, ""
+		}
+		evOn, errOn := extractEvent([]byte(c.body), c.headers, true)
+		if !errors.Is(errOn, wantErr) || (wantErr == nil && errOn != nil) || evOn.id != wantID {
+			t.Errorf("%s, require_body_id on: %q %v, want %q %v", c.name, evOn.id, errOn, wantID, wantErr)
 		}
 	}
 }

@@ -67,7 +67,8 @@ func FuzzExtractEvent(f *testing.F) {
 		if header != "" {
 			headers = []string{header}
 		}
-		id, _, err := extractEvent([]byte(body), headers)
+		ev, err := extractEvent([]byte(body), headers, false)
+		id := ev.id
 		if err == nil && !validID(id) {
 			t.Fatalf("returned invalid ID %q", id)
 		}
@@ -130,7 +131,7 @@ func FuzzHandler(f *testing.F) {
 			if !sign || method != http.MethodPost || len(body) > 4096 {
 				t.Fatalf("passed on: method %q, signed %v, %d bytes", method, sign, len(body))
 			}
-			if _, _, err := extractEvent([]byte(body), r.Header.Values("Sangho-Event-Id")); err != nil {
+			if _, err := extractEvent([]byte(body), r.Header.Values("Sangho-Event-Id"), true); err != nil {
 				t.Fatalf("passed on a request whose event ID is refused: %v", err)
 			}
 		}

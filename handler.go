@@ -3,6 +3,8 @@ package sanghodedup
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -59,14 +61,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	default:
 		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, errSigCount, "")
 	}
-	if err := h.verifier.verify(sig, body.bytes()); err != nil {
+	signedAt, err := h.verifier.check(sig, body.bytes())
+	if err != nil {
 		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
 	}
 
-	id, typ, err := extractEvent(body.bytes(), r.Header.Values(h.EventIDHeader))
+	ev, err := extractEvent(body.bytes(), r.Header.Values(h.EventIDHeader), h.requireBodyID)
 	if err != nil {
 		return h.reject(r, repl, outcomeBadRequest, http.StatusBadRequest, err, "")
 	}
+	id, typ := ev.id, ev.typ
 	repl.Set("http.sangho_dedup.event_id", id)
 	repl.Set("http.sangho_dedup.event_type", typ)
 
@@ -74,22 +78,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// so that a claim that reached the store is always followed by a
 	// commit or a release. go-redis's timeouts bound them.
 	sctx := context.WithoutCancel(r.Context())
+	start := time.Now()
+	if ev.fromHeader {
+		// The ID is not signed: bind this signed message to the first ID
+		// it came with, so that a replay under another ID is refused.
+		// The record is a lease whose token is the event ID: the same ID
+		// claims it again (a resent delivery, deduplicated below), another
+		// does not. It outlives the signature's validity and then expires.
+		res, err := h.store.Claim(sctx, signatureKey(h.KeyPrefix, signedAt, body.bytes()), id, h.sigMemory)
+		observe(opClaim, start, err)
+		if err != nil {
+			return h.storeFailed(w, r, next, repl, id, err)
+		}
+		if res != Claimed {
+			return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, errSigReplayed, id)
+		}
+		start = time.Now()
+	}
 	key := h.KeyPrefix + id
 	token := newToken()
-	start := time.Now()
 	res, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
 	observe(opClaim, start, err)
 	if err != nil {
-		if h.pass {
-			h.outcome(repl, outcomeUnchecked)
-			h.logger.Warn("dedup store failed; passing the event on unchecked (on_store_error pass)",
-				zap.String("event_id", id), zap.Error(err))
-			return next.ServeHTTP(w, r)
-		}
-		h.logger.Error("dedup store failed; answering 503 so that Sangho retries",
-			zap.String("event_id", id), zap.Error(err))
-		w.Header().Set("Retry-After", h.retryAfter)
-		return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
+		return h.storeFailed(w, r, next, repl, id, err)
 	}
 	switch res {
 	case AlreadyDone:
@@ -115,6 +126,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	h.debug("new event: passing it on", id, typ)
 	return h.process(w, r, next, repl, sctx, key, token, id, typ, start)
+}
+
+// storeFailed answers a delivery whose claim failed: 503, or with
+// on_store_error pass, the next handler, unchecked.
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, id string, err error) error {
+	if h.pass {
+		h.outcome(repl, outcomeUnchecked)
+		h.logger.Warn("dedup store failed; passing the event on unchecked (on_store_error pass)",
+			zap.String("event_id", id), zap.Error(err))
+		return next.ServeHTTP(w, r)
+	}
+	h.logger.Error("dedup store failed; answering 503 so that Sangho retries",
+		zap.String("event_id", id), zap.Error(err))
+	w.Header().Set("Retry-After", h.retryAfter)
+	return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
+}
+
+// signatureKey names the store record of a signed message: the SHA-256
+// of what the signature covers, t + "." + body, so that it does not
+// depend on which secret or which v1 matched. The ":" keeps it apart
+// from event keys (an event ID has none).
+func signatureKey(prefix string, t int64, body []byte) string {
+	hash := sha256.New()
+	var tbuf [20]byte
+	hash.Write(strconv.AppendInt(tbuf[:0], t, 10))
+	hash.Write([]byte{'.'})
+	hash.Write(body)
+	var sum [sha256.Size]byte
+	return prefix + "sig:" + hex.EncodeToString(hash.Sum(sum[:0]))
 }
 
 // process runs the next handler while holding the lease on key, then

@@ -181,6 +181,64 @@ func TestHandlerStatusTable(t *testing.T) {
 	}
 }
 
+// TestReplayThroughHeaderID: the event ID header is not signed. By
+// default (require_body_id on) a signed body without a top-level "id" is
+// refused, so a captured delivery cannot be replayed as a new event under
+// another header ID. With require_body_id off, the signed message (t and
+// body) is remembered with the ID it was first accepted with, and its
+// reuse with another ID is refused with 401.
+func TestReplayThroughHeaderID(t *testing.T) {
+	body := `{"object":"event","type":"invoice.paid","data":{"amount":10}}`
+	captured := delivery(body, "evt_first").Header.Get("Sangho-Signature")
+	replay := func(id, sig string) *http.Request {
+		r := delivery(body, id)
+		r.Header.Set("Sangho-Signature", sig)
+		return r
+	}
+
+	h, _ := newTestHandler(t, func(h *Handler) { h.KeyPrefix = "replay_on:" })
+	next := &countingNext{}
+	for _, id := range []string{"evt_first", "evt_second", "evt_third"} {
+		w, repl, err := serve(h, replay(id, captured), next)
+		if w.Code != 400 || !errors.Is(err, errIDNotInBody) || outcomeOf(repl) != outcomeBadRequest {
+			t.Errorf("require_body_id on (the default), header ID %s: %d %v, want 400 (no id in the body)", id, w.Code, err)
+		}
+	}
+	if w, _, _ := serve(h, delivery(eventBody("evt_in_body"), "evt_in_body"), next); w.Code != 200 {
+		t.Errorf("require_body_id on, a body with its id: %d", w.Code)
+	}
+	if n := next.calls.Load(); n != 1 {
+		t.Errorf("require_body_id on: the backend was reached %d times, want 1", n)
+	}
+
+	off := false
+	h, _ = newTestHandler(t, func(h *Handler) { h.RequireBodyID, h.KeyPrefix = &off, "replay_off:" })
+	next = &countingNext{}
+	for _, c := range []struct {
+		id, sig string
+		status  int
+		outcome string
+	}{
+		{"evt_first", captured, 200, outcomeProcessed},
+		{"evt_second", captured, 401, outcomeInvalidSignature},
+		{"evt_third", captured, 401, outcomeInvalidSignature},
+		{"evt_first", captured, 200, outcomeDuplicate}, // the same delivery again: deduplicated
+		// Signed afresh (another t), the same body is another message.
+		{"evt_second", sangho.Sign(testNow.Add(time.Second), []byte(body), secret1), 200, outcomeProcessed},
+	} {
+		w, repl, err := serve(h, replay(c.id, c.sig), next)
+		if w.Code != c.status || outcomeOf(repl) != c.outcome {
+			t.Errorf("require_body_id off, header ID %s: %d %q (%v), want %d %q", c.id, w.Code, outcomeOf(repl), err, c.status, c.outcome)
+		}
+		if c.status == 401 && !errors.Is(err, errSigReplayed) {
+			t.Errorf("require_body_id off, header ID %s: error %v, want errSigReplayed", c.id, err)
+		}
+	}
+	if n := next.calls.Load(); n != 2 {
+		t.Errorf("require_body_id off: the backend was reached %d times, want 2 (evt_first once, evt_second signed afresh)", n)
+	}
+}
+
 func TestDuplicateAnswer(t *testing.T) {
 	h, _ := newTestHandler(t, nil)
 	next := &countingNext{}

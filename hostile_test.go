@@ -305,3 +305,52 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 		t.Fatalf("the error route sent %d bytes read from the recycled body buffer", len(got))
 	}
 }
+
+// TestServerHeaderIDReplay: the issue's reproduction through a real
+// Caddy: one captured delivery of a body without "id", replayed with new
+// Sangho-Event-ID values within the tolerance. By default every one is
+// refused (400); with require_body_id off only the first is processed and
+// the replays get 401, on each store (the remembered signature lives in
+// the store, so it holds across instances sharing it).
+func TestServerHeaderIDReplay(t *testing.T) {
+	body := `{"object":"event","type":"invoice.paid","data":{"amount":10}}`
+	post := func(url, sig, id string) int {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Sangho-Signature", sig)
+		req.Header.Set("Sangho-Event-ID", id)
+		return do(t, req).status
+	}
+	t.Run("default", func(t *testing.T) {
+		l := newLedger(t)
+		s := startCaddy(t, dedupSite(l.addr(), ""))
+		sig := sangho.Sign(time.Now(), []byte(body), secret1)
+		for _, id := range []string{"evt_r1", "evt_r2", "evt_r3"} {
+			if st := post(s.url, sig, id); st != 400 {
+				t.Errorf("%s: %d, want 400", id, st)
+			}
+		}
+		if n, _ := l.counts(""); n != 0 {
+			t.Errorf("the backend was reached")
+		}
+	})
+	forStores(t, func(t *testing.T, store string) {
+		l := newLedger(t)
+		s := startCaddy(t, dedupSite(l.addr(), store+"\n\t\trequire_body_id off"))
+		sig := sangho.Sign(time.Now(), []byte(body), secret1)
+		for i, id := range []string{"evt_r1", "evt_r2", "evt_r3", "evt_r4"} {
+			want := 401
+			if i == 0 {
+				want = 200
+			}
+			if st := post(s.url, sig, id); st != want {
+				t.Errorf("%s: %d, want %d", id, st, want)
+			}
+		}
+		l.mu.Lock()
+		reached := len(l.received)
+		l.mu.Unlock()
+		if reached != 1 {
+			t.Errorf("%d events reached the backend, want 1", reached)
+		}
+	})
+}

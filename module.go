@@ -98,6 +98,17 @@ type Handler struct {
 	// share one store. Default: "sangho_dedup:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
+	// Whether a signed body must carry the event ID as its top-level
+	// "id" (Sangho's bodies always do). The signature covers the body,
+	// not the event ID header, so an ID taken from the header could be
+	// replaced by whoever captured a delivery. On: a body without a
+	// top-level "id" is answered 400. Off: the ID may come from the
+	// header; each signed message (t and body) is then remembered in the
+	// store, under key_prefix + "sig:" + its SHA-256, for twice the
+	// tolerance, with the ID it first came with, and its reuse with
+	// another ID is answered 401. Default: true.
+	RequireBodyID *bool `json:"require_body_id,omitempty"`
+
 	// The store module (http.sangho_dedup.stores). Default: memory,
 	// which is neither durable nor shared between instances.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
@@ -109,6 +120,9 @@ type Handler struct {
 	pass       bool
 	retryAfter string
 	renewEvery time.Duration
+
+	requireBodyID bool
+	sigMemory     time.Duration // how long a signed message's ID is remembered (require_body_id off)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -157,6 +171,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.SignatureHeader = http.CanonicalHeaderKey(h.SignatureHeader)
 	h.pass = h.OnStoreError == "pass"
 	h.renewEvery = time.Duration(h.LockTTL) / 3
+	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
+	// A signature is valid while the clock is within tolerance of t: at
+	// most 2×tolerance after it was first accepted (+1 s for t's whole
+	// seconds).
+	h.sigMemory = 2*time.Duration(h.Tolerance) + time.Second
 	secs := (time.Duration(h.RetryAfter) + time.Second - 1) / time.Second
 	h.retryAfter = strconv.FormatInt(int64(secs), 10)
 
