@@ -45,6 +45,9 @@ func TestHostileRequests(t *testing.T) {
 	}{
 		{"invalid JSON object", `{"id":"evt_h1",`, nil, 400, false},
 		{"duplicate id keys", `{"id":"evt_h2a","id":"evt_h2b"}`, nil, 400, false},
+		{"id and ID keys (encoding/json would read ID)", `{"id":"evt_h2c","ID":"evt_h2d"}`, nil, 400, false},
+		{"invalid literal beside a valid id", `{"a": nul, "id":"evt_h2e"}`, nil, 400, false},
+		{"byte order mark before the object", "\xef\xbb\xbf" + `{"id":"evt_h2f"}`, map[string][]string{"Sangho-Event-Id": {"evt_h2g"}}, 400, false},
 		{"id empty", `{"id":""}`, nil, 400, false},
 		{"id 255 bytes", `{"id":"` + id255 + `"}`, nil, 200, true},
 		{"id 256 bytes", `{"id":"` + id256 + `"}`, nil, 400, false},
