@@ -357,3 +357,33 @@ func TestServerHeaderIDReplay(t *testing.T) {
 		}
 	})
 }
+
+// TestServerNoUpstreamsAvailableIsReleased pins neverForwarded's match
+// of reverse_proxy's "no upstreams available" (an unexported error
+// matched by its text) on the real reverse_proxy: its only upstream is
+// down and marked unhealthy by passive health checks after one failed
+// dial, so the next event is answered 503 without any attempt to reach
+// it. That event must be released (Sangho's retry is processed at once),
+// not held until lock_ttl (which would answer the retry 409).
+func TestServerNoUpstreamsAvailableIsReleased(t *testing.T) {
+	dead := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	s := startCaddy(t, `	sangho_dedup {
+		secret `+secret1+`
+	}
+	reverse_proxy `+dead+` {
+		fail_duration 1m
+		max_fails 1
+	}
+	handle_errors {
+		respond "{http.sangho_dedup.outcome}" {http.error.status_code}
+	}`)
+	if a := send(t, s.url, eventBody("evt_dial"), ""); a.status != 502 || a.body != "released" {
+		t.Fatalf("backend down (dial error): %d %q, want 502 released", a.status, a.body)
+	}
+	for i := range 2 {
+		a := send(t, s.url, eventBody("evt_no_upstream"), "")
+		if a.status != 503 || a.body != "released" {
+			t.Fatalf("no upstream available, attempt %d: %d %q, want 503 released (reverse_proxy's error text changed?)", i+1, a.status, a.body)
+		}
+	}
+}
