@@ -3,15 +3,19 @@ package sanghodedup
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
@@ -385,5 +389,61 @@ func TestServerNoUpstreamsAvailableIsReleased(t *testing.T) {
 		if a.status != 503 || a.body != "released" {
 			t.Fatalf("no upstream available, attempt %d: %d %q, want 503 released (reverse_proxy's error text changed?)", i+1, a.status, a.body)
 		}
+	}
+}
+
+// TestServerLoadWarnings: a config that is allowed but gives something
+// up is logged at warn level when Caddy loads it, with the facts and
+// without any secret: a retention shorter than Sangho's 48 h redelivery
+// window, and a secret that holds a placeholder inside other text (taken
+// literally).
+func TestServerLoadWarnings(t *testing.T) {
+	logFile := t.TempDir() + "/caddy.log"
+	port := freePort(t)
+	cfg, _ := adaptCaddyfile(t, fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+		level WARN
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s whsec_lit_{env.SANGHO_TEST_UNUSED}
+		retention 24h
+		store memory
+	}
+	respond "ok"
+}`, logFile, port, secret1))
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retention, literal bool
+	for _, line := range strings.Split(string(data), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) != nil || e["logger"] != "http.handlers.sangho_dedup" {
+			continue
+		}
+		msg, _ := e["msg"].(string)
+		switch {
+		case strings.HasPrefix(msg, "retention is shorter than Sangho's redelivery window"):
+			retention = e["level"] == "warn" && e["retention"] == float64(24*3600) && e["redelivery_window"] == float64(48*3600) // seconds, as Caddy encodes durations
+		case strings.HasPrefix(msg, "a secret holds a placeholder inside other text"):
+			literal = e["level"] == "warn" && e["secret"] == float64(2)
+		}
+	}
+	if !retention || !literal {
+		t.Errorf("warnings (retention %v, literal secret %v) not as expected in the log:\n%s", retention, literal, data)
+	}
+	if strings.Contains(string(data), secret1) || strings.Contains(string(data), "whsec_lit_") {
+		t.Errorf("the log holds a secret:\n%s", data)
 	}
 }

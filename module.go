@@ -40,6 +40,10 @@ const (
 	DefaultRetryAfter      = 10 * time.Second
 	DefaultKeyPrefix       = "sangho_dedup:"
 
+	// RedeliveryWindow is how long after its first attempt Sangho may
+	// still deliver an event; a shorter retention gives up the promise.
+	RedeliveryWindow = 48 * time.Hour
+
 	// MaxMaxBodySize bounds max_body_size: every body is held in memory
 	// whole until the backend has read it.
 	MaxMaxBodySize = 64 << 20
@@ -77,7 +81,9 @@ type Handler struct {
 	SignatureHeader string `json:"signature_header,omitempty"`
 
 	// How long a processed event ID is remembered. Sangho never
-	// redelivers after 48 hours. Default: 72h.
+	// redelivers after 48 hours; a shorter retention is allowed but
+	// logged as a warning at load, since a later redelivery would be
+	// processed again. Default: 72h.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
 	// Lease on an event while the backend processes it, renewed every
@@ -196,6 +202,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return errors.New("at least one secret is required")
 	}
 	h.verifier = newVerifier(secrets, time.Duration(h.Tolerance), func() time.Time { return h.now() })
+	if r := time.Duration(h.Retention); r > 0 && r < RedeliveryWindow {
+		h.logger.Warn("retention is shorter than Sangho's redelivery window: a redelivery that comes after an event's done record expired is processed again",
+			zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
+	}
 
 	if h.StoreRaw == nil {
 		h.StoreRaw = json.RawMessage(`{"type":"memory"}`)
