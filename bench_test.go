@@ -53,7 +53,7 @@ func BenchmarkExtractEvent(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			buf := []byte(body)
 			for b.Loop() {
-				if _, _, err := extractEvent(buf, nil); err != nil {
+				if _, err := extractEvent(buf, nil, true); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -27,15 +27,16 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	sangho_dedup [<matcher>] {
-//		secret <secret...>          # required; repeatable; {env.X} works
+//		secret <secret...>          # required; repeatable; a whole {env.X} or {file./path} is resolved
 //		tolerance <duration>        # default 5m
-//		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576
+//		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576; at most 64MiB
 //		event_id_header <name>      # default Sangho-Event-ID
 //		signature_header <name>     # default Sangho-Signature
 //		retention <duration>        # default 72h
 //		lock_ttl <duration>         # default 30s
 //		retry_after <duration>      # default 10s
 //		on_store_error reject|pass  # default reject
+//		require_body_id on|off      # default on
 //		key_prefix <string>         # default "sangho_dedup:"
 //		store memory                # the default
 //		store redis {
@@ -70,8 +71,11 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			size, err := humanize.ParseBytes(s)
-			if err != nil || size == 0 || size > 1<<40 {
+			if err != nil || size == 0 {
 				return d.Errf("max_body_size: invalid size %q (e.g. 512KB, 1MiB, 1048576)", s)
+			}
+			if size > MaxMaxBodySize {
+				return d.Errf("max_body_size: %s is over the maximum of 64MiB", s)
 			}
 			m.MaxBodySize = int64(size)
 		case "event_id_header":
@@ -106,6 +110,18 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			if m.OnStoreError != "reject" && m.OnStoreError != "pass" {
 				return d.Errf("on_store_error: must be reject or pass, not %q", m.OnStoreError)
+			}
+		case "require_body_id":
+			var v string
+			if err := oneArg(d, &v); err != nil {
+				return err
+			}
+			switch v {
+			case "on", "off":
+				on := v == "on"
+				m.RequireBodyID = &on
+			default:
+				return d.Errf("require_body_id: must be on or off, not %q", v)
 			}
 		case "key_prefix":
 			if err := oneArg(d, &m.KeyPrefix); err != nil {

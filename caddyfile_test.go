@@ -29,6 +29,7 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 		retry_after 3s
 		on_store_error pass
 		key_prefix tenant_a:
+		require_body_id off
 		store redis {
 			address 10.0.0.1:6379 10.0.0.2:6379
 			address 10.0.0.3:6379
@@ -48,7 +49,9 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 	if err := h.UnmarshalCaddyfile(d); err != nil {
 		t.Fatal(err)
 	}
+	off := false
 	want := Handler{
+		RequireBodyID:   &off,
 		Secrets:         []string{"whsec_old", "whsec_new", "{env.SANGHO_WEBHOOK_SECRET}"},
 		Tolerance:       caddy.Duration(2 * time.Minute),
 		MaxBodySize:     512000,
@@ -84,11 +87,21 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 }
 
 func TestUnmarshalCaddyfileSizes(t *testing.T) {
-	for in, want := range map[string]int64{"512KB": 512000, "1MiB": 1 << 20, "1048576": 1 << 20, "64KiB": 65536, "2mb": 2000000} {
+	for in, want := range map[string]int64{"64MiB": 64 << 20, "512KB": 512000, "1MiB": 1 << 20, "1048576": 1 << 20, "64KiB": 65536, "2mb": 2000000} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\nmax_body_size " + in + "\n}"))
 		if err != nil || h.MaxBodySize != want {
 			t.Errorf("max_body_size %s = %d, %v; want %d", in, h.MaxBodySize, err, want)
+		}
+	}
+}
+
+func TestUnmarshalCaddyfileRequireBodyID(t *testing.T) {
+	for in, want := range map[string]*bool{"": nil, "require_body_id on": new(true), "require_body_id off": new(false)} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}"))
+		if err != nil || !reflect.DeepEqual(h.RequireBodyID, want) {
+			t.Errorf("%q: %v, %v; want %v", in, h.RequireBodyID, err, want)
 		}
 	}
 }
@@ -117,6 +130,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"on_store_error bad":        "sangho_dedup {\nsecret s\non_store_error ignore\n}",
 		"on_store_error missing":    "sangho_dedup {\nsecret s\non_store_error\n}",
 		"key_prefix missing":        "sangho_dedup {\nsecret s\nkey_prefix\n}",
+		"require_body_id missing":   "sangho_dedup {\nsecret s\nrequire_body_id\n}",
+		"require_body_id bad":       "sangho_dedup {\nsecret s\nrequire_body_id yes\n}",
+		"require_body_id twice":     "sangho_dedup {\nsecret s\nrequire_body_id on\nrequire_body_id off\n}",
 		"store missing":             "sangho_dedup {\nsecret s\nstore\n}",
 		"store unknown":             "sangho_dedup {\nsecret s\nstore postgres\n}",
 		"store twice":               "sangho_dedup {\nsecret s\nstore memory\nstore memory\n}",
@@ -156,6 +172,8 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}": `db: "one" is not a non-negative whole number`,
 		"sangho_dedup {\nsecret s\nstore nosuch\n}":             "http.sangho_dedup.stores.nosuch",
 		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":       `max_body_size: invalid size "huge"`,
+		"sangho_dedup {\nsecret s\nrequire_body_id yes\n}":      `require_body_id: must be on or off, not "yes"`,
+		"sangho_dedup {\nsecret s\nmax_body_size 65MiB\n}":      "max_body_size: 65MiB is over the maximum of 64MiB",
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))

@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 )
@@ -9,12 +10,15 @@ import (
 // Errors of event ID extraction; each is answered 400.
 var (
 	errIDMissing   = errors.New("no event ID: the body has no top-level \"id\" and the event ID header is absent")
+	errIDNotInBody = errors.New("the body has no top-level \"id\" (require_body_id is on: the event ID header is not signed)")
 	errIDInvalid   = errors.New("event ID must be 1-255 characters of [A-Za-z0-9_-]")
 	errIDMismatch  = errors.New("the body's \"id\" and the event ID header differ")
 	errIDDupKey    = errors.New("the body has more than one top-level \"id\"")
 	errIDNotString = errors.New("the body's top-level \"id\" is not a string")
 	errIDHeaders   = errors.New("more than one event ID header")
 	errBodyJSON    = errors.New("the body starts as a JSON object but is malformed")
+	errIDCaseKey   = errors.New("the body has a top-level key that is \"id\" in another case (e.g. \"ID\"), which Go's encoding/json would read as the ID")
+	errBodyBOM     = errors.New("the body starts with a UTF-8 byte order mark, which JSON sent over a network must not have (RFC 8259)")
 )
 
 const maxIDLen = 255
@@ -33,14 +37,21 @@ func validID(id string) bool {
 	return true
 }
 
+// event is what a delivery says about itself.
+type event struct {
+	id, typ    string
+	fromHeader bool // the ID came from the (unsigned) header, not the body
+}
+
 // extractEvent returns the event ID and type of a delivery. The ID is
-// the body's top-level "id" when the body is a JSON object that has one,
-// else headerID; when both are present they must be equal, since only
-// the body is covered by the signature. The type is the body's top-level
-// "type" when it is a string, else "".
-func extractEvent(body []byte, headerIDs []string) (id, typ string, err error) {
+// the body's top-level "id" when the body is a JSON object that has one;
+// when the header is present too they must be equal, since only the body
+// is covered by the signature. Without an "id" in the body the ID is the
+// header's, unless requireBodyID (then errIDNotInBody). The type is the
+// body's top-level "type" when it is a string, else "".
+func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, error) {
 	if len(headerIDs) > 1 {
-		return "", "", errIDHeaders
+		return event{}, errIDHeaders
 	}
 	headerID := ""
 	if len(headerIDs) == 1 {
@@ -48,25 +59,28 @@ func extractEvent(body []byte, headerIDs []string) (id, typ string, err error) {
 	}
 	f, err := scanTopLevel(body)
 	if err != nil {
-		return "", "", err
+		return event{}, err
 	}
-	typ = f.typ
-	if f.hasID {
+	ev := event{typ: f.typ}
+	switch {
+	case f.hasID:
 		if !validID(f.id) {
-			return "", typ, errIDInvalid
+			return ev, errIDInvalid
 		}
 		if headerID != "" && headerID != f.id {
-			return "", typ, errIDMismatch
+			return ev, errIDMismatch
 		}
-		return f.id, typ, nil
+		ev.id = f.id
+		return ev, nil
+	case requireBodyID:
+		return ev, errIDNotInBody
+	case headerID == "":
+		return ev, errIDMissing
+	case !validID(headerID):
+		return ev, errIDInvalid
 	}
-	if headerID == "" {
-		return "", typ, errIDMissing
-	}
-	if !validID(headerID) {
-		return "", typ, errIDInvalid
-	}
-	return headerID, typ, nil
+	ev.id, ev.fromHeader = headerID, true
+	return ev, nil
 }
 
 // topLevel holds the fields of a JSON object body that dedup needs.
@@ -75,18 +89,34 @@ type topLevel struct {
 	hasID   bool
 }
 
+// utf8BOM is the byte order mark that RFC 8259 forbids in networked JSON.
+const utf8BOM = "\xef\xbb\xbf"
+
+// maxNesting is encoding/json's limit on nested objects and arrays; a
+// deeper body is malformed to a Go backend, so it is here too.
+const maxNesting = 10000
+
 // scanTopLevel reads the top-level "id" and "type" of a JSON object
-// without unmarshaling the body: it walks the top level strictly (keys,
-// colons, commas) and skips nested values by matching brackets and
-// strings, so its cost is one pass over the bytes and no allocation but
-// the two strings it returns. A body that is not a JSON object (empty,
-// an array, not JSON at all) yields no fields and no error: the event ID
-// then comes from the header. A body that starts with '{' must be a
-// well-formed object, else errBodyJSON. A second top-level "id" is
-// refused (errIDDupKey): JSON parsers disagree on which one wins, so the
-// backend might process another ID than the one deduplicated.
+// without unmarshaling the body, in one pass that validates the whole
+// body as encoding/json.Valid does (strings, escapes, numbers, literals,
+// nesting up to 10000; invalid UTF-8 inside strings is allowed, as
+// there), and allocates nothing but the two strings it returns. A body
+// that is not a JSON object (empty, an array, not JSON at all) yields no
+// fields and no error: the event ID then comes from the header, if
+// require_body_id allows it. A body that starts with '{' must be a
+// well-formed object, else errBodyJSON. Refused with their own errors:
+// a second top-level "id" (errIDDupKey: JSON parsers disagree on which
+// one wins, so the backend might process another ID than the one
+// deduplicated); a top-level key that is "id" in another case, such as
+// "ID" (errIDCaseKey: Go's encoding/json matches field names without
+// regard to case); a body that starts with a UTF-8 byte order mark
+// (errBodyBOM: Sangho never sends one, RFC 8259 forbids it, and parsers
+// disagree, so the backend might read an ID the scan did not).
 func scanTopLevel(b []byte) (topLevel, error) {
 	var f topLevel
+	if bytes.HasPrefix(b, []byte(utf8BOM)) {
+		return f, errBodyBOM
+	}
 	s := jsonScanner{b: b}
 	s.ws()
 	if s.i >= len(b) || b[s.i] != '{' {
@@ -101,7 +131,7 @@ func scanTopLevel(b []byte) (topLevel, error) {
 	typSeen := false
 	for {
 		s.ws()
-		key, keyEsc, ok := s.str(true)
+		key, keyEsc, ok := s.str()
 		if !ok {
 			return f, errBodyJSON
 		}
@@ -111,7 +141,7 @@ func scanTopLevel(b []byte) (topLevel, error) {
 		}
 		s.i++
 		s.ws()
-		isID, isType := keyIs(key, keyEsc, "id"), keyIs(key, keyEsc, "type")
+		isID, isIDCase, isType := classifyKey(key, keyEsc)
 		switch {
 		case isID:
 			if f.hasID {
@@ -123,13 +153,15 @@ func scanTopLevel(b []byte) (topLevel, error) {
 				}
 				return f, errIDNotString
 			}
-			raw, esc, ok := s.str(true)
+			raw, esc, ok := s.str()
 			if !ok {
 				return f, errBodyJSON
 			}
 			f.id, f.hasID = decodeStr(raw, esc), true
+		case isIDCase:
+			return f, errIDCaseKey
 		case isType && !typSeen && s.peek() == '"':
-			raw, esc, ok := s.str(true)
+			raw, esc, ok := s.str()
 			if !ok {
 				return f, errBodyJSON
 			}
@@ -152,16 +184,26 @@ func scanTopLevel(b []byte) (topLevel, error) {
 	}
 }
 
-// keyIs compares a raw JSON key with want, decoding escapes only when
-// the key has any (e.g. "\u0069d" is "id").
-func keyIs(raw []byte, escaped bool, want string) bool {
-	if !escaped {
-		return string(raw) == want
+// classifyKey tells whether a raw top-level key is "id", "id" in another
+// case (as Go's encoding/json would match it: bytes.EqualFold), or
+// "type", decoding escapes only when the key has some and is short
+// enough to be one of them (e.g. "\u0069d" is "id").
+func classifyKey(raw []byte, escaped bool) (isID, isIDCase, isType bool) {
+	if escaped {
+		if len(raw) > len(`\u0074\u0079\u0070\u0065`) {
+			return false, false, false
+		}
+		raw = []byte(decodeStr(raw, true))
 	}
-	return decodeStr(raw, true) == want
+	if len(raw) > 8 { // no spelling of "id" or "type" is longer
+		return false, false, false
+	}
+	isID = string(raw) == "id"
+	return isID, !isID && bytes.EqualFold(raw, []byte("id")), string(raw) == "type"
 }
 
-// decodeStr turns the raw content of a JSON string into a Go string.
+// decodeStr turns the raw content of a JSON string, already validated,
+// into a Go string.
 func decodeStr(raw []byte, escaped bool) string {
 	if !escaped {
 		return string(raw)
@@ -174,9 +216,6 @@ func decodeStr(raw []byte, escaped bool) string {
 	}
 	return out
 }
-
-// structural marks the bytes that matter when skipping a nested value.
-var structural = [256]bool{'"': true, '{': true, '}': true, '[': true, ']': true}
 
 type jsonScanner struct {
 	b []byte
@@ -210,96 +249,220 @@ func (s *jsonScanner) end() error {
 	return nil
 }
 
-// str reads a string at s.i and returns its raw content (between the
-// quotes) and whether it holds escapes. It finds the closing quote with
-// bytes.IndexByte (vectorized), so long strings cost little. With
-// validate, control characters make the string malformed; strings that
-// are only skipped are not validated (the backend parses them anyway).
-func (s *jsonScanner) str(validate bool) (raw []byte, escaped, ok bool) {
+// strStop marks the bytes that end the fast run through a string: the
+// closing quote, an escape, and the control characters JSON forbids.
+var strStop = func() (t [256]bool) {
+	for c := 0; c < 0x20; c++ {
+		t[c] = true
+	}
+	t['"'], t['\\'] = true, true
+	return t
+}()
+
+// str reads a string at s.i, validating it (no control characters,
+// only JSON's escapes), and returns its raw content (between the quotes)
+// and whether it holds escapes.
+func (s *jsonScanner) str() (raw []byte, escaped, ok bool) {
 	if s.peek() != '"' {
 		return nil, false, false
 	}
 	start := s.i + 1
-	rest := s.b[start:]
-	j := 0
+	b := s.b
+	i := start
 	for {
-		k := bytes.IndexByte(rest[j:], '"')
-		if k < 0 {
+		// 8 bytes at a time while none of them can end the run, and 32
+		// at a time once the string proves long.
+		for n := 0; i+8 <= len(b) && stops(binary.LittleEndian.Uint64(b[i:])) == 0; n++ {
+			i += 8
+			if n == 3 {
+				for i+32 <= len(b) && stops(binary.LittleEndian.Uint64(b[i:]))|
+					stops(binary.LittleEndian.Uint64(b[i+8:]))|
+					stops(binary.LittleEndian.Uint64(b[i+16:]))|
+					stops(binary.LittleEndian.Uint64(b[i+24:])) == 0 {
+					i += 32
+				}
+			}
+		}
+		for i < len(b) && !strStop[b[i]] {
+			i++
+		}
+		if i >= len(b) {
 			return nil, false, false
 		}
-		j += k
-		// The quote is escaped if an odd number of backslashes precede it.
-		n := 0
-		for p := j - 1; p >= 0 && rest[p] == '\\'; p-- {
-			n++
-		}
-		if n%2 == 0 {
-			break
-		}
-		j++
-	}
-	raw = rest[:j]
-	escaped = bytes.IndexByte(raw, '\\') >= 0
-	if validate {
-		for _, c := range raw {
-			if c < 0x20 {
+		switch c := b[i]; {
+		case c == '"':
+			s.i = i + 1
+			return b[start:i], escaped, true
+		case c == '\\':
+			escaped = true
+			if i+1 >= len(b) {
 				return nil, false, false
 			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				if i+6 > len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+					return nil, false, false
+				}
+				i += 6
+			default:
+				return nil, false, false
+			}
+		case c < 0x20:
+			return nil, false, false
+		default:
+			i++ // a byte the word test flagged but that does not stop the run
 		}
 	}
-	s.i = start + j + 1
-	return raw, escaped, true
 }
 
-// skipValue skips one value of any kind. Nested objects and arrays are
-// skipped by matching brackets and strings; scalars by their characters.
+// stops reports (non-zero) whether one of the 8 bytes in w ends a run
+// through a string (see strStop).
+func stops(w uint64) uint64 { return hasLess(w, 0x20) | hasByte(w, '"') | hasByte(w, '\\') }
+
+// hasLess reports (non-zero) whether a byte of w is below n (n <= 128);
+// hasByte whether one equals c. Classic SWAR bit tricks.
+func hasLess(w uint64, n byte) uint64 {
+	return (w - 0x0101010101010101*uint64(n)) & ^w & 0x8080808080808080
+}
+
+func hasByte(w uint64, c byte) uint64 {
+	x := w ^ (0x0101010101010101 * uint64(c))
+	return (x - 0x0101010101010101) & ^x & 0x8080808080808080
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// skipValue skips and validates one value of any kind at s.i. Nested
+// objects and arrays are walked with an explicit stack, so a deep body
+// costs no recursion; with the top-level object, nesting may not exceed
+// maxNesting.
 func (s *jsonScanner) skipValue() bool {
-	switch c := s.peek(); c {
-	case '"':
-		_, _, ok := s.str(false)
-		return ok
-	case '{', '[':
-		var stackBuf [64]byte
-		stack := append(stackBuf[:0], c)
-		s.i++
-		for len(stack) > 0 {
-			for s.i < len(s.b) && !structural[s.b[s.i]] {
-				s.i++
-			}
-			if s.i >= len(s.b) {
+	var stackBuf [64]byte
+	stack := stackBuf[:0]
+	for {
+		// A value is expected at s.i.
+		s.ws()
+		switch c := s.peek(); c {
+		case '{', '[':
+			if len(stack)+1 >= maxNesting { // +1: the top-level object
 				return false
 			}
-			switch c := s.b[s.i]; c {
-			case '"':
-				if _, _, ok := s.str(false); !ok {
+			s.i++
+			s.ws()
+			if end := c + 2; s.peek() == end { // '{'+2 is '}', '['+2 is ']'
+				s.i++
+				break
+			}
+			stack = append(stack, c)
+			if c == '{' && !s.member() {
+				return false
+			}
+			continue
+		case '"':
+			if _, _, ok := s.str(); !ok {
+				return false
+			}
+		case 't':
+			if !s.literal("true") {
+				return false
+			}
+		case 'f':
+			if !s.literal("false") {
+				return false
+			}
+		case 'n':
+			if !s.literal("null") {
+				return false
+			}
+		default:
+			if !s.number() {
+				return false
+			}
+		}
+		// A value ended: close what it ends, or go on to the next one.
+		for {
+			if len(stack) == 0 {
+				return true
+			}
+			s.ws()
+			open := stack[len(stack)-1]
+			c := s.peek()
+			if c == ',' {
+				s.i++
+				if open == '{' && !s.member() {
 					return false
 				}
-				continue
-			case '{', '[':
-				stack = append(stack, c)
-			case '}', ']':
-				open := byte('{')
-				if c == ']' {
-					open = '['
-				}
-				if stack[len(stack)-1] != open {
-					return false
-				}
-				stack = stack[:len(stack)-1]
+				break
+			}
+			if c != open+2 {
+				return false
 			}
 			s.i++
+			stack = stack[:len(stack)-1]
 		}
-		return true
-	default:
-		start := s.i
-		for s.i < len(s.b) {
-			c := s.b[s.i]
-			if 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'E' {
-				s.i++
-				continue
-			}
-			break
-		}
-		return s.i > start
 	}
+}
+
+// member reads the key and colon of an object member, up to its value.
+func (s *jsonScanner) member() bool {
+	s.ws()
+	if _, _, ok := s.str(); !ok {
+		return false
+	}
+	s.ws()
+	if s.peek() != ':' {
+		return false
+	}
+	s.i++
+	return true
+}
+
+func (s *jsonScanner) literal(lit string) bool {
+	if !bytes.HasPrefix(s.b[s.i:], []byte(lit)) {
+		return false
+	}
+	s.i += len(lit)
+	return true
+}
+
+// number reads -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func (s *jsonScanner) number() bool {
+	b, i := s.b, s.i
+	digits := func() bool {
+		start := i
+		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+			i++
+		}
+		return i > start
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case !digits():
+		return false
+	}
+	if i < len(b) && b[i] == '.' {
+		i++
+		if !digits() {
+			return false
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if !digits() {
+			return false
+		}
+	}
+	s.i = i
+	return true
 }

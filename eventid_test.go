@@ -56,16 +56,67 @@ func TestExtractEvent(t *testing.T) {
 		{"control char in string", "{\"id\":\"evt\x01\"}", nil, "", "", errBodyJSON},
 		{"non-UTF-8 elsewhere", "{\"x\":\"\xff\xfe\",\"id\":\"evt_1\"}", nil, "evt_1", "", nil},
 		{"empty object", `{}`, nil, "", "", errIDMissing},
-		{"deep nesting", `{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `,"id":"evt_deep"}`, nil, "evt_deep", "", nil},
+		{"deep nesting", `{"a":` + strings.Repeat("[", 9999) + strings.Repeat("]", 9999) + `,"id":"evt_deep"}`, nil, "evt_deep", "", nil},
+		{"nesting deeper than encoding/json allows", `{"a":` + strings.Repeat("[", 10000) + strings.Repeat("]", 10000) + `,"id":"evt_deep"}`, nil, "", "", errBodyJSON},
+		{"empty nested at the limit", `{"a":` + strings.Repeat(`{"b":`, 9998) + `[]` + strings.Repeat("}", 9998) + `,"id":"evt_deep"}`, nil, "evt_deep", "", nil},
+		{"empty nested past the limit", `{"a":` + strings.Repeat(`{"b":`, 9999) + `[]` + strings.Repeat("}", 9999) + `,"id":"evt_deep"}`, nil, "", "", errBodyJSON},
+		// Scalars, nested or not, per JSON's grammar.
+		{"literal misspelt", `{"a": nul, "id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"literal misspelt, nested", `{"a":[1,{"b":tru}],"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"literal with a tail", `{"a":nullx,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"literal run together", `{"a":[truefalse],"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"bare word", `{"a":undefined,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"number with a leading zero", `{"a":01,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"number ending in a dot", `{"a":1.,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"number starting with a dot", `{"a":.5,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"lone minus", `{"a":[-],"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"plus sign", `{"a":+1,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"exponent without digits", `{"a":1e+,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"hex number", `{"a":0x1F,"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"numbers that are fine", `{"a":[0,-0,1.5,-12.25e+3,6E-2,1e9],"id":"ev_1"}`, nil, "ev_1", "", nil},
+		{"literals that are fine", `{"a":[true,false,null,{"x":null}],"id":"ev_1"}`, nil, "ev_1", "", nil},
+		{"nested missing colon", `{"a":{"b" 1},"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"nested missing comma", `{"a":[1 2],"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"nested trailing comma", `{"a":[1,],"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"nested unquoted key", `{"a":{b:1},"id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"bad escape in a skipped string", `{"a":"\q","id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"short \\u escape", `{"a":"\u12","id":"ev_1"}`, nil, "", "", errBodyJSON},
+		{"control char in a skipped string", "{\"a\":[\"x\ty\"],\"id\":\"ev_1\"}", nil, "", "", errBodyJSON},
+		{"escapes that are fine", `{"a":"\"\\\/\b\f\n\r\t\u00e9\ud800","id":"ev_1"}`, nil, "ev_1", "", nil},
+		// Keys that Go's encoding/json would take for "id".
+		{"ID beside id", `{"id":"evt_a","ID":"evt_b"}`, nil, "", "", errIDCaseKey},
+		{"ID before id", `{"ID":"evt_b","id":"evt_a"}`, nil, "", "", errIDCaseKey},
+		{"Id alone", `{"Id":"evt_b"}`, []string{"evt_b"}, "", "", errIDCaseKey},
+		{"iD, nested value", `{"iD":{"x":1},"id":"evt_a"}`, nil, "", "", errIDCaseKey},
+		{"ID spelt with an escape", `{"id":"evt_a","\u0049D":"evt_b"}`, nil, "", "", errIDCaseKey},
+		{"i\\u0044 spelt with an escape", `{"id":"evt_a","i\u0044":"evt_b"}`, nil, "", "", errIDCaseKey},
+		{"dotted capital I is not a case of i", `{"id":"evt_a","\u0130d":"x","\u0131d":"y"}`, nil, "evt_a", "", nil},
+		{"nested ID is not the event id", `{"id":"evt_a","data":{"ID":"x"}}`, nil, "evt_a", "", nil},
+		{"Type key is no matter", `{"id":"evt_a","Type":"x"}`, nil, "evt_a", "", nil},
+		// A byte order mark.
+		{"BOM before the object", "\xef\xbb\xbf" + `{"id":"evt_bom"}`, nil, "", "", errBodyBOM},
+		{"BOM, header ID", "\xef\xbb\xbf" + `{"id":"evt_bom"}`, []string{"evt_h"}, "", "", errBodyBOM},
+		{"BOM, not JSON", "\xef\xbb\xbfhello", []string{"evt_h"}, "", "", errBodyBOM},
+		{"BOM after whitespace is just not JSON", " \xef\xbb\xbf{}", []string{"evt_h"}, "evt_h", "", nil},
 	}
 	for _, c := range cases {
-		id, typ, err := extractEvent([]byte(c.body), c.headers)
+		ev, err := extractEvent([]byte(c.body), c.headers, false)
 		if !errors.Is(err, c.err) || (c.err == nil && err != nil) {
 			t.Errorf("%s: err = %v, want %v", c.name, err, c.err)
 			continue
 		}
-		if err == nil && (id != c.id || typ != c.typ) {
-			t.Errorf("%s: id %q type %q, want %q %q", c.name, id, typ, c.id, c.typ)
+		if err == nil && (ev.id != c.id || ev.typ != c.typ) {
+			t.Errorf("%s: id %q type %q, want %q %q", c.name, ev.id, ev.typ, c.id, c.typ)
+		}
+		// With require_body_id on, a body without a top-level "id" is
+		// refused, and everything else is the same.
+		wantErr, wantID := err, ev.id
+		if f, scanErr := scanTopLevel([]byte(c.body)); len(c.headers) <= 1 && scanErr == nil && !f.hasID {
+			wantErr, wantID = errIDNotInBody, ""
+		}
+		evOn, errOn := extractEvent([]byte(c.body), c.headers, true)
+		if !errors.Is(errOn, wantErr) || (wantErr == nil && errOn != nil) || evOn.id != wantID {
+			t.Errorf("%s, require_body_id on: %q %v, want %q %v", c.name, evOn.id, errOn, wantID, wantErr)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -52,9 +54,11 @@ func FuzzSignatureHeader(f *testing.F) {
 	})
 }
 
-// FuzzExtractEvent: never panics; an ID it returns is valid; and on a
-// body that encoding/json accepts as an object with a unique top-level
-// "id", it agrees with encoding/json.
+// FuzzExtractEvent: never panics; an ID it returns is valid; on a body
+// that starts with '{' it finds the body malformed exactly when
+// encoding/json does; and on a body that encoding/json accepts as an
+// object with a single top-level "id" (and no key encoding/json would
+// also match to it, such as "ID"), it agrees with encoding/json.
 func FuzzExtractEvent(f *testing.F) {
 	f.Add(bodyA, "")
 	f.Add(bodyB, "evt_unicode_body")
@@ -62,22 +66,45 @@ func FuzzExtractEvent(f *testing.F) {
 	f.Add(`{"\u0069d":"evt_esc","data":{"id":"x"}}`, "")
 	f.Add(`[1,2,{"id":"x"}]`, "evt_h")
 	f.Add(`{"a":"\\\"","id":"e"}`, "e")
+	f.Add(`{"a": nul, "id":"ev_1"}`, "")
+	f.Add(`{"id":"evt_a","ID":"evt_b"}`, "")
+	f.Add("\xef\xbb\xbf{\"id\":\"evt_bom\"}", "evt_h")
 	f.Fuzz(func(t *testing.T, body, header string) {
 		var headers []string
 		if header != "" {
 			headers = []string{header}
 		}
-		id, _, err := extractEvent([]byte(body), headers)
+		ev, err := extractEvent([]byte(body), headers, false)
+		id := ev.id
 		if err == nil && !validID(id) {
 			t.Fatalf("returned invalid ID %q", id)
 		}
-		var obj map[string]json.RawMessage
-		if json.Unmarshal([]byte(body), &obj) != nil || obj == nil || strings.Count(body, `"id"`) > 1 {
-			return // not a plain JSON object, or possibly a duplicate key
+		if strings.HasPrefix(strings.TrimLeft(body, " \t\r\n"), "{") {
+			_, scanErr := scanTopLevel([]byte(body))
+			valid := json.Valid([]byte(body))
+			if scanErr == nil && !valid {
+				t.Fatalf("%q: accepted, but encoding/json finds it malformed", body)
+			}
+			if errors.Is(scanErr, errBodyJSON) && valid {
+				t.Fatalf("%q: refused as malformed, but encoding/json accepts it", body)
+			}
 		}
-		raw, ok := obj["id"]
+		ids, variants, ok := topLevelIDKeys(body)
+		if !ok || ids != 1 {
+			return // not a JSON object, or no "id", or a duplicate one (refused)
+		}
+		if variants > 0 {
+			if err == nil {
+				t.Fatalf("%q: accepted with a key that encoding/json takes for \"id\"", body)
+			}
+			return
+		}
+		var obj map[string]json.RawMessage
+		if json.Unmarshal([]byte(body), &obj) != nil {
+			return
+		}
 		var want string
-		if !ok || json.Unmarshal(raw, &want) != nil || !validID(want) {
+		if json.Unmarshal(obj["id"], &want) != nil || !validID(want) {
 			return
 		}
 		if header != "" && header != want {
@@ -90,6 +117,40 @@ func FuzzExtractEvent(f *testing.F) {
 			t.Fatalf("body %q: got %q, %v; encoding/json says %q", body, id, err, want)
 		}
 	})
+}
+
+// topLevelIDKeys counts, with encoding/json's tokenizer, the top-level
+// keys of a JSON object body that are "id" and those that are "id" in
+// another case; ok is false if body is not a valid JSON object.
+func topLevelIDKeys(body string) (ids, variants int, ok bool) {
+	dec := json.NewDecoder(strings.NewReader(body))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return 0, 0, false
+	}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return 0, 0, false
+		}
+		key, _ := tok.(string)
+		switch {
+		case key == "id":
+			ids++
+		case strings.EqualFold(key, "id"):
+			variants++
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return 0, 0, false
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return 0, 0, false
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return 0, 0, false // something after the object
+	}
+	return ids, variants, true
 }
 
 // FuzzHandler: the whole handler (memory store) on arbitrary requests,
@@ -130,7 +191,7 @@ func FuzzHandler(f *testing.F) {
 			if !sign || method != http.MethodPost || len(body) > 4096 {
 				t.Fatalf("passed on: method %q, signed %v, %d bytes", method, sign, len(body))
 			}
-			if _, _, err := extractEvent([]byte(body), r.Header.Values("Sangho-Event-Id")); err != nil {
+			if _, err := extractEvent([]byte(body), r.Header.Values("Sangho-Event-Id"), true); err != nil {
 				t.Fatalf("passed on a request whose event ID is refused: %v", err)
 			}
 		}

@@ -3,6 +3,8 @@ package sanghodedup
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"io"
 	"net/http"
@@ -59,14 +61,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	default:
 		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, errSigCount, "")
 	}
-	if err := h.verifier.verify(sig, body.bytes()); err != nil {
+	signedAt, err := h.verifier.check(sig, body.bytes())
+	if err != nil {
 		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
 	}
 
-	id, typ, err := extractEvent(body.bytes(), r.Header.Values(h.EventIDHeader))
+	ev, err := extractEvent(body.bytes(), r.Header.Values(h.EventIDHeader), h.requireBodyID)
 	if err != nil {
 		return h.reject(r, repl, outcomeBadRequest, http.StatusBadRequest, err, "")
 	}
+	id, typ := ev.id, ev.typ
 	repl.Set("http.sangho_dedup.event_id", id)
 	repl.Set("http.sangho_dedup.event_type", typ)
 
@@ -74,22 +78,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// so that a claim that reached the store is always followed by a
 	// commit or a release. go-redis's timeouts bound them.
 	sctx := context.WithoutCancel(r.Context())
+	start := time.Now()
+	if ev.fromHeader {
+		// The ID is not signed: bind this signed message to the first ID
+		// it came with, so that a replay under another ID is refused.
+		// The record is a lease whose token is the event ID: the same ID
+		// claims it again (a resent delivery, deduplicated below), another
+		// does not. It outlives the signature's validity and then expires.
+		res, err := h.store.Claim(sctx, signatureKey(h.KeyPrefix, signedAt, body.bytes()), id, h.sigMemory)
+		observe(opClaim, start, err)
+		if err != nil {
+			return h.storeFailed(w, r, next, repl, id, err)
+		}
+		if res != Claimed {
+			return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, errSigReplayed, id)
+		}
+		start = time.Now()
+	}
 	key := h.KeyPrefix + id
 	token := newToken()
-	start := time.Now()
 	res, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
 	observe(opClaim, start, err)
 	if err != nil {
-		if h.pass {
-			h.outcome(repl, outcomeUnchecked)
-			h.logger.Warn("dedup store failed; passing the event on unchecked (on_store_error pass)",
-				zap.String("event_id", id), zap.Error(err))
-			return next.ServeHTTP(w, r)
-		}
-		h.logger.Error("dedup store failed; answering 503 so that Sangho retries",
-			zap.String("event_id", id), zap.Error(err))
-		w.Header().Set("Retry-After", h.retryAfter)
-		return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
+		return h.storeFailed(w, r, next, repl, id, err)
 	}
 	switch res {
 	case AlreadyDone:
@@ -115,6 +126,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	h.debug("new event: passing it on", id, typ)
 	return h.process(w, r, next, repl, sctx, key, token, id, typ, start)
+}
+
+// storeFailed answers a delivery whose claim failed: 503, or with
+// on_store_error pass, the next handler, unchecked.
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, id string, err error) error {
+	if h.pass {
+		h.outcome(repl, outcomeUnchecked)
+		h.logger.Warn("dedup store failed; passing the event on unchecked (on_store_error pass)",
+			zap.String("event_id", id), zap.Error(err))
+		return next.ServeHTTP(w, r)
+	}
+	h.logger.Error("dedup store failed; answering 503 so that Sangho retries",
+		zap.String("event_id", id), zap.Error(err))
+	w.Header().Set("Retry-After", h.retryAfter)
+	return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
+}
+
+// signatureKey names the store record of a signed message: the SHA-256
+// of what the signature covers, t + "." + body, so that it does not
+// depend on which secret or which v1 matched. The ":" keeps it apart
+// from event keys (an event ID has none).
+func signatureKey(prefix string, t int64, body []byte) string {
+	hash := sha256.New()
+	var tbuf [20]byte
+	hash.Write(strconv.AppendInt(tbuf[:0], t, 10))
+	hash.Write([]byte{'.'})
+	hash.Write(body)
+	var sum [sha256.Size]byte
+	return prefix + "sig:" + hex.EncodeToString(hash.Sum(sum[:0]))
 }
 
 // process runs the next handler while holding the lease on key, then
@@ -413,18 +453,36 @@ const maxPooledBuffer = 2 << 20
 
 type pooledBody struct {
 	buf  *bytes.Buffer
-	rd   bytes.Reader
 	refs atomic.Int32
-	shut atomic.Bool
+
+	mu   sync.Mutex // orders Read and Close: no Read runs once the buffer may be recycled
+	rd   bytes.Reader
+	shut bool
 }
 
 func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
 
-func (b *pooledBody) Read(p []byte) (int, error) { return b.rd.Read(p) }
+// Read reads the body; after Close it fails with
+// http.ErrBodyReadAfterClose, as net/http's own request bodies do: the
+// buffer may already be back in the pool and hold another request (a
+// later reader, e.g. reverse_proxy in handle_errors after a backend that
+// read part of the body and failed).
+func (b *pooledBody) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.shut {
+		return 0, http.ErrBodyReadAfterClose
+	}
+	return b.rd.Read(p)
+}
 
 // Close is called by the reader of the body; idempotent.
 func (b *pooledBody) Close() error {
-	if b.shut.CompareAndSwap(false, true) {
+	b.mu.Lock()
+	first := !b.shut
+	b.shut = true
+	b.mu.Unlock()
+	if first {
 		b.unref()
 	}
 	return nil
@@ -457,12 +515,12 @@ func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
 	if r.ContentLength > limit {
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge
 	}
+	// The buffer grows with the bytes that arrive (bytes.Buffer.ReadFrom
+	// at most doubles it), never with Content-Length: a declared length
+	// costs nothing until the body is sent, so connections that announce
+	// large bodies and send none hold no memory for them. A pooled buffer
+	// keeps its capacity from earlier requests.
 	buf := bufPool.Get().(*bytes.Buffer)
-	if r.ContentLength > 0 {
-		// Room for the body and for bytes.Buffer.ReadFrom's minimum read,
-		// so that a pooled buffer of that size is reused as it is.
-		buf.Grow(int(r.ContentLength) + bytes.MinRead)
-	}
 	var err error
 	if r.Body != nil {
 		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,6 +182,64 @@ func TestHandlerStatusTable(t *testing.T) {
 	}
 }
 
+// TestReplayThroughHeaderID: the event ID header is not signed. By
+// default (require_body_id on) a signed body without a top-level "id" is
+// refused, so a captured delivery cannot be replayed as a new event under
+// another header ID. With require_body_id off, the signed message (t and
+// body) is remembered with the ID it was first accepted with, and its
+// reuse with another ID is refused with 401.
+func TestReplayThroughHeaderID(t *testing.T) {
+	body := `{"object":"event","type":"invoice.paid","data":{"amount":10}}`
+	captured := delivery(body, "evt_first").Header.Get("Sangho-Signature")
+	replay := func(id, sig string) *http.Request {
+		r := delivery(body, id)
+		r.Header.Set("Sangho-Signature", sig)
+		return r
+	}
+
+	h, _ := newTestHandler(t, func(h *Handler) { h.KeyPrefix = "replay_on:" })
+	next := &countingNext{}
+	for _, id := range []string{"evt_first", "evt_second", "evt_third"} {
+		w, repl, err := serve(h, replay(id, captured), next)
+		if w.Code != 400 || !errors.Is(err, errIDNotInBody) || outcomeOf(repl) != outcomeBadRequest {
+			t.Errorf("require_body_id on (the default), header ID %s: %d %v, want 400 (no id in the body)", id, w.Code, err)
+		}
+	}
+	if w, _, _ := serve(h, delivery(eventBody("evt_in_body"), "evt_in_body"), next); w.Code != 200 {
+		t.Errorf("require_body_id on, a body with its id: %d", w.Code)
+	}
+	if n := next.calls.Load(); n != 1 {
+		t.Errorf("require_body_id on: the backend was reached %d times, want 1", n)
+	}
+
+	off := false
+	h, _ = newTestHandler(t, func(h *Handler) { h.RequireBodyID, h.KeyPrefix = &off, "replay_off:" })
+	next = &countingNext{}
+	for _, c := range []struct {
+		id, sig string
+		status  int
+		outcome string
+	}{
+		{"evt_first", captured, 200, outcomeProcessed},
+		{"evt_second", captured, 401, outcomeInvalidSignature},
+		{"evt_third", captured, 401, outcomeInvalidSignature},
+		{"evt_first", captured, 200, outcomeDuplicate}, // the same delivery again: deduplicated
+		// Signed afresh (another t), the same body is another message.
+		{"evt_second", sangho.Sign(testNow.Add(time.Second), []byte(body), secret1), 200, outcomeProcessed},
+	} {
+		w, repl, err := serve(h, replay(c.id, c.sig), next)
+		if w.Code != c.status || outcomeOf(repl) != c.outcome {
+			t.Errorf("require_body_id off, header ID %s: %d %q (%v), want %d %q", c.id, w.Code, outcomeOf(repl), err, c.status, c.outcome)
+		}
+		if c.status == 401 && !errors.Is(err, errSigReplayed) {
+			t.Errorf("require_body_id off, header ID %s: error %v, want errSigReplayed", c.id, err)
+		}
+	}
+	if n := next.calls.Load(); n != 2 {
+		t.Errorf("require_body_id off: the backend was reached %d times, want 2 (evt_first once, evt_second signed afresh)", n)
+	}
+}
+
 func TestDuplicateAnswer(t *testing.T) {
 	h, _ := newTestHandler(t, nil)
 	next := &countingNext{}
@@ -212,6 +271,52 @@ func TestBackendGetsTheExactBytes(t *testing.T) {
 	}
 	if string(got) != body || gotLen != int64(len(body)) {
 		t.Fatalf("backend got %q (length %d), want %q", got, gotLen, body)
+	}
+}
+
+// TestBodyReadAfterCloseFails: a next handler that reads part of the
+// body, closes it and fails (a backend that went away mid-upload) lets
+// the buffer go back to the pool. Whoever reads r.Body after that (e.g.
+// handle_errors { reverse_proxy ... }) must get http.ErrBodyReadAfterClose,
+// never the rest of the buffer, which may already hold another request.
+func TestBodyReadAfterCloseFails(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	first := `{"id":"evt_first","pad":"` + strings.Repeat("a", 4000) + `"}`
+	second := `{"id":"evt_second","pad":"` + strings.Repeat("B", 4000) + `"}`
+	var kept io.ReadCloser
+	partial := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		kept = r.Body
+		if _, err := io.ReadFull(r.Body, make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		return caddyhttp.Error(http.StatusBadGateway, errors.New("upstream went away mid-upload"))
+	})
+	if _, _, err := serve(h, delivery(first, ""), partial); err == nil {
+		t.Fatal("the failing next handler's error was lost")
+	}
+	// Another request now takes a buffer from the pool, likely the same.
+	if w, _, err := serve(h, delivery(second, ""), &countingNext{}); err != nil || w.Code != 200 {
+		t.Fatalf("second request: %d %v", w.Code, err)
+	}
+	got := make([]byte, 8192)
+	n, err := kept.Read(got)
+	if n != 0 || !errors.Is(err, http.ErrBodyReadAfterClose) {
+		t.Fatalf("read after close: %d bytes (another request's: %v), %v; want 0 and http.ErrBodyReadAfterClose",
+			n, bytes.Contains(got[:n], []byte("BBBB")), err)
+	}
+
+	// And while the handler still holds the buffer: closed is closed.
+	var n2 int
+	var err2 error
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		r.Body.Close()
+		n2, err2 = r.Body.Read(make([]byte, 10))
+		return nil
+	})
+	serve(h, delivery(eventBody("evt_closed_early"), ""), next)
+	if n2 != 0 || !errors.Is(err2, http.ErrBodyReadAfterClose) {
+		t.Fatalf("read after close, handler running: %d bytes, %v", n2, err2)
 	}
 }
 
@@ -530,10 +635,11 @@ func TestProvisionErrors(t *testing.T) {
 		}
 	}
 	for name, h := range map[string]*Handler{
-		"bad on_store_error": {Secrets: []string{"s"}, OnStoreError: "maybe"},
-		"tiny lock_ttl":      {Secrets: []string{"s"}, LockTTL: caddy.Duration(time.Millisecond)},
-		"negative tolerance": {Secrets: []string{"s"}, Tolerance: -1},
-		"bad header":         {Secrets: []string{"s"}, EventIDHeader: "a b"},
+		"bad on_store_error":        {Secrets: []string{"s"}, OnStoreError: "maybe"},
+		"tiny lock_ttl":             {Secrets: []string{"s"}, LockTTL: caddy.Duration(time.Millisecond)},
+		"negative tolerance":        {Secrets: []string{"s"}, Tolerance: -1},
+		"max_body_size over 64 MiB": {Secrets: []string{"s"}, MaxBodySize: 64<<20 + 1},
+		"bad header":                {Secrets: []string{"s"}, EventIDHeader: "a b"},
 	} {
 		if err := h.Provision(ctx); err != nil {
 			t.Errorf("%s: provision: %v", name, err)
@@ -551,6 +657,75 @@ func TestProvisionErrors(t *testing.T) {
 	h.now = func() time.Time { return testNow }
 	if err := h.verifier.verify("t=1733140800,v1="+vectors[0].v1, []byte(bodyA)); err != nil {
 		t.Fatalf("secret from {env.X} not resolved: %v", err)
+	}
+}
+
+// TestSecretPlaceholders: only a secret that is one whole placeholder
+// ({env.X}, {file./path}) is resolved; any other value is the secret
+// itself, braces included. A whole placeholder that is unset or empty is
+// a config error naming the secret's number and the placeholder, never a
+// secret.
+func TestSecretPlaceholders(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	t.Setenv("SANGHO_TEST_SECRET", secret1)
+	t.Setenv("SANGHO_EMPTY_SECRET", "")
+	file := t.TempDir() + "/secret"
+	if err := os.WriteFile(file, []byte(secret2+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(bodyA)
+	signedWith := func(secret string) string { return sangho.Sign(testNow, body, secret) }
+	for _, c := range []struct {
+		secret  string
+		accepts string // a request signed with this secret verifies
+		refuses string // and one signed with this does not
+	}{
+		{"whsec_ab{cd}ef", "whsec_ab{cd}ef", "whsec_abef"},
+		{"whsec_{env.SANGHO_TEST_SECRET}", "whsec_{env.SANGHO_TEST_SECRET}", "whsec_" + secret1},
+		{"whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_"},
+		{"{env.SANGHO_TEST_SECRET}", secret1, "{env.SANGHO_TEST_SECRET}"},
+		{"{file." + file + "}", secret2, secret2 + "\n"},
+		{"{env.SANGHO_TEST_SECRET} ", "{env.SANGHO_TEST_SECRET} ", secret1},
+	} {
+		// one config each: handlers of one config with different secrets
+		// may not share a store and prefix
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		h := &Handler{Secrets: []string{c.secret}, StoreRaw: []byte(`{"type":"memory"}`)}
+		if err := h.Provision(ctx); err != nil {
+			t.Errorf("%q: %v", c.secret, err)
+			continue
+		}
+		h.now = func() time.Time { return testNow }
+		if err := h.verifier.verify(signedWith(c.accepts), body); err != nil {
+			t.Errorf("secret %q: a request signed with %q is refused: %v", c.secret, c.accepts, err)
+		}
+		if err := h.verifier.verify(signedWith(c.refuses), body); err == nil {
+			t.Errorf("secret %q: a request signed with %q is accepted", c.secret, c.refuses)
+		}
+	}
+	for _, c := range []struct {
+		secrets []string
+		want    string
+	}{
+		{[]string{secret2, "{env.SANGHO_UNSET_SECRET_X}"}, "secret #2: placeholder {env.SANGHO_UNSET_SECRET_X} is unset or empty"},
+		{[]string{"{env.SANGHO_EMPTY_SECRET}"}, "secret #1: placeholder {env.SANGHO_EMPTY_SECRET} is unset or empty"},
+		{[]string{secret2, secret1, "{file." + file + ".missing}"}, "secret #3: placeholder {file." + file + ".missing} is unset or empty"},
+		{[]string{"{" + secret1 + "}"}, "secret #1 is a placeholder that Caddy does not know"},
+		{[]string{secret1, ""}, "secret #2 is empty"},
+	} {
+		h := &Handler{Secrets: c.secrets, StoreRaw: []byte(`{"type":"memory"}`)}
+		err := h.Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want it to contain %q", c.secrets, err, c.want)
+			continue
+		}
+		for _, s := range []string{secret1, secret2} {
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("the error prints a secret: %v", err)
+			}
+		}
 	}
 }
 

@@ -3,13 +3,19 @@ package sanghodedup
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
@@ -43,6 +49,9 @@ func TestHostileRequests(t *testing.T) {
 	}{
 		{"invalid JSON object", `{"id":"evt_h1",`, nil, 400, false},
 		{"duplicate id keys", `{"id":"evt_h2a","id":"evt_h2b"}`, nil, 400, false},
+		{"id and ID keys (encoding/json would read ID)", `{"id":"evt_h2c","ID":"evt_h2d"}`, nil, 400, false},
+		{"invalid literal beside a valid id", `{"a": nul, "id":"evt_h2e"}`, nil, 400, false},
+		{"byte order mark before the object", "\xef\xbb\xbf" + `{"id":"evt_h2f"}`, map[string][]string{"Sangho-Event-Id": {"evt_h2g"}}, 400, false},
 		{"id empty", `{"id":""}`, nil, 400, false},
 		{"id 255 bytes", `{"id":"` + id255 + `"}`, nil, 200, true},
 		{"id 256 bytes", `{"id":"` + id256 + `"}`, nil, 400, false},
@@ -191,5 +200,250 @@ http://127.0.0.1:%d {
 	// and the whole event, sent properly, is processed
 	if a := send(t, "http://"+addr+"/webhook", body, ""); a.status != 200 || a.dedup != "" {
 		t.Errorf("the complete event: %d %q", a.status, a.dedup)
+	}
+}
+
+// TestHeaderOnlyConnectionsCostNoBody: 200 connections that send only
+// headers announcing a 1 MiB body (no body, no signature) and wait must
+// not make Caddy allocate their bodies: the body buffer grows with the
+// bytes that arrive, not with Content-Length. Measured in this process
+// (Caddy runs in it): live heap after a GC, before and while the 200
+// connections wait inside sangho_dedup's body read.
+func TestHeaderOnlyConnectionsCostNoBody(t *testing.T) {
+	const conns = 200
+	l := newLedger(t)
+	s := startCaddy(t, "\troute {\n\t\ttest_body_probe\n"+dedupSite(l.addr(), "")+"\n\t}")
+	addr := "127.0.0.1:" + strconv.Itoa(s.port)
+	// One real event first, so that what a request needs anyway (pools,
+	// lazily built state) is in the baseline.
+	if a := send(t, s.url, bodyA, ""); a.status != 200 {
+		t.Fatalf("warm-up event: %d", a.status)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	bodyReadsStarted.Store(0)
+	idle := heap()
+	head := fmt.Sprintf("POST /webhook HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: 1048576\r\n\r\n", addr)
+	for i := 0; i < conns; i++ {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := io.WriteString(c, head); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for bodyReadsStarted.Load() < conns {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30 s only %d of %d requests reached the body read", bodyReadsStarted.Load(), conns)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	held := heap()
+	grew := int64(held) - int64(idle)
+	t.Logf("live heap: %.1f MiB idle, %.1f MiB with %d header-only connections waiting (%+.1f MiB)",
+		float64(idle)/(1<<20), float64(held)/(1<<20), conns, float64(grew)/(1<<20))
+	if grew > 20<<20 {
+		t.Fatalf("%d header-only connections grew the live heap by %.1f MiB, want under 20 MiB", conns, float64(grew)/(1<<20))
+	}
+}
+
+// TestServerErrorRouteGetsNoRecycledBody: a backend reads the first
+// bytes of a large event and resets the connection, so reverse_proxy
+// has read part of the body, closes it and fails; the body buffer goes
+// back to the pool. A handle_errors route that proxies the request
+// again must not send the rest of that buffer (which may by then hold
+// another request): its read fails, and the fallback receives no body
+// byte.
+func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
+	// The failing backend: reads the headers and 1 KiB, then resets.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			br := bufio.NewReader(c)
+			for {
+				line, err := br.ReadString('\n')
+				if err != nil || line == "\r\n" {
+					break
+				}
+			}
+			_, _ = io.ReadFull(br, make([]byte, 1024))
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
+	}()
+	fallback := newLedger(t)
+	s := startCaddy(t, `	sangho_dedup {
+		secret `+secret1+`
+		max_body_size 64MiB
+	}
+	reverse_proxy `+ln.Addr().String()+`
+	handle_errors {
+		reverse_proxy `+fallback.addr()+`
+	}`)
+	// Larger than what loopback socket buffers hold, so that the reset
+	// comes while reverse_proxy is still sending.
+	body := `{"id":"evt_recycled","pad":"` + strings.Repeat("x", 32<<20) + `"}`
+	a := send(t, s.url, body, "evt_recycled")
+	if a.status >= 200 && a.status <= 299 {
+		t.Fatalf("answered %d", a.status)
+	}
+	fallback.srv.Close() // waits for the fallback's handlers to finish
+	fallback.mu.Lock()
+	got, reached := fallback.bodies["evt_recycled"], fallback.received["evt_recycled"]
+	fallback.mu.Unlock()
+	t.Logf("answer %d; the fallback was reached %d times with %d body bytes", a.status, reached, len(got))
+	if len(got) != 0 {
+		t.Fatalf("the error route sent %d bytes read from the recycled body buffer", len(got))
+	}
+}
+
+// TestServerHeaderIDReplay: the issue's reproduction through a real
+// Caddy: one captured delivery of a body without "id", replayed with new
+// Sangho-Event-ID values within the tolerance. By default every one is
+// refused (400); with require_body_id off only the first is processed and
+// the replays get 401, on each store (the remembered signature lives in
+// the store, so it holds across instances sharing it).
+func TestServerHeaderIDReplay(t *testing.T) {
+	body := `{"object":"event","type":"invoice.paid","data":{"amount":10}}`
+	post := func(url, sig, id string) int {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("Sangho-Signature", sig)
+		req.Header.Set("Sangho-Event-ID", id)
+		return do(t, req).status
+	}
+	t.Run("default", func(t *testing.T) {
+		l := newLedger(t)
+		s := startCaddy(t, dedupSite(l.addr(), ""))
+		sig := sangho.Sign(time.Now(), []byte(body), secret1)
+		for _, id := range []string{"evt_r1", "evt_r2", "evt_r3"} {
+			if st := post(s.url, sig, id); st != 400 {
+				t.Errorf("%s: %d, want 400", id, st)
+			}
+		}
+		if n, _ := l.counts(""); n != 0 {
+			t.Errorf("the backend was reached")
+		}
+	})
+	forStores(t, func(t *testing.T, store string) {
+		l := newLedger(t)
+		s := startCaddy(t, dedupSite(l.addr(), store+"\n\t\trequire_body_id off"))
+		sig := sangho.Sign(time.Now(), []byte(body), secret1)
+		for i, id := range []string{"evt_r1", "evt_r2", "evt_r3", "evt_r4"} {
+			want := 401
+			if i == 0 {
+				want = 200
+			}
+			if st := post(s.url, sig, id); st != want {
+				t.Errorf("%s: %d, want %d", id, st, want)
+			}
+		}
+		l.mu.Lock()
+		reached := len(l.received)
+		l.mu.Unlock()
+		if reached != 1 {
+			t.Errorf("%d events reached the backend, want 1", reached)
+		}
+	})
+}
+
+// TestServerNoUpstreamsAvailableIsReleased pins neverForwarded's match
+// of reverse_proxy's "no upstreams available" (an unexported error
+// matched by its text) on the real reverse_proxy: its only upstream is
+// down and marked unhealthy by passive health checks after one failed
+// dial, so the next event is answered 503 without any attempt to reach
+// it. That event must be released (Sangho's retry is processed at once),
+// not held until lock_ttl (which would answer the retry 409).
+func TestServerNoUpstreamsAvailableIsReleased(t *testing.T) {
+	dead := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	s := startCaddy(t, `	sangho_dedup {
+		secret `+secret1+`
+	}
+	reverse_proxy `+dead+` {
+		fail_duration 1m
+		max_fails 1
+	}
+	handle_errors {
+		respond "{http.sangho_dedup.outcome}" {http.error.status_code}
+	}`)
+	if a := send(t, s.url, eventBody("evt_dial"), ""); a.status != 502 || a.body != "released" {
+		t.Fatalf("backend down (dial error): %d %q, want 502 released", a.status, a.body)
+	}
+	for i := range 2 {
+		a := send(t, s.url, eventBody("evt_no_upstream"), "")
+		if a.status != 503 || a.body != "released" {
+			t.Fatalf("no upstream available, attempt %d: %d %q, want 503 released (reverse_proxy's error text changed?)", i+1, a.status, a.body)
+		}
+	}
+}
+
+// TestServerLoadWarnings: a config that is allowed but gives something
+// up is logged at warn level when Caddy loads it, with the facts and
+// without any secret: a retention shorter than Sangho's 48 h redelivery
+// window, and a secret that holds a placeholder inside other text (taken
+// literally).
+func TestServerLoadWarnings(t *testing.T) {
+	logFile := t.TempDir() + "/caddy.log"
+	port := freePort(t)
+	cfg, _ := adaptCaddyfile(t, fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+		level WARN
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s whsec_lit_{env.SANGHO_TEST_UNUSED}
+		retention 24h
+		store memory
+	}
+	respond "ok"
+}`, logFile, port, secret1))
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	data, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var retention, literal bool
+	for _, line := range strings.Split(string(data), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) != nil || e["logger"] != "http.handlers.sangho_dedup" {
+			continue
+		}
+		msg, _ := e["msg"].(string)
+		switch {
+		case strings.HasPrefix(msg, "retention is shorter than Sangho's redelivery window"):
+			retention = e["level"] == "warn" && e["retention"] == float64(24*3600) && e["redelivery_window"] == float64(48*3600) // seconds, as Caddy encodes durations
+		case strings.HasPrefix(msg, "a secret holds a placeholder inside other text"):
+			literal = e["level"] == "warn" && e["secret"] == float64(2)
+		}
+	}
+	if !retention || !literal {
+		t.Errorf("warnings (retention %v, literal secret %v) not as expected in the log:\n%s", retention, literal, data)
+	}
+	if strings.Contains(string(data), secret1) || strings.Contains(string(data), "whsec_lit_") {
+		t.Errorf("the log holds a secret:\n%s", data)
 	}
 }

@@ -44,6 +44,14 @@ const (
 	DefaultRetryAfter      = 10 * time.Second
 	DefaultKeyPrefix       = "sangho_dedup:"
 
+	// RedeliveryWindow is how long after its first attempt Sangho may
+	// still deliver an event; a shorter retention gives up the promise.
+	RedeliveryWindow = 48 * time.Hour
+
+	// MaxMaxBodySize bounds max_body_size: every body is held in memory
+	// whole until the backend has read it.
+	MaxMaxBodySize = 64 << 20
+
 	// minLockTTL keeps renewals (every lock_ttl/3) meaningful.
 	minLockTTL = 30 * time.Millisecond
 )
@@ -54,15 +62,20 @@ type Handler struct {
 	// Signing secrets, used as bytes, whole (whsec_ included). A request
 	// is accepted when any v1 signature matches any secret, so old and new
 	// secrets can be listed together during a rotation. Required.
-	// Placeholders such as {env.SANGHO_WEBHOOK_SECRET} are resolved at
-	// provision, so the secret needs not appear in the JSON config.
+	// A secret that is one whole placeholder, {env.SANGHO_WEBHOOK_SECRET}
+	// or {file./run/secrets/sangho}, is resolved at provision, so the
+	// secret needs not appear in the JSON config; resolving to an empty
+	// value is an error. Any other value is the secret itself, taken
+	// literally, braces included.
 	Secrets []string `json:"secret,omitempty"`
 
 	// How far the signature timestamp t may be from this server's clock,
-	// in either direction. Default: 5m.
+	// in either direction, compared exactly (not in whole seconds).
+	// Default: 5m.
 	Tolerance caddy.Duration `json:"tolerance,omitempty"`
 
-	// Largest accepted request body, in bytes. Default: 1 MiB (1048576).
+	// Largest accepted request body, in bytes, at most 64 MiB (67108864).
+	// Default: 1 MiB (1048576).
 	MaxBodySize int64 `json:"max_body_size,omitempty"`
 
 	// Header that carries the event ID. Default: Sangho-Event-ID.
@@ -72,7 +85,9 @@ type Handler struct {
 	SignatureHeader string `json:"signature_header,omitempty"`
 
 	// How long a processed event ID is remembered. Sangho never
-	// redelivers after 48 hours. Default: 72h.
+	// redelivers after 48 hours; a shorter retention is allowed but
+	// logged as a warning at load, since a later redelivery would be
+	// processed again. Default: 72h.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
 	// Lease on an event while the backend processes it, renewed every
@@ -93,6 +108,17 @@ type Handler struct {
 	// share one store. Default: "sangho_dedup:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
+	// Whether a signed body must carry the event ID as its top-level
+	// "id" (Sangho's bodies always do). The signature covers the body,
+	// not the event ID header, so an ID taken from the header could be
+	// replaced by whoever captured a delivery. On: a body without a
+	// top-level "id" is answered 400. Off: the ID may come from the
+	// header; each signed message (t and body) is then remembered in the
+	// store, under key_prefix + "sig:" + its SHA-256, for twice the
+	// tolerance, with the ID it first came with, and its reuse with
+	// another ID is answered 401. Default: true.
+	RequireBodyID *bool `json:"require_body_id,omitempty"`
+
 	// The store module (http.sangho_dedup.stores). Default: file, a
 	// durable database file in Caddy's data directory, for one instance
 	// (see FileStore); redis for several instances; memory for tests.
@@ -106,6 +132,9 @@ type Handler struct {
 	retryAfter string
 	renewEvery time.Duration
 	cfgKey     context.Context // the config this handler belongs to
+
+	requireBodyID bool
+	sigMemory     time.Duration // how long a signed message's ID is remembered (require_body_id off)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -154,23 +183,35 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.SignatureHeader = http.CanonicalHeaderKey(h.SignatureHeader)
 	h.pass = h.OnStoreError == "pass"
 	h.renewEvery = time.Duration(h.LockTTL) / 3
+	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
+	// A signature is valid while the clock is within tolerance of t: at
+	// most 2×tolerance after it was first accepted (+1 s for t's whole
+	// seconds).
+	h.sigMemory = 2*time.Duration(h.Tolerance) + time.Second
 	secs := (time.Duration(h.RetryAfter) + time.Second - 1) / time.Second
 	h.retryAfter = strconv.FormatInt(int64(secs), 10)
 
 	repl := caddy.NewReplacer()
 	secrets := make([]string, 0, len(h.Secrets))
 	for i, s := range h.Secrets {
-		s = repl.ReplaceAll(s, "")
-		if s == "" {
-			// Never print the secret: say which one, not what it is.
-			return fmt.Errorf("secret #%d is empty (after placeholder resolution)", i+1)
+		secret, err := resolveSecret(repl, i+1, s)
+		if err != nil {
+			return err
 		}
-		secrets = append(secrets, s)
+		if secret == s && (strings.Contains(s, "{env.") || strings.Contains(s, "{file.")) {
+			h.logger.Warn("a secret holds a placeholder inside other text: it is taken literally, braces included (only a secret that is one whole placeholder is resolved)",
+				zap.Int("secret", i+1))
+		}
+		secrets = append(secrets, secret)
 	}
 	if len(secrets) == 0 {
 		return errors.New("at least one secret is required")
 	}
 	h.verifier = newVerifier(secrets, time.Duration(h.Tolerance), func() time.Time { return h.now() })
+	if r := time.Duration(h.Retention); r > 0 && r < RedeliveryWindow {
+		h.logger.Warn("retention is shorter than Sangho's redelivery window: a redelivery that comes after an event's done record expired is processed again",
+			zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
+	}
 
 	if h.StoreRaw == nil {
 		h.StoreRaw = json.RawMessage(`{"type":"file"}`)
@@ -263,6 +304,33 @@ func (h *Handler) claimEndpoint(ctx caddy.Context, secrets []string) error {
 	return nil
 }
 
+// resolveSecret returns the n-th secret: the value of s if s is one
+// whole placeholder ({env.X}, {file./path}), else s itself, braces and
+// all. Resolving placeholders inside a longer value would mangle a
+// literal secret that holds braces (whsec_ab{cd}ef would become
+// whsec_abef) and turn an unset variable into a shorter, weaker secret.
+// Errors name the secret by its number and a placeholder by its name,
+// never by a value.
+func resolveSecret(repl *caddy.Replacer, n int, s string) (string, error) {
+	if s == "" {
+		return "", fmt.Errorf("secret #%d is empty", n)
+	}
+	if len(s) < 3 || s[0] != '{' || s[len(s)-1] != '}' || strings.ContainsAny(s[1:len(s)-1], "{}") {
+		return s, nil
+	}
+	name := s[1 : len(s)-1]
+	v, known := repl.GetString(name)
+	switch {
+	case !known:
+		// Not a placeholder name: perhaps a literal secret in braces,
+		// which must not be printed.
+		return "", fmt.Errorf("secret #%d is a placeholder that Caddy does not know: a secret that is one whole {...} is resolved as a placeholder such as {env.X} or {file./path}", n)
+	case v == "":
+		return "", fmt.Errorf("secret #%d: placeholder {%s} is unset or empty", n, name)
+	}
+	return v, nil
+}
+
 // Validate checks the configuration.
 func (h *Handler) Validate() error {
 	switch {
@@ -270,6 +338,8 @@ func (h *Handler) Validate() error {
 		return errors.New("tolerance must be positive")
 	case h.MaxBodySize <= 0:
 		return errors.New("max_body_size must be positive")
+	case h.MaxBodySize > MaxMaxBodySize:
+		return fmt.Errorf("max_body_size must be at most %d bytes (64MiB), not %d", MaxMaxBodySize, h.MaxBodySize)
 	case h.Retention <= 0:
 		return errors.New("retention must be positive")
 	case time.Duration(h.LockTTL) < minLockTTL:

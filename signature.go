@@ -19,6 +19,7 @@ var (
 	errSigMalformed = errors.New("signature header malformed")
 	errSigTimestamp = errors.New("signature timestamp outside tolerance")
 	errSigMismatch  = errors.New("no v1 signature matches any configured secret")
+	errSigReplayed  = errors.New("this signature was already accepted with another event ID (replay through the unsigned event ID header)")
 )
 
 // sigHexLen is the length of a hex-encoded HMAC-SHA256.
@@ -137,14 +138,20 @@ func newVerifier(secrets []string, tolerance time.Duration, now func() time.Time
 // least one v1 equal to HMAC-SHA256(secret, t + "." + body) for at least
 // one secret. Comparisons are constant-time.
 func (v *verifier) verify(header string, body []byte) error {
+	_, err := v.check(header, body)
+	return err
+}
+
+// check is verify, and returns the signed timestamp t.
+func (v *verifier) check(header string, body []byte) (int64, error) {
 	var sh signedHeader
 	if err := parseSignatureHeader(header, &sh); err != nil {
-		return err
+		return 0, err
 	}
-	now := v.now().Unix()
-	tol := int64(v.tolerance / time.Second)
-	if sh.t < now-tol || sh.t > now+tol {
-		return errSigTimestamp
+	// Exact: the tolerance is not cut to whole seconds. time.Time.Sub
+	// saturates, so a t far in the past or future cannot overflow.
+	if d := v.now().Sub(time.Unix(sh.t, 0)); d > v.tolerance || d < -v.tolerance {
+		return 0, errSigTimestamp
 	}
 	var tbuf [20]byte
 	ts := strconv.AppendInt(tbuf[:0], sh.t, 10)
@@ -165,7 +172,7 @@ func (v *verifier) verify(header string, body []byte) error {
 		}
 	}
 	if matched == 0 {
-		return errSigMismatch
+		return 0, errSigMismatch
 	}
-	return nil
+	return sh.t, nil
 }

@@ -120,6 +120,42 @@ func TestTolerance(t *testing.T) {
 	}
 }
 
+// TestToleranceIsExact: the tolerance is compared as the duration it
+// is, not cut to whole seconds (500ms used to become 0 s, 1.9s 1 s).
+func TestToleranceIsExact(t *testing.T) {
+	const ts = 1733140800
+	hdr := "t=1733140800,v1=" + vectors[0].v1
+	signed := time.Unix(ts, 0)
+	for _, c := range []struct {
+		tolerance, off time.Duration // off: this server's clock minus t
+		ok             bool
+	}{
+		{500 * time.Millisecond, 0, true},
+		{500 * time.Millisecond, 400 * time.Millisecond, true},
+		{500 * time.Millisecond, -400 * time.Millisecond, true},
+		{500 * time.Millisecond, 500 * time.Millisecond, true},
+		{500 * time.Millisecond, 600 * time.Millisecond, false},
+		{500 * time.Millisecond, -600 * time.Millisecond, false},
+		{1900 * time.Millisecond, 1800 * time.Millisecond, true},
+		{1900 * time.Millisecond, -1800 * time.Millisecond, true},
+		{1900 * time.Millisecond, 1950 * time.Millisecond, false},
+		{1900 * time.Millisecond, -1950 * time.Millisecond, false},
+		{5 * time.Minute, 5*time.Minute + time.Millisecond, false},
+		{5 * time.Minute, -5*time.Minute - time.Millisecond, false},
+	} {
+		ver := newVerifier([]string{secret1}, c.tolerance, func() time.Time { return signed.Add(c.off) })
+		err := ver.verify(hdr, []byte(bodyA))
+		if c.ok && err != nil || !c.ok && !errors.Is(err, errSigTimestamp) {
+			t.Errorf("tolerance %v, clock t%+v: err = %v, want ok=%v", c.tolerance, c.off, err, c.ok)
+		}
+	}
+	// t far beyond any time.Time arithmetic: refused, no overflow.
+	ver := newVerifier([]string{secret1}, 5*time.Minute, fixedNow(ts))
+	if err := ver.verify("t=999999999999999999,v1="+vectors[0].v1, []byte(bodyA)); !errors.Is(err, errSigTimestamp) {
+		t.Errorf("t=999999999999999999: %v", err)
+	}
+}
+
 func TestMalformedSignatureHeaders(t *testing.T) {
 	good := vectors[0].v1
 	ver := newVerifier([]string{secret1}, 5*time.Minute, fixedNow(1733140800))
