@@ -38,7 +38,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_store_error reject|pass  # default reject
 //		require_body_id on|off      # default on
 //		key_prefix <string>         # default "sangho_dedup:"
-//		store memory                # the default
+//		name <string>               # default: the key_prefix
+//		on_payload_mismatch reject|log # default reject
+//		store file [<path>]         # the default
+//		store memory
 //		store redis {
 //			...                     # see RedisStore.UnmarshalCaddyfile
 //		}
@@ -126,6 +129,17 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "key_prefix":
 			if err := oneArg(d, &m.KeyPrefix); err != nil {
 				return err
+			}
+		case "name":
+			if err := oneArg(d, &m.Name); err != nil {
+				return err
+			}
+		case "on_payload_mismatch":
+			if err := oneArg(d, &m.OnPayloadMismatch); err != nil {
+				return err
+			}
+			if m.OnPayloadMismatch != "reject" && m.OnPayloadMismatch != "log" {
+				return d.Errf("on_payload_mismatch: must be reject or log, not %q", m.OnPayloadMismatch)
 			}
 		case "store":
 			if !d.NextArg() {

@@ -26,6 +26,8 @@ var (
 	errInFlight = errors.New("another delivery of this event is being processed")
 	errStore    = errors.New("dedup store unavailable")
 	errSigCount = errors.New("more than one signature header")
+	// errPayloadMismatch: the event ID was processed with another body.
+	errPayloadMismatch = errors.New("this event ID was processed with another body")
 )
 
 var duplicateBody = []byte(`{"received":true}`)
@@ -85,7 +87,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		// The record is a lease whose token is the event ID: the same ID
 		// claims it again (a resent delivery, deduplicated below), another
 		// does not. It outlives the signature's validity and then expires.
-		res, err := h.store.Claim(sctx, signatureKey(h.KeyPrefix, signedAt, body.bytes()), id, h.sigMemory)
+		res, _, err := h.store.Claim(sctx, signatureKey(h.KeyPrefix, signedAt, body.bytes()), id, h.sigMemory)
 		observe(opClaim, start, err)
 		if err != nil {
 			return h.storeFailed(w, r, next, repl, id, err)
@@ -96,28 +98,38 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		start = time.Now()
 	}
 	key := h.KeyPrefix + id
-	token := newToken()
-	res, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
+	fp := fingerprint(body.bytes())
+	token := newToken() + "." + fp // the lease carries the body's fingerprint
+	res, found, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
 	observe(opClaim, start, err)
 	if err != nil {
 		return h.storeFailed(w, r, next, repl, id, err)
+	}
+	// Every attempt of one event carries the same body: another body
+	// under a known ID is a bug or an attack, never a duplicate.
+	if res != Claimed {
+		if other := recordFingerprint(found); other != "" && other != fp {
+			if res == InFlight {
+				h.logger.Warn("delivery in flight with another body under the same event ID",
+					zap.String("event_id", id), zap.String("fingerprint", fp), zap.String("in_flight_fingerprint", other))
+			} else {
+				h.logger.Warn("processed event delivered again with another body",
+					zap.String("event_id", id), zap.String("fingerprint", fp), zap.String("processed_fingerprint", other),
+					zap.String("on_payload_mismatch", h.OnPayloadMismatch))
+				if h.OnPayloadMismatch != "log" {
+					w.Header().Set("Sangho-Dedup", "payload_mismatch")
+					return h.reject(r, repl, outcomePayloadMismatch, http.StatusUnprocessableEntity, errPayloadMismatch, id)
+				}
+				h.outcome(repl, outcomePayloadMismatch)
+				return h.answerDuplicate(w, r, body)
+			}
+		}
 	}
 	switch res {
 	case AlreadyDone:
 		h.outcome(repl, outcomeDuplicate)
 		h.debug("duplicate delivery answered without the backend", id, typ)
-		hdr := w.Header()
-		hdr.Set("Content-Type", "application/json")
-		hdr.Set("Content-Length", strconv.Itoa(len(duplicateBody)))
-		hdr.Set("Sangho-Dedup", "duplicate")
-		w.WriteHeader(http.StatusOK)
-		_, _ = w.Write(duplicateBody)
-		// Nothing after us sees this request (no next handler, no error
-		// route): the buffer can go back to the pool now. Whoever reads
-		// the body anyway gets EOF, never another request's bytes.
-		r.Body = http.NoBody
-		body.Close()
-		return nil
+		return h.answerDuplicate(w, r, body)
 	case InFlight:
 		w.Header().Set("Retry-After", h.retryAfter)
 		w.Header().Set("Sangho-Dedup", "in_flight")
@@ -126,6 +138,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	h.debug("new event: passing it on", id, typ)
 	return h.process(w, r, next, repl, sctx, key, token, id, typ, start)
+}
+
+// answerDuplicate answers 200 {"received":true} with Sangho-Dedup:
+// duplicate, without the backend.
+func (h *Handler) answerDuplicate(w http.ResponseWriter, r *http.Request, body *pooledBody) error {
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(duplicateBody)))
+	hdr.Set("Sangho-Dedup", "duplicate")
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(duplicateBody)
+	// Nothing after us sees this request (no next handler, no error
+	// route): the buffer can go back to the pool now. Whoever reads
+	// the body anyway gets EOF, never another request's bytes.
+	r.Body = http.NoBody
+	body.Close()
+	return nil
+}
+
+// fingerprint is the hex of the first 16 bytes of body's SHA-256.
+func fingerprint(body []byte) string {
+	sum := sha256.Sum256(body)
+	return hex.EncodeToString(sum[:16])
 }
 
 // storeFailed answers a delivery whose claim failed: 503, or with
@@ -241,7 +276,7 @@ func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWr
 	switch judge(status, err) {
 	case commit:
 		h.outcome(repl, outcomeProcessed)
-		rec := DoneRecord{ProcessedAt: h.now(), EventType: typ}
+		rec := DoneRecord{ProcessedAt: h.now(), EventType: typ, Fingerprint: tokenFingerprint(token)}
 		held, err := h.commit(ctx, key, token, rec)
 		switch {
 		case err != nil:

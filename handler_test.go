@@ -3,6 +3,8 @@ package sanghodedup
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"io"
@@ -176,7 +178,7 @@ func TestHandlerStatusTable(t *testing.T) {
 	// Nothing but the processed event left a key behind.
 	st := h.store.(*MemoryStore).state
 	for _, id := range []string{"evt_get", "evt_big", "evt_trunc", "evt_nosig", "evt_other", "evt_stale", "evt_2sig", "evt_a", "evt_b"} {
-		if res := st.claim(h.KeyPrefix+id, "probe", time.Minute); res != Claimed {
+		if res, _ := st.claim(h.KeyPrefix+id, "probe", time.Minute); res != Claimed {
 			t.Errorf("a rejected request left key %s behind (%v)", id, res)
 		}
 	}
@@ -786,5 +788,116 @@ func TestMetricsRegisteredWithCaddy(t *testing.T) {
 		if !found {
 			t.Errorf("config %d: caddy_sangho_dedup_events_total not in Caddy's metrics registry", i)
 		}
+	}
+}
+
+// TestPayloadMismatch: an event processed with one body and delivered
+// again with another is not a duplicate: 422 (reject, the default) or
+// 200 duplicate and a warning (log); never the backend. The same body
+// is a duplicate, and a record written before fingerprints existed too.
+func TestPayloadMismatch(t *testing.T) {
+	first := `{"id":"evt_fp","type":"charge.succeeded","data":{"amount":1}}`
+	changed := `{"id":"evt_fp","type":"charge.succeeded","data":{"amount":2}}`
+	for _, mode := range []string{"", "reject", "log"} {
+		t.Run("mode "+mode, func(t *testing.T) {
+			h, logs := newTestHandler(t, func(h *Handler) { h.OnPayloadMismatch = mode })
+			next := &countingNext{}
+			if w, _, _ := serve(h, delivery(first, ""), next); w.Code != 200 {
+				t.Fatalf("first delivery: %d", w.Code)
+			}
+			if w, repl, _ := serve(h, delivery(first, ""), next); w.Code != 200 || w.Header().Get("Sangho-Dedup") != "duplicate" || outcomeOf(repl) != outcomeDuplicate {
+				t.Fatalf("same body again: %d %q %s", w.Code, w.Header().Get("Sangho-Dedup"), outcomeOf(repl))
+			}
+			w, repl, _ := serve(h, delivery(changed, ""), next)
+			if outcomeOf(repl) != outcomePayloadMismatch {
+				t.Errorf("outcome %q, want payload_mismatch", outcomeOf(repl))
+			}
+			if mode == "log" {
+				if w.Code != 200 || w.Header().Get("Sangho-Dedup") != "duplicate" {
+					t.Errorf("log mode: %d %q, want 200 duplicate", w.Code, w.Header().Get("Sangho-Dedup"))
+				}
+			} else if w.Code != http.StatusUnprocessableEntity || w.Header().Get("Sangho-Dedup") != "payload_mismatch" {
+				t.Errorf("reject mode: %d %q, want 422 payload_mismatch", w.Code, w.Header().Get("Sangho-Dedup"))
+			}
+			if n := next.calls.Load(); n != 1 {
+				t.Errorf("the backend was reached %d times, want once", n)
+			}
+			if logs.FilterMessage("processed event delivered again with another body").Len() != 1 {
+				t.Errorf("no warning logged: %v", logs.All())
+			}
+		})
+	}
+	t.Run("records without a fingerprint stay duplicates", func(t *testing.T) {
+		h, _ := newTestHandler(t, nil)
+		old := DoneRecord{ProcessedAt: testNow, EventType: "charge.succeeded"} // written before fingerprints
+		if _, err := h.store.Commit(context.Background(), h.KeyPrefix+"evt_old", "t", old, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		next := &countingNext{}
+		w, repl, _ := serve(h, delivery(eventBody("evt_old"), ""), next)
+		if w.Code != 200 || outcomeOf(repl) != outcomeDuplicate || next.calls.Load() != 0 {
+			t.Fatalf("redelivery of an old record: %d %s, backend %d", w.Code, outcomeOf(repl), next.calls.Load())
+		}
+	})
+	t.Run("in flight with another body: 409, logged", func(t *testing.T) {
+		h, logs := newTestHandler(t, nil)
+		release := make(chan struct{})
+		slow := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+			<-release
+			w.WriteHeader(200)
+			return nil
+		}}
+		done := make(chan struct{})
+		go func() { serve(h, delivery(first, ""), slow); close(done) }()
+		for slow.calls.Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		w, _, _ := serve(h, delivery(changed, ""), &countingNext{})
+		close(release)
+		<-done
+		if w.Code != http.StatusConflict {
+			t.Fatalf("in flight with another body: %d, want 409", w.Code)
+		}
+		if logs.FilterMessage("delivery in flight with another body under the same event ID").Len() != 1 {
+			t.Errorf("no warning logged")
+		}
+	})
+	t.Run("the done record keeps the fingerprint", func(t *testing.T) {
+		h, _ := newTestHandler(t, nil)
+		serve(h, delivery(first, ""), &countingNext{})
+		e, err := h.store.Get(context.Background(), h.KeyPrefix+"evt_fp")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := sha256.Sum256([]byte(first))
+		if rec, _ := decodeDone(e.Value); rec.Fingerprint != hex.EncodeToString(sum[:16]) {
+			t.Fatalf("record %q: fingerprint %q, want the first 16 bytes of the body's SHA-256", e.Value, rec.Fingerprint)
+		}
+	})
+}
+
+// TestNames: a handler's name defaults to its key_prefix; two handlers
+// of one config with one name need the same store and prefix.
+func TestNames(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a := &Handler{Secrets: []string{secret1}, KeyPrefix: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a.Name != "a:" {
+		t.Fatalf("default name %q, want the key_prefix", a.Name)
+	}
+	same := &Handler{Secrets: []string{secret1}, KeyPrefix: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	if err := same.Provision(ctx); err != nil {
+		t.Fatalf("the same endpoint on a second route: %v", err)
+	}
+	clash := &Handler{Secrets: []string{secret2}, KeyPrefix: "b:", Name: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	err := clash.Provision(ctx)
+	if err == nil || !strings.Contains(err.Error(), `named "a:"`) || !strings.Contains(err.Error(), "own name") {
+		t.Fatalf("a name on two endpoints: %v", err)
+	}
+	if got := currentEndpoints(); got["a:"] != a {
+		t.Fatalf("current endpoints %v", got)
 	}
 }

@@ -19,11 +19,13 @@ const (
 	outcomeUnchecked        = "unchecked"
 	outcomeReleased         = "released"
 	outcomeHeld             = "held"
+	outcomePayloadMismatch  = "payload_mismatch"
 )
 
 var allOutcomes = []string{
 	outcomeProcessed, outcomeDuplicate, outcomeInFlight, outcomeInvalidSignature,
 	outcomeBadRequest, outcomeTooLarge, outcomeStoreError, outcomeUnchecked, outcomeReleased, outcomeHeld,
+	outcomePayloadMismatch,
 }
 
 // Store operations, the op label of the latency histogram.

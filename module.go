@@ -9,15 +9,12 @@ package sanghodedup
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -108,6 +105,21 @@ type Handler struct {
 	// share one store. Default: "sangho_dedup:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
+	// How operators refer to this endpoint in the admin API
+	// (/sangho_dedup/<name>/events/<id>) and `caddy sangho-dedup`.
+	// Handlers of one config with the same name must use the same store
+	// and key_prefix (the same endpoint on several routes). Default: the
+	// key_prefix.
+	Name string `json:"name,omitempty"`
+
+	// What to answer when an event that was processed is delivered again
+	// with another body (its fingerprint, the first 16 bytes of the
+	// body's SHA-256, is kept with the done record): "reject" answers 422
+	// with Sangho-Dedup: payload_mismatch and never reaches the backend;
+	// "log" answers the usual 200 duplicate and logs a warning. Both
+	// count as the outcome payload_mismatch. Default: reject.
+	OnPayloadMismatch string `json:"on_payload_mismatch,omitempty"`
+
 	// Whether a signed body must carry the event ID as its top-level
 	// "id" (Sangho's bodies always do). The signature covers the body,
 	// not the event ID header, so an ID taken from the header could be
@@ -176,6 +188,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.OnStoreError == "" {
 		h.OnStoreError = "reject"
 	}
+	if h.OnPayloadMismatch == "" {
+		h.OnPayloadMismatch = "reject"
+	}
 	if h.KeyPrefix == "" {
 		h.KeyPrefix = DefaultKeyPrefix
 	}
@@ -225,83 +240,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("module %T is not a sangho_dedup store", mod)
 	}
 	h.store = store
-	if err := h.claimEndpoint(ctx, secrets); err != nil {
+	if h.Name == "" {
+		h.Name = h.KeyPrefix
+	}
+	if err := h.registerEndpoint(ctx, secrets); err != nil {
 		return err
 	}
 	return registerMetrics(ctx.GetMetricsRegistry())
-}
-
-// Cleanup forgets this config's endpoints (see claimEndpoint).
-func (h *Handler) Cleanup() error {
-	if h.cfgKey != nil {
-		endpoints.Lock()
-		delete(endpoints.byConfig, h.cfgKey)
-		endpoints.Unlock()
-	}
-	return nil
-}
-
-// stateSharer is implemented by stores whose state other handlers can
-// share: two stores with the same stateID see each other's keys.
-type stateSharer interface{ stateID() string }
-
-// endpoints records, per loaded config, which secret set uses which
-// store state and key prefix.
-var endpoints = struct {
-	sync.Mutex
-	byConfig map[context.Context]*configEndpoints
-}{byConfig: map[context.Context]*configEndpoints{}}
-
-type configEndpoints struct {
-	handlers int // provisioned so far
-	uses     map[string]endpointUse
-}
-
-type endpointUse struct {
-	secrets [sha256.Size]byte // of the sorted secret set; never printed
-	handler int               // 1-based, in provisioning order
-}
-
-// claimEndpoint refuses a second handler of the same config that would
-// share store state and key_prefix with another one under different
-// secrets: a payment provider sends one event to every endpoint that
-// subscribes, so the second endpoint would answer it as a duplicate and
-// its backend would never see it. The same endpoint on several routes
-// (same secrets) is fine.
-func (h *Handler) claimEndpoint(ctx caddy.Context, secrets []string) error {
-	sh, ok := h.store.(stateSharer)
-	if !ok {
-		return nil
-	}
-	sorted := slices.Clone(secrets)
-	slices.Sort(sorted)
-	sorted = slices.Compact(sorted)
-	sum := sha256.New()
-	for _, s := range sorted {
-		sum.Write([]byte(s))
-		sum.Write([]byte{0})
-	}
-	var use endpointUse
-	sum.Sum(use.secrets[:0])
-	where := sh.stateID() + " key_prefix " + strconv.Quote(h.KeyPrefix)
-
-	endpoints.Lock()
-	defer endpoints.Unlock()
-	cfg := endpoints.byConfig[ctx.Context]
-	if cfg == nil {
-		cfg = &configEndpoints{uses: map[string]endpointUse{}}
-		endpoints.byConfig[ctx.Context] = cfg
-	}
-	h.cfgKey = ctx.Context
-	cfg.handlers++
-	use.handler = cfg.handlers
-	if prev, ok := cfg.uses[where]; ok && prev.secrets != use.secrets {
-		return fmt.Errorf("sangho_dedup handlers #%d and #%d (in config order) share one store (%s) with different secrets: one endpoint would answer the other's events as duplicates and its backend would never see them; give each endpoint its own key_prefix",
-			prev.handler, use.handler, where)
-	} else if !ok {
-		cfg.uses[where] = use
-	}
-	return nil
 }
 
 // resolveSecret returns the n-th secret: the value of s if s is one
@@ -348,6 +293,8 @@ func (h *Handler) Validate() error {
 		return errors.New("retry_after must be positive")
 	case h.OnStoreError != "reject" && h.OnStoreError != "pass":
 		return fmt.Errorf(`on_store_error must be "reject" or "pass", not %q`, h.OnStoreError)
+	case h.OnPayloadMismatch != "reject" && h.OnPayloadMismatch != "log":
+		return fmt.Errorf(`on_payload_mismatch must be "reject" or "log", not %q`, h.OnPayloadMismatch)
 	case !validHeaderName(h.EventIDHeader):
 		return fmt.Errorf("event_id_header %q is not a valid header name", h.EventIDHeader)
 	case !validHeaderName(h.SignatureHeader):

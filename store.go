@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,9 +26,9 @@ import (
 type Store interface {
 	// Claim creates key holding an in-flight lease owned by token, with
 	// a time to live of ttl, only if key does not exist. If it exists,
-	// Claim reports what it holds (done or in flight) and changes
-	// nothing. An error never means "duplicate".
-	Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error)
+	// Claim reports what it holds (done or in flight), returns the value
+	// it found, and changes nothing. An error never means "duplicate".
+	Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, string, error)
 
 	// Renew extends the lease on key to ttl if key still holds the
 	// in-flight lease of token, and reports whether it did.
@@ -42,6 +43,37 @@ type Store interface {
 	// Release deletes key if it still holds the in-flight lease of
 	// token, and reports whether it did.
 	Release(ctx context.Context, key, token string) (bool, error)
+
+	// Get returns what key holds, for operators; a zero Entry if absent.
+	Get(ctx context.Context, key string) (Entry, error)
+
+	// Forget deletes key if it holds a done record, or, with force, a
+	// lease too, so that the next delivery of the event is processed.
+	// It returns what key held and whether it deleted it.
+	Forget(ctx context.Context, key string, force bool) (Entry, bool, error)
+}
+
+// Entry is a key's value ("done:{...}" or "inflight:<token>"; "" when
+// absent) and when it expires.
+type Entry struct {
+	Value     string
+	ExpiresAt time.Time
+}
+
+// State is "absent", "done" or "in_flight".
+func (e Entry) State() string {
+	switch {
+	case e.Value == "":
+		return "absent"
+	case strings.HasPrefix(e.Value, donePrefix):
+		return "done"
+	}
+	return "in_flight"
+}
+
+// forgettable reports whether Forget deletes a key holding val.
+func forgettable(val string, force bool) bool {
+	return val != "" && (force || strings.HasPrefix(val, donePrefix))
 }
 
 // ClaimResult is what a Claim found.
@@ -69,10 +101,14 @@ func (c ClaimResult) String() string {
 }
 
 // DoneRecord is what is remembered of a processed event, like a row of
-// the processed_webhook_events table of Sangho's guide.
+// the processed_webhook_events table of Sangho's guide, with a
+// fingerprint of the body that was processed.
 type DoneRecord struct {
 	ProcessedAt time.Time
 	EventType   string
+	// Fingerprint is the hex of the first 16 bytes of the body's
+	// SHA-256; empty in records written before fingerprints existed.
+	Fingerprint string
 }
 
 // Stored values. An in-flight lease is "inflight:<token>"; a done record
@@ -91,15 +127,69 @@ func isLease(val, token string) bool {
 		val[:len(inflightPrefix)] == inflightPrefix && val[len(inflightPrefix):] == token
 }
 
-// encode renders the done record as `done:{"processed_at":...,"event_type":...}`.
+// encode renders the done record as
+// `done:{"processed_at":...,"event_type":...,"fingerprint":...}`.
 func (r DoneRecord) encode() string {
-	b := make([]byte, 0, 64+len(r.EventType))
+	b := make([]byte, 0, 112+len(r.EventType))
 	b = append(b, donePrefix+`{"processed_at":"`...)
 	b = r.ProcessedAt.UTC().AppendFormat(b, time.RFC3339Nano)
 	b = append(b, `","event_type":`...)
 	b = appendJSONString(b, r.EventType)
+	if r.Fingerprint != "" {
+		b = append(b, `,"fingerprint":`...)
+		b = appendJSONString(b, r.Fingerprint)
+	}
 	b = append(b, '}')
 	return string(b)
+}
+
+// decodeDone parses a done record written by encode (or by an older
+// version, without a fingerprint).
+func decodeDone(val string) (DoneRecord, bool) {
+	raw, ok := strings.CutPrefix(val, donePrefix)
+	if !ok {
+		return DoneRecord{}, false
+	}
+	var j struct {
+		ProcessedAt time.Time `json:"processed_at"`
+		EventType   string    `json:"event_type"`
+		Fingerprint string    `json:"fingerprint"`
+	}
+	if err := json.Unmarshal([]byte(raw), &j); err != nil {
+		return DoneRecord{}, false
+	}
+	return DoneRecord{ProcessedAt: j.ProcessedAt, EventType: j.EventType, Fingerprint: j.Fingerprint}, true
+}
+
+// recordFingerprint returns the fingerprint in a stored value: of a done
+// record, or of a lease whose token carries one (token.fingerprint).
+// Empty when it has none. Cheap: no JSON decoding on the hot path.
+func recordFingerprint(val string) string {
+	if strings.HasPrefix(val, donePrefix) {
+		const k = `"fingerprint":"`
+		i := strings.LastIndex(val, k)
+		if i < 0 {
+			return ""
+		}
+		fp := val[i+len(k):]
+		if j := strings.IndexByte(fp, '"'); j >= 0 {
+			return fp[:j]
+		}
+		return ""
+	}
+	if tok, ok := strings.CutPrefix(val, inflightPrefix); ok {
+		return tokenFingerprint(tok)
+	}
+	return ""
+}
+
+// tokenFingerprint returns the fingerprint a lease token carries after
+// its last ".", or "".
+func tokenFingerprint(token string) string {
+	if i := strings.LastIndexByte(token, '.'); i >= 0 {
+		return token[i+1:]
+	}
+	return ""
 }
 
 // appendJSONString appends s as a JSON string, escaping what JSON needs.

@@ -183,27 +183,27 @@ func (s *FileStore) st() (*fileState, error) {
 
 // Claim implements Store. The file holds done records only; leases
 // live in memory (see fileState).
-func (s *FileStore) Claim(_ context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
+func (s *FileStore) Claim(_ context.Context, key, token string, ttl time.Duration) (ClaimResult, string, error) {
 	st, err := s.st()
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	if done, err := st.done(key); err != nil || done {
-		return AlreadyDone, err
+	if val, done, err := st.read(key); err != nil || done {
+		return AlreadyDone, val, err
 	}
-	if res := st.leases.claim(key, token, ttl); res != Claimed {
-		return res, nil
+	if res, val := st.leases.claim(key, token, ttl); res != Claimed {
+		return res, val, nil
 	}
 	// A commit writes its record before it drops its lease: if one did
 	// both since the read above, the record is there now.
-	if done, err := st.done(key); err != nil || done {
+	if val, done, err := st.read(key); err != nil || done {
 		st.leases.release(key, token)
 		if err != nil {
-			return 0, err
+			return 0, "", err
 		}
-		return AlreadyDone, nil
+		return AlreadyDone, val, nil
 	}
-	return Claimed, nil
+	return Claimed, "", nil
 }
 
 // Renew implements Store.
@@ -242,6 +242,49 @@ func (s *FileStore) Release(_ context.Context, key, token string) (bool, error) 
 		return false, err
 	}
 	return st.leases.release(key, token), nil
+}
+
+// Get implements Store: the lease in memory, else the record on disk.
+func (s *FileStore) Get(_ context.Context, key string) (Entry, error) {
+	st, err := s.st()
+	if err != nil {
+		return Entry{}, err
+	}
+	if e, ok := st.leases.lookup(key); ok {
+		return e, nil
+	}
+	var e Entry
+	err = st.db.View(func(tx *bolt.Tx) error {
+		e = (&fileTx{events: tx.Bucket(bucketEvents), now: st.now()}).entry(key)
+		return nil
+	})
+	return e, err
+}
+
+// Forget implements Store: a done record is deleted from the file (on
+// disk when Forget returns); a lease, with force, from memory.
+func (s *FileStore) Forget(_ context.Context, key string, force bool) (Entry, bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return Entry{}, false, err
+	}
+	if e, deleted := st.leases.forget(key, force); e.Value != "" {
+		return e, deleted, nil
+	}
+	var e Entry
+	err = st.write(func(tx *fileTx) error {
+		if e = tx.entry(key); e.Value == "" {
+			return nil
+		}
+		if err := tx.unindex(key); err != nil {
+			return err
+		}
+		return tx.events.Delete([]byte(key))
+	})
+	if err != nil {
+		return Entry{}, false, err
+	}
+	return e, e.Value != "", nil
 }
 
 // Entries returns the number of done records in the file, including
@@ -656,6 +699,19 @@ func (st *fileState) Destruct() error {
 type fileTx struct {
 	events, expiry *bolt.Bucket
 	now            time.Time
+}
+
+// entry returns key's live record and its expiry.
+func (tx *fileTx) entry(key string) Entry {
+	raw := tx.events.Get([]byte(key))
+	if len(raw) < 8 {
+		return Entry{}
+	}
+	exp := time.Unix(0, int64(binary.BigEndian.Uint64(raw)))
+	if !tx.now.Before(exp) {
+		return Entry{}
+	}
+	return Entry{Value: string(raw[8:]), ExpiresAt: exp}
 }
 
 // get returns the live value of key.

@@ -99,23 +99,29 @@ func TestFileStoreReopenKeepsState(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := &FileStore{state: st}
+	mustOK3 := func(_ ClaimResult, _ string, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 	mustOK := func(_ any, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	mustOK(s.Claim(ctx, "done", "t1", time.Minute))
+	mustOK3(s.Claim(ctx, "done", "t1", time.Minute))
 	mustOK(s.Commit(ctx, "done", "t1", DoneRecord{ProcessedAt: time.Now(), EventType: "x"}, time.Hour))
-	mustOK(s.Claim(ctx, "leased", "t2", time.Minute))
-	mustOK(s.Claim(ctx, "released", "t3", time.Minute))
+	mustOK3(s.Claim(ctx, "leased", "t2", time.Minute))
+	mustOK3(s.Claim(ctx, "released", "t3", time.Minute))
 	mustOK(s.Release(ctx, "released", "t3"))
 	if err := st.Destruct(); err != nil {
 		t.Fatal(err)
 	}
 	s = &FileStore{state: openTestFileState(t, path, time.Now)}
 	for key, want := range map[string]ClaimResult{"done": AlreadyDone, "leased": InFlight, "released": Claimed} {
-		if got, err := s.Claim(ctx, key, "t9", time.Minute); err != nil || got != want {
+		if got, _, err := s.Claim(ctx, key, "t9", time.Minute); err != nil || got != want {
 			t.Errorf("after reopening, claim %s = %v, %v; want %v", key, got, err, want)
 		}
 	}
@@ -140,11 +146,11 @@ func fileHelperMain() int {
 		s := &FileStore{state: st}
 		ctx := context.Background()
 		fmt.Println("OPEN")
-		_, _ = s.Claim(ctx, "done", "t1", time.Minute)
+		_, _, _ = s.Claim(ctx, "done", "t1", time.Minute)
 		if _, err := s.Commit(ctx, "done", "t1", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
 			panic(err)
 		}
-		_, _ = s.Claim(ctx, "leased", "t1", time.Minute)
+		_, _, _ = s.Claim(ctx, "leased", "t1", time.Minute)
 		fmt.Println("LEASED")
 		select {}
 	case "commit": // commit events from 16 writers, print each once it returned
@@ -157,7 +163,7 @@ func fileHelperMain() int {
 				for i := 0; ; i++ {
 					key := fmt.Sprintf("ev_%d_%d", w, i)
 					tok := newToken()
-					if _, err := s.Claim(context.Background(), key, tok, time.Minute); err != nil {
+					if _, _, err := s.Claim(context.Background(), key, tok, time.Minute); err != nil {
 						panic(err)
 					}
 					if _, err := s.Commit(context.Background(), key, tok, DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
@@ -269,7 +275,7 @@ func TestFileStoreRefusesDamagedFiles(t *testing.T) {
 	s := &FileStore{state: st}
 	for i := range 2000 { // enough data for the file to span many pages
 		key := "ev_" + strconv.Itoa(i)
-		if _, err := s.Claim(context.Background(), key, "t", time.Minute); err != nil {
+		if _, _, err := s.Claim(context.Background(), key, "t", time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := s.Commit(context.Background(), key, "t", DoneRecord{ProcessedAt: time.Now(), EventType: strings.Repeat("x", 200)}, time.Hour); err != nil {
@@ -351,7 +357,7 @@ func TestFileStoreSweepBoundsTheFile(t *testing.T) {
 				defer wg.Done()
 				for i := range 250 {
 					key := fmt.Sprintf("ev_%d_%d_%d", round, w, i)
-					if _, err := s.Claim(ctx, key, "t", time.Minute); err != nil {
+					if _, _, err := s.Claim(ctx, key, "t", time.Minute); err != nil {
 						t.Error(err)
 						return
 					}
@@ -434,7 +440,7 @@ func TestFileStoreSharedAcrossReloads(t *testing.T) {
 		return s, func() { s.Cleanup(); cancel() }
 	}
 	a, stopA := provision()
-	if _, err := a.Claim(context.Background(), "k", "t", time.Minute); err != nil {
+	if _, _, err := a.Claim(context.Background(), "k", "t", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.Commit(context.Background(), "k", "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
@@ -442,7 +448,7 @@ func TestFileStoreSharedAcrossReloads(t *testing.T) {
 	}
 	b, stopB := provision() // the new config starts before the old one stops
 	stopA()
-	if res, err := b.Claim(context.Background(), "k", "t2", time.Minute); err != nil || res != AlreadyDone {
+	if res, _, err := b.Claim(context.Background(), "k", "t2", time.Minute); err != nil || res != AlreadyDone {
 		t.Fatalf("after a reload: claim = %v, %v; want done", res, err)
 	}
 	stopB()
@@ -462,7 +468,7 @@ func TestFileStoreClaimRacingCommit(t *testing.T) {
 	ctx := context.Background()
 	for i := range 200 {
 		key := "race_" + strconv.Itoa(i)
-		if res, err := s.Claim(ctx, key, "owner", time.Minute); err != nil || res != Claimed {
+		if res, _, err := s.Claim(ctx, key, "owner", time.Minute); err != nil || res != Claimed {
 			t.Fatalf("first claim = %v, %v", res, err)
 		}
 		var wg sync.WaitGroup
@@ -472,7 +478,7 @@ func TestFileStoreClaimRacingCommit(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				for {
-					res, err := s.Claim(ctx, key, newToken(), time.Minute)
+					res, _, err := s.Claim(ctx, key, newToken(), time.Minute)
 					if err != nil {
 						t.Error(err)
 						return
@@ -509,10 +515,10 @@ func TestFileStoreLeasesLostByKill9ActAsExpired(t *testing.T) {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	s := &FileStore{state: openTestFileState(t, path, time.Now)}
-	if res, err := s.Claim(context.Background(), "leased", "t2", time.Minute); err != nil || res != Claimed {
+	if res, _, err := s.Claim(context.Background(), "leased", "t2", time.Minute); err != nil || res != Claimed {
 		t.Fatalf("claim after kill -9 = %v, %v; want claimed", res, err)
 	}
-	if res, err := s.Claim(context.Background(), "done", "t2", time.Minute); err != nil || res != AlreadyDone {
+	if res, _, err := s.Claim(context.Background(), "done", "t2", time.Minute); err != nil || res != AlreadyDone {
 		t.Fatalf("claim of the committed event after kill -9 = %v, %v; want done", res, err)
 	}
 }
@@ -537,7 +543,7 @@ func BenchmarkFileStoreNewEvent(b *testing.B) {
 		for pb.Next() {
 			key := "sangho_dedup:evt_" + strconv.FormatInt(n.Add(1), 10)
 			tok := newToken()
-			if _, err := s.Claim(context.Background(), key, tok, time.Minute); err != nil {
+			if _, _, err := s.Claim(context.Background(), key, tok, time.Minute); err != nil {
 				b.Fatal(err)
 			}
 			if _, err := s.Commit(context.Background(), key, tok, rec, time.Hour); err != nil {
@@ -560,7 +566,7 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 	ctx := context.Background()
 	for i := range 10000 {
 		key := "sangho_dedup:evt_" + strconv.Itoa(i)
-		_, _ = s.Claim(ctx, key, "t", time.Minute)
+		_, _, _ = s.Claim(ctx, key, "t", time.Minute)
 		if _, err := s.Commit(ctx, key, "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
 			b.Fatal(err)
 		}
@@ -569,7 +575,7 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		if res, err := s.Claim(ctx, "sangho_dedup:evt_"+strconv.Itoa(i%10000), "t2", time.Minute); err != nil || res != AlreadyDone {
+		if res, _, err := s.Claim(ctx, "sangho_dedup:evt_"+strconv.Itoa(i%10000), "t2", time.Minute); err != nil || res != AlreadyDone {
 			b.Fatal(res, err)
 		}
 	}

@@ -73,8 +73,9 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // Claim implements Store.
-func (m *MemoryStore) Claim(_ context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
-	return m.state.claim(key, token, ttl), nil
+func (m *MemoryStore) Claim(_ context.Context, key, token string, ttl time.Duration) (ClaimResult, string, error) {
+	res, val := m.state.claim(key, token, ttl)
+	return res, val, nil
 }
 
 // Renew implements Store.
@@ -90,6 +91,18 @@ func (m *MemoryStore) Commit(_ context.Context, key, token string, rec DoneRecor
 // Release implements Store.
 func (m *MemoryStore) Release(_ context.Context, key, token string) (bool, error) {
 	return m.state.release(key, token), nil
+}
+
+// Get implements Store.
+func (m *MemoryStore) Get(_ context.Context, key string) (Entry, error) {
+	e, _ := m.state.lookup(key)
+	return e, nil
+}
+
+// Forget implements Store.
+func (m *MemoryStore) Forget(_ context.Context, key string, force bool) (Entry, bool, error) {
+	e, deleted := m.state.forget(key, force)
+	return e, deleted, nil
 }
 
 const memShards = 64
@@ -136,16 +149,45 @@ func (s *memState) get(sh *memShard, key string, now time.Time) (memEntry, bool)
 	return e, ok
 }
 
-func (s *memState) claim(key, token string, ttl time.Duration) ClaimResult {
+// claim returns what it found besides the result ("" if it claimed).
+func (s *memState) claim(key, token string, ttl time.Duration) (ClaimResult, string) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e, ok := s.get(sh, key, now); ok {
-		return classify(e.val, token)
+		if res := classify(e.val, token); res != Claimed {
+			return res, e.val
+		}
+		return Claimed, ""
 	}
 	sh.m[key] = memEntry{val: inflightValue(token), expires: now.Add(ttl)}
-	return Claimed
+	return Claimed, ""
+}
+
+// lookup returns key's live entry.
+func (s *memState) lookup(key string) (Entry, bool) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := s.get(sh, key, s.now())
+	return Entry{Value: e.val, ExpiresAt: e.expires}, ok
+}
+
+// forget deletes key if forgettable, and returns what it held.
+func (s *memState) forget(key string, force bool) (Entry, bool) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := s.get(sh, key, s.now())
+	if !ok {
+		return Entry{}, false
+	}
+	deleted := forgettable(e.val, force)
+	if deleted {
+		delete(sh.m, key)
+	}
+	return Entry{Value: e.val, ExpiresAt: e.expires}, deleted
 }
 
 func (s *memState) renew(key, token string, ttl time.Duration) bool {

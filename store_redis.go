@@ -533,20 +533,23 @@ func (s *RedisStore) failed(err error) error {
 // Redis user is known to have every permission the store needs
 // (permCheck), it checks them first and fails without claiming if one is
 // missing.
-func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
+func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, string, error) {
 	if !s.check.ok.Load() {
 		if err := s.check.ensure(ctx, s, key); err != nil {
-			return 0, s.failed(err)
+			return 0, "", s.failed(err)
 		}
 	}
 	old, err := s.cmd.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
 	if errors.Is(err, redis.Nil) {
-		return Claimed, nil
+		return Claimed, "", nil
 	}
 	if err != nil {
-		return 0, s.failed(err)
+		return 0, "", s.failed(err)
 	}
-	return classify(old, token), nil
+	if res := classify(old, token); res != Claimed {
+		return res, old, nil
+	}
+	return Claimed, "", nil
 }
 
 // Renew implements Store with a compare-and-extend script.

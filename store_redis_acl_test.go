@@ -93,15 +93,20 @@ func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
 		}
 		for _, id := range []string{"evt_a", "evt_b", "evt_c", "evt_d"} {
 			key := DefaultKeyPrefix + id + "_" + run + strings.Repeat("x", round)
-			res, err := s.Claim(ctx, key, "tok", time.Minute)
+			res, _, err := s.Claim(ctx, key, "tok", time.Minute)
 			must("claim "+key, res == Claimed, err)
 			ok, err := s.Renew(ctx, key, "tok", time.Minute)
 			must("renew "+key, ok, err)
 			if id == "evt_a" || id == "evt_c" {
 				ok, err = s.Commit(ctx, key, "tok", rec, time.Hour)
 				must("commit "+key, ok, err)
-				res, err = s.Claim(ctx, key, "tok2", time.Minute)
+				res, _, err = s.Claim(ctx, key, "tok2", time.Minute)
 				must("claim after commit "+key, res == AlreadyDone, err)
+				// the operators' look-up and forget (admin API)
+				e, err := s.Get(ctx, key)
+				must("get "+key, e.State() == "done", err)
+				_, deleted, err := s.Forget(ctx, key, false)
+				must("forget "+key, deleted, err)
 			} else {
 				ok, err = s.Release(ctx, key, "tok")
 				must("release "+key, ok, err)
@@ -166,7 +171,7 @@ func TestREADMEACLCluster(t *testing.T) {
 	// the client sends ASKING then the command to the new one.
 	s := provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: user, Password: password})
 	migrating(t, admins, DefaultKeyPrefix+"evt_ask")
-	if res, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_ask", "tok", time.Minute); err != nil || res != Claimed {
+	if res, _, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_ask", "tok", time.Minute); err != nil || res != Claimed {
 		t.Fatalf("claim in a migrating slot: %v %v", res, err)
 	}
 	asked := false
@@ -186,7 +191,7 @@ func TestREADMEACLCluster(t *testing.T) {
 	}
 	s = provisionRedisStore(t, &RedisStore{Address: c.Addrs(), Username: "noslots", Password: pw})
 	logs := observeStore(s)
-	if _, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
+	if _, _, err := s.Claim(context.Background(), DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
 		t.Fatal("claim without CLUSTER SLOTS: no error")
 	}
 	if e := logs.FilterMessage(permLog).All(); len(e) != 1 || e[0].ContextMap()["command"] != "cluster|slots" {

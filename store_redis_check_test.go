@@ -76,7 +76,7 @@ func TestRedisPermissionCheckNamesTheMissingCommand(t *testing.T) {
 		s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: pw, WaitReplicas: c.wait})
 		logs := observeStore(s)
 		key := DefaultKeyPrefix + "evt_" + user
-		res, err := s.Claim(ctx, key, "tok", time.Minute)
+		res, _, err := s.Claim(ctx, key, "tok", time.Minute)
 		var pe *permissionError
 		if err == nil || !errors.As(err, &pe) {
 			t.Errorf("without %s%s: claim = %v, %v; want a permission error", c.drop, c.keys, res, err)
@@ -110,13 +110,13 @@ func TestRedisPermissionCheckRecovers(t *testing.T) {
 	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: "caddy", Password: pw})
 	logs := observeStore(s)
 	s.check.retryEvery = time.Hour
-	if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
 		t.Fatal("claim without PEXPIRE: no error")
 	}
 	sets := func() string { return infoLine(admin.Info(ctx, "commandstats").Val(), "cmdstat_set:") }
 	before := sets()
 	for range 5 {
-		if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
+		if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
 			t.Fatal("claim without PEXPIRE: no error")
 		}
 	}
@@ -130,7 +130,7 @@ func TestRedisPermissionCheckRecovers(t *testing.T) {
 	s.check.mu.Lock()
 	s.check.retryEvery = 0
 	s.check.mu.Unlock()
-	res, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute)
+	res, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute)
 	if err != nil || res != Claimed {
 		t.Fatalf("claim after PEXPIRE was granted: %v %v", res, err)
 	}
@@ -159,7 +159,7 @@ func TestRedisPermissionRevokedLater(t *testing.T) {
 	pw := aclUser(t, admin, "caddy", "")
 	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: "caddy", Password: pw})
 	logs := observeStore(s)
-	if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := admin.Do(ctx, "ACL", "SETUSER", "caddy", "-pexpire").Err(); err != nil {
@@ -168,7 +168,7 @@ func TestRedisPermissionRevokedLater(t *testing.T) {
 	if _, err := s.Renew(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
 		t.Fatal("renew without PEXPIRE: no error")
 	}
-	if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_2", "tok", time.Minute); err == nil {
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_2", "tok", time.Minute); err == nil {
 		t.Fatal("claim after PEXPIRE was revoked: no error")
 	}
 	if e := logs.FilterMessage(permLog).All(); len(e) != 1 || e[0].ContextMap()["command"] != "pexpire" {
@@ -215,10 +215,10 @@ func TestRedisEvictionPolicyWarning(t *testing.T) {
 	claim := func(s *RedisStore) *observer.ObservedLogs {
 		t.Helper()
 		logs := observeStore(s)
-		if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok"+s.Username, time.Minute); err != nil {
+		if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok"+s.Username, time.Minute); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_2", "tok"+s.Username, time.Minute); err != nil {
+		if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_2", "tok"+s.Username, time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		return logs
@@ -260,7 +260,7 @@ func TestRedisEvictedKeysWarning(t *testing.T) {
 	}
 	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}})
 	logs := observeStore(s)
-	if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if logs.FilterMessage("redis has evicted keys since it started: if any was a done record, its redelivery was processed again").Len() != 1 {

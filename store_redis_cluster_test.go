@@ -19,7 +19,7 @@ func TestRedisClusterOneAddress(t *testing.T) {
 	claimAll := func(s *RedisStore, tag string) (failed int) {
 		for i := range 30 {
 			key := DefaultKeyPrefix + tag + strconv.Itoa(i)
-			if res, err := s.Claim(ctx, key, "tok", time.Minute); err != nil || res != Claimed {
+			if res, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil || res != Claimed {
 				failed++
 			}
 		}

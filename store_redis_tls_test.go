@@ -26,7 +26,7 @@ func tlsStore(t *testing.T, block string) (error, *observer.ObservedLogs) {
 	core, logs := observer.New(zapcore.DebugLevel)
 	s.logger = zap.New(core)
 	st := provisionRedisStore(t, &s)
-	_, err = st.Claim(context.Background(), DefaultKeyPrefix+"evt_tls", newToken(), time.Minute)
+	_, _, err = st.Claim(context.Background(), DefaultKeyPrefix+"evt_tls", newToken(), time.Minute)
 	return err, logs
 }
 

@@ -24,7 +24,7 @@ func TestRedisURLParametersHonoured(t *testing.T) {
 		t.Fatalf("effective options: pool %d dial %v read %v write %v name %q", o.PoolSize, o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.ClientName)
 	}
 	ctx := context.Background()
-	if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if list := srv.Client(t).ClientList(ctx).Val(); !strings.Contains(list, "name=caddy-dedup ") {
@@ -44,7 +44,7 @@ func TestRedisURLUnix(t *testing.T) {
 	srv := redistest.Start(t, "--unixsocket", sock, "--unixsocketperm", "700")
 	s := provisionRedisStore(t, &RedisStore{URL: "unix://" + sock + "?db=2"})
 	ctx := context.Background()
-	if res, err := s.Claim(ctx, DefaultKeyPrefix+"evt_unix", "tok", time.Minute); err != nil || res != Claimed {
+	if res, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_unix", "tok", time.Minute); err != nil || res != Claimed {
 		t.Fatalf("claim over the unix socket: %v %v", res, err)
 	}
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 2})
@@ -164,7 +164,7 @@ func TestRedisURLClientNameNeedsSetname(t *testing.T) {
 	logs := observeStore(s)
 	s.check.retryEvery = 0
 	ctx := context.Background()
-	if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err == nil {
 		t.Fatal("claim with client_name and no CLIENT SETNAME permission: no error")
 	}
 	if e := logs.FilterMessage(permLog).All(); len(e) != 1 || e[0].ContextMap()["command"] != "client|setname" {
@@ -173,7 +173,7 @@ func TestRedisURLClientNameNeedsSetname(t *testing.T) {
 	if err := admin.Do(ctx, "ACL", "SETUSER", "caddy", "+client|setname").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_1", "tok", time.Minute); err != nil {
 		t.Fatalf("claim once CLIENT SETNAME is granted: %v", err)
 	}
 }

@@ -123,7 +123,7 @@ func runStoreContract(t *testing.T, newHarness func(*testing.T) storeHarness) {
 	}
 	mustClaim := func(t *testing.T, h storeHarness, key, token string, ttl time.Duration, want ClaimResult) {
 		t.Helper()
-		got, err := h.store.Claim(ctx, key, token, ttl)
+		got, _, err := h.store.Claim(ctx, key, token, ttl)
 		if err != nil {
 			t.Fatalf("claim %s: %v", key, err)
 		}
@@ -260,7 +260,7 @@ func runStoreContract(t *testing.T, newHarness func(*testing.T) storeHarness) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				res, err := h.store.Claim(ctx, "race", "tok"+strings.Repeat("x", i), lockTTL)
+				res, _, err := h.store.Claim(ctx, "race", "tok"+strings.Repeat("x", i), lockTTL)
 				if err != nil {
 					t.Error(err)
 					return
@@ -277,6 +277,78 @@ func runStoreContract(t *testing.T, newHarness func(*testing.T) storeHarness) {
 		if claimed.Load() != 1 || inflight.Load() != 49 {
 			t.Fatalf("claimed %d, in flight %d; want 1 and 49", claimed.Load(), inflight.Load())
 		}
+	})
+	t.Run("claim returns what it found", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		if res, found, err := h.store.Claim(ctx, "k", "tok2", lockTTL); err != nil || res != InFlight || found != "inflight:tok1" {
+			t.Fatalf("claim of a leased key = %v, %q, %v; want in flight, the lease", res, found, err)
+		}
+		fp := DoneRecord{ProcessedAt: rec.ProcessedAt, EventType: rec.EventType, Fingerprint: "00112233445566778899aabbccddeeff"}
+		if _, err := h.store.Commit(ctx, "k", "tok1", fp, retention); err != nil {
+			t.Fatal(err)
+		}
+		res, found, err := h.store.Claim(ctx, "k", "tok2", lockTTL)
+		if err != nil || res != AlreadyDone || found != fp.encode() {
+			t.Fatalf("claim of a done key = %v, %q, %v; want done, %q", res, found, err, fp.encode())
+		}
+		if got := recordFingerprint(found); got != fp.Fingerprint {
+			t.Fatalf("fingerprint read back = %q", got)
+		}
+	})
+	t.Run("get tells absent, in flight and done, with the expiry", func(t *testing.T) {
+		h := newHarness(t)
+		if e, err := h.store.Get(ctx, "k"); err != nil || e.State() != "absent" {
+			t.Fatalf("get of an absent key = %+v, %v", e, err)
+		}
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		e, err := h.store.Get(ctx, "k")
+		if err != nil || e.State() != "in_flight" || e.Value != "inflight:tok1" || e.ExpiresAt.IsZero() {
+			t.Fatalf("get of a leased key = %+v, %v", e, err)
+		}
+		leaseExpiry := e.ExpiresAt
+		if _, err := h.store.Commit(ctx, "k", "tok1", rec, retention); err != nil {
+			t.Fatal(err)
+		}
+		e, err = h.store.Get(ctx, "k")
+		if err != nil || e.State() != "done" || e.Value != rec.encode() {
+			t.Fatalf("get of a done key = %+v, %v", e, err)
+		}
+		// both expiries count from the store's clock
+		if d := e.ExpiresAt.Sub(leaseExpiry) - (retention - lockTTL); d > 2*time.Second || d < -2*time.Second {
+			t.Fatalf("done record expires %v after the lease would have, want about %v", e.ExpiresAt.Sub(leaseExpiry), retention-lockTTL)
+		}
+		if h.value("k") != rec.encode() {
+			t.Fatal("get changed the key")
+		}
+	})
+	t.Run("forget deletes a done record, a lease only with force", func(t *testing.T) {
+		h := newHarness(t)
+		if e, deleted, err := h.store.Forget(ctx, "absent", false); err != nil || deleted || e.Value != "" {
+			t.Fatalf("forget of an absent key = %+v, %v, %v", e, deleted, err)
+		}
+		mustClaim(t, h, "k", "tok1", lockTTL, Claimed)
+		if e, deleted, err := h.store.Forget(ctx, "k", false); err != nil || deleted || e.State() != "in_flight" {
+			t.Fatalf("forget of a leased key without force = %+v, %v, %v; want in flight, kept", e, deleted, err)
+		}
+		if h.value("k") != "inflight:tok1" {
+			t.Fatal("forget without force removed a lease")
+		}
+		if e, deleted, err := h.store.Forget(ctx, "k", true); err != nil || !deleted || e.State() != "in_flight" {
+			t.Fatalf("forced forget of a leased key = %+v, %v, %v; want deleted", e, deleted, err)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, Claimed)
+		if _, err := h.store.Commit(ctx, "k", "tok2", rec, retention); err != nil {
+			t.Fatal(err)
+		}
+		e, deleted, err := h.store.Forget(ctx, "k", false)
+		if err != nil || !deleted || e.Value != rec.encode() {
+			t.Fatalf("forget of a done key = %+v, %v, %v; want the record, deleted", e, deleted, err)
+		}
+		if v := h.value("k"); v != "" {
+			t.Fatalf("key still there after forget: %q", v)
+		}
+		mustClaim(t, h, "k", "tok3", lockTTL, Claimed)
 	})
 	t.Run("event types are stored as JSON strings", func(t *testing.T) {
 		h := newHarness(t)
@@ -296,11 +368,11 @@ func TestRedisStoreErrorIsNotDuplicate(t *testing.T) {
 	srv := startRedis(t)
 	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, DialTimeout: caddy.Duration(200 * time.Millisecond)})
 	ctx := context.Background()
-	if _, err := s.Claim(ctx, "k", "tok1", time.Minute); err != nil {
+	if _, _, err := s.Claim(ctx, "k", "tok1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	srv.Kill()
-	res, err := s.Claim(ctx, "k", "tok2", time.Minute)
+	res, _, err := s.Claim(ctx, "k", "tok2", time.Minute)
 	if err == nil {
 		t.Fatalf("claim with Redis down = %v, nil error; want an error", res)
 	}
@@ -316,7 +388,7 @@ func TestRedisStoreErrorIsNotDuplicate(t *testing.T) {
 	// Back again on the same port: the same client works, scripts are
 	// reloaded (NOSCRIPT after a restart is handled).
 	srv.Restart(t)
-	if res, err := s.Claim(ctx, "k2", "tok1", time.Minute); err != nil || res != Claimed {
+	if res, _, err := s.Claim(ctx, "k2", "tok1", time.Minute); err != nil || res != Claimed {
 		t.Fatalf("claim after restart = %v, %v", res, err)
 	}
 	if ok, err := s.Release(ctx, "k2", "tok1"); err != nil || !ok {
@@ -368,7 +440,7 @@ func TestMemoryStateSharedAcrossReloads(t *testing.T) {
 	if err := a.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Claim(ctx, "reload-k", "tok", time.Minute); err != nil {
+	if _, _, err := a.Claim(ctx, "reload-k", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	b := new(MemoryStore) // the new config is provisioned before the old one is cleaned up
@@ -376,7 +448,7 @@ func TestMemoryStateSharedAcrossReloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Cleanup()
-	if res, _ := b.Claim(ctx, "reload-k", "tok2", time.Minute); res != InFlight {
+	if res, _, _ := b.Claim(ctx, "reload-k", "tok2", time.Minute); res != InFlight {
 		t.Fatalf("after reload the claim was forgotten: %v", res)
 	}
 	b.Cleanup()
@@ -385,7 +457,7 @@ func TestMemoryStateSharedAcrossReloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Cleanup()
-	if res, _ := c.Claim(ctx, "reload-k", "tok3", time.Minute); res != Claimed {
+	if res, _, _ := c.Claim(ctx, "reload-k", "tok3", time.Minute); res != Claimed {
 		t.Fatalf("state outlived its last user: %v", res)
 	}
 }
@@ -404,7 +476,7 @@ func TestRedisWaitReplicas(t *testing.T) {
 	before := testutil.ToFloat64(metrics.unreplicated)
 	for i := range 20 {
 		key := "wait:" + strconv.Itoa(i)
-		if _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil {
+		if _, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		if held, err := s.Commit(ctx, key, "tok", rec, time.Hour); err != nil || !held {
@@ -419,7 +491,7 @@ func TestRedisWaitReplicas(t *testing.T) {
 	}
 
 	s2 := provisionRedisStore(t, &RedisStore{Address: []string{master.Addr}, WaitReplicas: 2, WaitTimeout: caddy.Duration(50 * time.Millisecond)})
-	if _, err := s2.Claim(ctx, "wait:short", "tok", time.Minute); err != nil {
+	if _, _, err := s2.Claim(ctx, "wait:short", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if held, err := s2.Commit(ctx, "wait:short", "tok", rec, time.Hour); err != nil || !held {
@@ -428,7 +500,7 @@ func TestRedisWaitReplicas(t *testing.T) {
 	if d := testutil.ToFloat64(metrics.unreplicated) - before; d != 1 {
 		t.Fatalf("unreplicated moved by %v, want 1", d)
 	}
-	if res, _ := s2.Claim(ctx, "wait:short", "tok2", time.Minute); res != AlreadyDone {
+	if res, _, _ := s2.Claim(ctx, "wait:short", "tok2", time.Minute); res != AlreadyDone {
 		t.Fatalf("claim after the commit: %v", res)
 	}
 }

@@ -84,7 +84,7 @@ func fileGrowth(path string, n int) (string, error) {
 				}
 				key := fmt.Sprintf("sangho_dedup:evt_growth_%09d", i)
 				tok := fmt.Sprintf("tok%d", i)
-				if _, err := st.Claim(context.Background(), key, tok, 30*time.Second); err != nil {
+				if _, _, err := st.Claim(context.Background(), key, tok, 30*time.Second); err != nil {
 					failed.Store(err)
 					return
 				}

@@ -1,0 +1,225 @@
+package sanghodedup
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+// adminServer is an in-process Caddy with its admin API on a free
+// loopback port and one sangho_dedup endpoint.
+type adminServer struct {
+	*caddyServer
+	admin string
+}
+
+func startAdminCaddy(t *testing.T, site string) *adminServer {
+	t.Helper()
+	port, admin := freePort(t), "127.0.0.1:"+strconv.Itoa(freePort(t))
+	cfg := strings.Replace(serverCaddyfile(port, site), "admin off", "admin "+admin, 1)
+	adapted, _ := adaptCaddyfile(t, cfg)
+	if err := caddy.Load([]byte(adapted), true); err != nil {
+		t.Fatalf("loading config: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return &adminServer{
+		caddyServer: &caddyServer{url: "http://127.0.0.1:" + strconv.Itoa(port) + "/webhook", port: port},
+		admin:       admin,
+	}
+}
+
+func (a *adminServer) api(t *testing.T, method, path string) (int, map[string]any) {
+	t.Helper()
+	req, _ := http.NewRequest(method, "http://"+a.admin+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var v map[string]any
+	_ = json.Unmarshal(b, &v)
+	return resp.StatusCode, v
+}
+
+// cli runs `caddy sangho-dedup <verb> <id> [flags]` as registered, and
+// returns its exit status and output.
+func (a *adminServer) cli(t *testing.T, verb, id string, flags ...string) (int, string, error) {
+	t.Helper()
+	root := &cobra.Command{}
+	caddycmd.Commands()["sangho-dedup"].CobraFunc(root)
+	sub, _, err := root.Find([]string{verb})
+	if err != nil || sub == root {
+		t.Fatalf("no subcommand %s", verb)
+	}
+	if err := sub.Flags().Set("address", a.admin); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(flags); i += 2 {
+		if err := sub.Flags().Set(flags[i], flags[i+1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	code, err := runEventCommand(sub, verb, id, &out)
+	return code, out.String(), err
+}
+
+// TestAdminAPIAndCommand: look up and forget events through Caddy's admin
+// API and the caddy sangho-dedup command, on every store.
+func TestAdminAPIAndCommand(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		l := newLedger(t)
+		release := make(chan struct{})
+		l.behave = func(id string, n int) (int, time.Duration) {
+			if id == "evt_slow" {
+				<-release
+			}
+			return 200, 0
+		}
+		name := "ops_" + strings.ReplaceAll(t.Name(), "/", "_")
+		s := startAdminCaddy(t, dedupSite(l.addr(), store+"\n\t\tname "+name))
+		body := func(id string) string { return fmt.Sprintf(`{"id":%q,"type":"invoice.paid"}`, id) }
+		if a := send(t, s.url, body("evt_ops"), "evt_ops"); a.status != 200 {
+			t.Fatalf("delivery: %d", a.status)
+		}
+
+		// the list
+		req, _ := http.NewRequest(http.MethodGet, "http://"+s.admin+"/sangho_dedup/", nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var list []EndpointInfo
+		_ = json.NewDecoder(resp.Body).Decode(&list)
+		resp.Body.Close()
+		if len(list) != 1 || list[0].Name != name || list[0].KeyPrefix == "" || list[0].Store == "" {
+			t.Fatalf("list: %+v", list)
+		}
+		wantStore := map[bool]string{true: "memory", false: "file"}[strings.Contains(store, "memory")]
+		if strings.Contains(store, "redis") {
+			wantStore = "redis"
+		}
+		if list[0].Store != wantStore {
+			t.Errorf("store %q, want %q", list[0].Store, wantStore)
+		}
+
+		// look up
+		path := "/sangho_dedup/" + name + "/events/"
+		status, v := s.api(t, http.MethodGet, path+"evt_ops")
+		if status != 200 || v["state"] != "done" || v["event_type"] != "invoice.paid" || v["processed_at"] == nil || v["expires_at"] == nil || v["fingerprint"] == nil {
+			t.Fatalf("GET a processed event: %d %v", status, v)
+		}
+		if status, v := s.api(t, http.MethodGet, path+"evt_never"); status != 404 || v["state"] != "absent" {
+			t.Fatalf("GET an absent event: %d %v", status, v)
+		}
+		if status, v := s.api(t, http.MethodGet, "/sangho_dedup/nosuch/events/evt_ops"); status != 404 || !strings.Contains(fmt.Sprint(v["error"]), "nosuch") {
+			t.Fatalf("GET on an unknown name: %d %v", status, v)
+		}
+		if status, v := s.api(t, http.MethodGet, path+"evt%20bad"); status != 400 || v["error"] == nil {
+			t.Fatalf("GET a bad ID: %d %v", status, v)
+		}
+
+		// the command line: get, then forget, then the redelivery is processed once more
+		if code, out, err := s.cli(t, "get", "evt_ops"); code != 0 || err != nil || !strings.Contains(out, "was processed") || !strings.Contains(out, "invoice.paid") {
+			t.Fatalf("caddy sangho-dedup get: %d %v\n%s", code, err, out)
+		}
+		if code, out, err := s.cli(t, "get", "evt_never", "json", "true"); code != 1 || err != nil || !strings.Contains(out, `"state":"absent"`) {
+			t.Fatalf("get of an absent event: %d %v\n%s", code, err, out)
+		}
+		if code, _, err := s.cli(t, "get", "evt_ops", "name", "nosuch"); code != 2 || err == nil {
+			t.Fatalf("get on an unknown name: %d %v", code, err)
+		}
+		if code, out, err := s.cli(t, "forget", "evt_ops"); code != 0 || err != nil || !strings.Contains(out, "forgot evt_ops") {
+			t.Fatalf("caddy sangho-dedup forget: %d %v\n%s", code, err, out)
+		}
+		if a := send(t, s.url, body("evt_ops"), "evt_ops"); a.status != 200 || a.dedup != "" {
+			t.Fatalf("redelivery after forget: %d %q", a.status, a.dedup)
+		}
+		if received, _ := l.counts("evt_ops"); received != 2 {
+			t.Fatalf("the backend got the event %d times, want 2 (once more after forget)", received)
+		}
+		if status, v := s.api(t, http.MethodDelete, path+"evt_never"); status != 404 || v["state"] != "absent" {
+			t.Fatalf("DELETE an absent event: %d %v", status, v)
+		}
+
+		// an event in flight: 409 unless forced
+		done := make(chan answer)
+		go func() { done <- send(t, s.url, body("evt_slow"), "evt_slow") }()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if status, v := s.api(t, http.MethodGet, path+"evt_slow"); status == 200 && v["state"] == "in_flight" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the slow event never showed in flight")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if status, v := s.api(t, http.MethodDelete, path+"evt_slow"); status != 409 || !strings.Contains(fmt.Sprint(v["error"]), "in flight") {
+			t.Fatalf("DELETE in flight: %d %v", status, v)
+		}
+		if code, out, err := s.cli(t, "forget", "evt_slow", "force", "true"); code != 0 || err != nil || !strings.Contains(out, "in_flight") {
+			t.Fatalf("forced forget in flight: %d %v\n%s", code, err, out)
+		}
+		if status, v := s.api(t, http.MethodGet, path+"evt_slow"); status != 404 {
+			t.Fatalf("after a forced forget: %d %v", status, v)
+		}
+		close(release)
+		if a := <-done; a.status != 200 {
+			t.Fatalf("the slow delivery: %d", a.status)
+		}
+	})
+}
+
+// TestCommandPicksTheOnlyEndpoint: --name may be left out when the
+// config has one endpoint, and not when it has two.
+func TestCommandPicksTheOnlyEndpoint(t *testing.T) {
+	l := newLedger(t)
+	s := startAdminCaddy(t, dedupSite(l.addr(), "store memory\n\t\tkey_prefix only_one:"))
+	if code, out, err := s.cli(t, "get", "evt_x"); code != 1 || err != nil || !strings.Contains(out, "only_one:") {
+		t.Fatalf("get without --name: %d %v\n%s", code, err, out)
+	}
+	s2 := startAdminCaddy(t, twoEndpoints(l.addr(), l.addr(), "store memory\n\t\t\tkey_prefix two_a:", "store memory\n\t\t\tkey_prefix two_b:"))
+	code, _, err := s2.cli(t, "get", "evt_x")
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "two_a:") || !strings.Contains(err.Error(), "--name") {
+		t.Fatalf("get without --name on two endpoints: %d %v", code, err)
+	}
+}
+
+func TestOperationsCaddyfileErrors(t *testing.T) {
+	for in, want := range map[string]string{
+		"on_payload_mismatch drop": `on_payload_mismatch: must be reject or log, not "drop"`,
+		"on_payload_mismatch":      "on_payload_mismatch: needs a value",
+		"name":                     "name: needs a value",
+		"name a b":                 "name: takes one value",
+		"name a\nname b":           "name given more than once",
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want it to contain %q", in, err, want)
+		}
+	}
+	h := &Handler{Secrets: []string{"s"}, OnPayloadMismatch: "drop", StoreRaw: []byte(`{"type":"memory"}`)}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "on_payload_mismatch") {
+		t.Errorf("Validate of a bad on_payload_mismatch: %v", err)
+	}
+}

@@ -1,0 +1,210 @@
+package sanghodedup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	"github.com/spf13/cobra"
+)
+
+func init() {
+	caddycmd.RegisterCommand(caddycmd.Command{
+		Name:  "sangho-dedup",
+		Usage: "get|forget <id> [--name <name>] [--force] [--address <admin>] [--json]",
+		Short: "Looks up or forgets a webhook event in a running Caddy's sangho_dedup store",
+		Long: `
+Talks to the admin API of a running Caddy (the address from --address, else
+Caddy's default admin address, localhost:2019).
+
+  caddy sangho-dedup get <id> [--name N]            did the event reach the backend, and when?
+  caddy sangho-dedup forget <id> [--name N] [--force]
+                                                    let the next delivery of the event through
+
+--name picks the endpoint (a handler's name, by default its key_prefix);
+it may be omitted when the config has one. forget refuses an event in
+flight (a backend is working on it) unless --force, which removes its lease
+too: a redelivery may then be processed while the backend still works.
+
+Exit status: 0 found (get) or forgotten (forget), 1 the store has nothing
+for the event, 2 any error. --json prints the admin API's answer.
+`,
+		CobraFunc: func(cmd *cobra.Command) {
+			for _, sub := range []struct{ name, short string }{
+				{"get", "Shows what the store holds for an event"},
+				{"forget", "Forgets a processed event so that its next delivery is processed"},
+			} {
+				c := &cobra.Command{
+					Use:   sub.name + " <id>",
+					Short: sub.short,
+					Args:  cobra.ExactArgs(1),
+					RunE: func(c *cobra.Command, args []string) error {
+						code, err := runEventCommand(c, sub.name, args[0], os.Stdout)
+						if err != nil {
+							fmt.Fprintln(os.Stderr, "sangho-dedup:", err)
+						}
+						if code != 0 {
+							os.Exit(code)
+						}
+						return nil
+					},
+				}
+				c.Flags().String("name", "", "endpoint name (default: the only one)")
+				c.Flags().String("address", "", "admin API address (default: "+caddy.DefaultAdminListen+")")
+				c.Flags().Bool("json", false, "print the admin API's JSON answer")
+				if sub.name == "forget" {
+					c.Flags().Bool("force", false, "also remove the lease of an event in flight (dangerous)")
+				}
+				cmd.AddCommand(c)
+			}
+		},
+	})
+}
+
+// runEventCommand runs `get` or `forget` and returns the exit status.
+func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, error) {
+	name, _ := c.Flags().GetString("name")
+	addr, _ := c.Flags().GetString("address")
+	asJSON, _ := c.Flags().GetBool("json")
+	force, _ := c.Flags().GetBool("force")
+	if addr == "" {
+		addr = caddy.DefaultAdminListen
+	}
+	client, origin, err := adminClient(addr)
+	if err != nil {
+		return 2, err
+	}
+	if name == "" {
+		var list []EndpointInfo
+		if status, body, err := adminDo(client, origin, http.MethodGet, "/sangho_dedup/"); err != nil {
+			return 2, err
+		} else if status != http.StatusOK {
+			return 2, fmt.Errorf("listing the endpoints: %s", apiMessage(status, body))
+		} else if err := json.Unmarshal(body, &list); err != nil {
+			return 2, fmt.Errorf("listing the endpoints: %v", err)
+		}
+		switch len(list) {
+		case 1:
+			name = list[0].Name
+		case 0:
+			return 2, errors.New("the running config has no sangho_dedup endpoint")
+		default:
+			names := make([]string, len(list))
+			for i, e := range list {
+				names[i] = e.Name
+			}
+			return 2, fmt.Errorf("the running config has %d sangho_dedup endpoints: give --name (one of %s)", len(list), strings.Join(names, ", "))
+		}
+	}
+	method, uri := http.MethodGet, "/sangho_dedup/"+url.PathEscape(name)+"/events/"+url.PathEscape(id)
+	if verb == "forget" {
+		method = http.MethodDelete
+		if force {
+			uri += "?force=true"
+		}
+	}
+	status, body, err := adminDo(client, origin, method, uri)
+	if err != nil {
+		return 2, err
+	}
+	var info EventInfo
+	if status == http.StatusOK || status == http.StatusNotFound {
+		if json.Unmarshal(body, &info) != nil || info.State == "" {
+			return 2, errors.New(apiMessage(status, body)) // an unknown name, not an absent event
+		}
+	} else {
+		return 2, errors.New(apiMessage(status, body))
+	}
+	if asJSON {
+		_, _ = out.Write(body)
+	} else {
+		printEvent(out, verb, name, info)
+	}
+	if info.State == "absent" {
+		return 1, nil
+	}
+	return 0, nil
+}
+
+func printEvent(out io.Writer, verb, name string, info EventInfo) {
+	switch {
+	case info.State == "absent":
+		fmt.Fprintf(out, "%s: no record of %s (never processed, or its record expired)\n", name, info.ID)
+		return
+	case verb == "forget":
+		fmt.Fprintf(out, "%s: forgot %s (it was %s); its next delivery will be processed\n", name, info.ID, info.State)
+	case info.State == "in_flight":
+		fmt.Fprintf(out, "%s: %s is in flight (a backend is working on it)\n", name, info.ID)
+	default:
+		fmt.Fprintf(out, "%s: %s was processed\n", name, info.ID)
+	}
+	if info.ProcessedAt != nil {
+		fmt.Fprintf(out, "  processed at  %s\n", info.ProcessedAt.Format(time.RFC3339))
+	}
+	if info.EventType != "" {
+		fmt.Fprintf(out, "  event type    %s\n", info.EventType)
+	}
+	if info.Fingerprint != "" {
+		fmt.Fprintf(out, "  fingerprint   %s\n", info.Fingerprint)
+	}
+	if info.ExpiresAt != nil && verb == "get" {
+		fmt.Fprintf(out, "  expires at    %s\n", info.ExpiresAt.Format(time.RFC3339))
+	}
+}
+
+// apiMessage is the message of a Caddy API error answer.
+func apiMessage(status int, body []byte) string {
+	var e struct {
+		Error string `json:"error"`
+	}
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		return e.Error
+	}
+	return fmt.Sprintf("HTTP %d: %s", status, strings.TrimSpace(string(body)))
+}
+
+// adminClient dials Caddy's admin address (tcp, unix socket) the way
+// caddy's own commands do; the origin is sent as Origin header.
+func adminClient(addr string) (*http.Client, string, error) {
+	na, err := caddy.ParseNetworkAddress(addr)
+	if err != nil || na.PortRangeSize() > 1 {
+		return nil, "", fmt.Errorf("invalid admin address %s: %v", addr, err)
+	}
+	origin := "http://" + na.JoinHostPort(0)
+	if na.IsUnixNetwork() {
+		origin = "http://127.0.0.1"
+		na.Host, _, _ = strings.Cut(na.Host, "|") // socket permission bits
+	}
+	return &http.Client{
+		Timeout: 15 * time.Second,
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, na.Network, na.JoinHostPort(0))
+		}},
+	}, origin, nil
+}
+
+func adminDo(client *http.Client, origin, method, uri string) (int, []byte, error) {
+	req, err := http.NewRequest(method, origin+uri, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Origin", origin)
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, fmt.Errorf("reaching Caddy's admin API: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp.StatusCode, body, err
+}

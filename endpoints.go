@@ -1,0 +1,121 @@
+package sanghodedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"sync"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// endpoints records the handlers of every loaded config: which secret
+// set uses which store state and key prefix (see registerEndpoint), and
+// which handler answers to which name (for the admin API).
+var endpoints = struct {
+	sync.Mutex
+	seq      uint64
+	byConfig map[context.Context]*configEndpoints
+}{byConfig: map[context.Context]*configEndpoints{}}
+
+type configEndpoints struct {
+	seq      uint64 // configs loaded later have higher numbers
+	handlers int    // provisioned so far
+	uses     map[string]endpointUse
+	names    map[string]*Handler // the first handler of each name
+}
+
+type endpointUse struct {
+	secrets [sha256.Size]byte // of the sorted secret set; never printed
+	handler int               // 1-based, in provisioning order
+}
+
+// stateSharer is implemented by stores whose state other handlers can
+// share: two stores with the same stateID see each other's keys.
+type stateSharer interface{ stateID() string }
+
+// storeID names the state h's store reaches, for comparisons.
+func (h *Handler) storeID() string {
+	if sh, ok := h.store.(stateSharer); ok {
+		return sh.stateID()
+	}
+	return fmt.Sprintf("%T %p", h.store, h.store)
+}
+
+// registerEndpoint records h in its config, and refuses:
+//   - a handler that would share store state and key_prefix with
+//     another one under different secrets: a payment provider sends one
+//     event to every endpoint that subscribes, so the second endpoint
+//     would answer it as a duplicate and its backend would never see it
+//     (the same endpoint on several routes, same secrets, is fine);
+//   - a name already given to a handler with another store or prefix.
+func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
+	sorted := slices.Clone(secrets)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	sum := sha256.New()
+	for _, s := range sorted {
+		sum.Write([]byte(s))
+		sum.Write([]byte{0})
+	}
+	var use endpointUse
+	sum.Sum(use.secrets[:0])
+	where := h.storeID() + " key_prefix " + strconv.Quote(h.KeyPrefix)
+
+	endpoints.Lock()
+	defer endpoints.Unlock()
+	cfg := endpoints.byConfig[ctx.Context]
+	if cfg == nil {
+		endpoints.seq++
+		cfg = &configEndpoints{seq: endpoints.seq, uses: map[string]endpointUse{}, names: map[string]*Handler{}}
+		endpoints.byConfig[ctx.Context] = cfg
+	}
+	h.cfgKey = ctx.Context
+	cfg.handlers++
+	use.handler = cfg.handlers
+	if prev, ok := cfg.uses[where]; ok && prev.secrets != use.secrets {
+		return fmt.Errorf("sangho_dedup handlers #%d and #%d (in config order) share one store (%s) with different secrets: one endpoint would answer the other's events as duplicates and its backend would never see them; give each endpoint its own key_prefix",
+			prev.handler, use.handler, where)
+	} else if !ok {
+		cfg.uses[where] = use
+	}
+	if other, ok := cfg.names[h.Name]; ok {
+		if other.storeID() != h.storeID() || other.KeyPrefix != h.KeyPrefix {
+			return fmt.Errorf("sangho_dedup: two handlers are named %q but use different stores or key_prefixes (%s key_prefix %q, %s key_prefix %q): give each endpoint its own name",
+				h.Name, other.storeID(), other.KeyPrefix, h.storeID(), h.KeyPrefix)
+		}
+	} else {
+		cfg.names[h.Name] = h
+	}
+	return nil
+}
+
+// Cleanup forgets this handler's config in the registry of endpoints.
+func (h *Handler) Cleanup() error {
+	if h.cfgKey != nil {
+		endpoints.Lock()
+		delete(endpoints.byConfig, h.cfgKey)
+		endpoints.Unlock()
+	}
+	return nil
+}
+
+// currentEndpoints returns the handlers by name of the config loaded
+// last (the running one; during a reload, the new one).
+func currentEndpoints() map[string]*Handler {
+	endpoints.Lock()
+	defer endpoints.Unlock()
+	var newest *configEndpoints
+	for _, cfg := range endpoints.byConfig {
+		if newest == nil || cfg.seq > newest.seq {
+			newest = cfg
+		}
+	}
+	if newest == nil {
+		return nil
+	}
+	return maps.Clone(newest.names)
+}
