@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -118,6 +119,7 @@ type RedisStore struct {
 	cluster *redis.ClusterClient // set on a Redis Cluster
 	cmd     redis.Cmdable        // the client, or its auto-pipeliner
 	poolKey string
+	users   *atomic.Int64 // deliveries and commit retries that may still need the client
 }
 
 // CaddyModule returns the Caddy module information.
@@ -143,6 +145,7 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.poolKey = opts.poolKey()
+	s.users = new(atomic.Int64)
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
 		return redisClient{redis.NewUniversalClient(opts.universal)}, nil
 	})
@@ -163,14 +166,36 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 }
 
 // Cleanup releases this config's use of the shared client; the client
-// is closed when no config uses it any more.
+// is closed when no config uses it any more. On a reload Caddy cleans
+// the old config up while its requests may still be in flight: then
+// the use is released once they and their commit retries are done (at
+// most drainFor later), so that they can still commit or release.
 func (s *RedisStore) Cleanup() error {
 	if s.poolKey == "" {
 		return nil
 	}
-	_, err := storePool.Delete(s.poolKey)
-	return err
+	if s.users.Load() == 0 {
+		_, err := storePool.Delete(s.poolKey)
+		return err
+	}
+	go func() {
+		deadline := time.Now().Add(drainFor)
+		for s.users.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if _, err := storePool.Delete(s.poolKey); err != nil {
+			caddy.Log().Named("sangho_dedup.redis").Error("releasing the Redis client", zap.Error(err))
+		}
+	}()
+	return nil
 }
+
+// drainFor bounds how long a cleaned-up config keeps its client for the
+// deliveries and commit retries it still has in flight.
+const drainFor = commitRetryFor + time.Minute
+
+func (s *RedisStore) enter() { s.users.Add(1) }
+func (s *RedisStore) leave() { s.users.Add(-1) }
 
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {
@@ -527,6 +552,7 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 // Interface guards
 var (
 	_ Store                 = (*RedisStore)(nil)
+	_ storeUser             = (*RedisStore)(nil)
 	_ caddy.Provisioner     = (*RedisStore)(nil)
 	_ caddy.Validator       = (*RedisStore)(nil)
 	_ caddy.CleanerUpper    = (*RedisStore)(nil)

@@ -198,6 +198,42 @@ func TestRollingRestart(t *testing.T) {
 	}
 }
 
+// TestReloadStoreConfigUnderLoad: the store config is changed by
+// `caddy reload` (through the admin API) while events are in flight:
+// another pool_size, another address of the same Redis (through a
+// pass-through proxy) and back. Each change gives the new config a new
+// Redis client; the old config's requests in flight must still settle.
+func TestReloadStoreConfigUnderLoad(t *testing.T) {
+	r := redistest.Start(t)
+	via := startProxy(t, r.Addr)
+	l := newLedger(t)
+	l.behave = func(string, int) action { return action{delay: 200 * time.Millisecond} }
+	site := func(store string) string {
+		return siteConfigTimeout(store, l.addr, "", 10*time.Second)
+	}
+	stores := []string{
+		strings.Replace(redisStore(r.Addr), "\n\t\t}", "\n\t\t\tpool_size 7\n\t\t}", 1),
+		redisStore(via.Addr()),
+		redisStore(r.Addr),
+		strings.Replace(redisStore(via.Addr()), "\n\t\t}", "\n\t\t\tpool_size 5\n\t\t}", 1),
+		redisStore(r.Addr),
+	}
+	p := startCaddy(t, site(redisStore(r.Addr)))
+	s := newSender([]string{p.url}, 3)
+	n := 150 * scale
+	ids, acked := s.run("reload_store", n, func(prog *atomic.Int64) {
+		for i, st := range stores {
+			at(prog, int64(n*3*(i+1)/7), func() {
+				s.fig.faults.Add(1)
+				if err := p.reload(site(st)); err != nil {
+					t.Errorf("reload %d: %v", i, err)
+				}
+			})
+		}
+	})
+	check(t, "store config reloaded 5 times under load (pool_size, address and back)", s, l, ids, acked, false)
+}
+
 func (l *ledger) receivedTotal() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
