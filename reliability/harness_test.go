@@ -400,12 +400,19 @@ type figures struct {
 	events, deliveries, acked, duplicates, conflicts, unavailable, otherNon2xx, connErrors, retries atomic.Int64
 	faults                                                                                          atomic.Int64
 	once, twice, lost                                                                               int
+	recovery                                                                                        atomic.Int64 // ns from a fault's heal to the first 2xx of a new event; 0: not measured
+	slowest                                                                                         atomic.Int64 // ns, the longest wait for an answer
 }
 
 func (f *figures) String() string {
-	return fmt.Sprintf("events %d, deliveries %d (retries %d), acknowledged %d, duplicates absorbed %d, 409 %d, 503 %d, other non-2xx %d, connection errors %d, faults injected %d; processed once %d, processed twice or more %d, lost %d",
+	s := fmt.Sprintf("events %d, deliveries %d (retries %d), acknowledged %d, duplicates absorbed %d, 409 %d, 503 %d, other non-2xx %d, connection errors %d, faults injected %d; processed once %d, processed twice or more %d, lost %d",
 		f.events.Load(), f.deliveries.Load(), f.retries.Load(), f.acked.Load(), f.duplicates.Load(), f.conflicts.Load(), f.unavailable.Load(),
 		f.otherNon2xx.Load(), f.connErrors.Load(), f.faults.Load(), f.once, f.twice, f.lost)
+	if r := f.recovery.Load(); r > 0 {
+		s += fmt.Sprintf("; slowest answer %v; recovered %v after the heal",
+			time.Duration(f.slowest.Load()).Round(time.Millisecond), time.Duration(r).Round(time.Millisecond))
+	}
+	return s
 }
 
 // sender plays Sangho: every event is delivered `copies` times at once
@@ -419,6 +426,7 @@ type sender struct {
 	giveUp      time.Duration
 	client      *http.Client
 	fig         *figures
+	pace        time.Duration // between two events (0: as fast as concurrency allows)
 }
 
 func newSender(urls []string, copies int) *sender {
@@ -448,7 +456,13 @@ func (s *sender) deliver(id string, body []byte, r *rand.Rand) bool {
 		req.Header.Set("Sangho-Event-ID", id)
 		req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), body, secret)) // signed afresh each attempt
 		s.fig.deliveries.Add(1)
+		sent := time.Now()
 		resp, err := s.client.Do(req)
+		for took := int64(time.Since(sent)); ; {
+			if w := s.fig.slowest.Load(); took <= w || s.fig.slowest.CompareAndSwap(w, took) {
+				break
+			}
+		}
 		if err != nil {
 			s.fig.connErrors.Add(1)
 			continue
@@ -493,6 +507,9 @@ func (s *sender) run(prefix string, n int, during func(progress *atomic.Int64)) 
 		ids = append(ids, id)
 		body := []byte(fmt.Sprintf(`{"id":%q,"object":"event","type":"payment_intent.succeeded","data":{"object":{"n":%d}}}`, id, i))
 		s.fig.events.Add(1)
+		if s.pace > 0 && i > 0 {
+			time.Sleep(s.pace)
+		}
 		for c := range s.copies {
 			wg.Add(1)
 			sem <- struct{}{}

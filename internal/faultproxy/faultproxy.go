@@ -126,8 +126,13 @@ type Command [][]byte
 // command delivered so far (so the matching command was executed), both
 // sides of the connection are reset without the client seeing those
 // answers. With auto-pipelining, the other commands of the same chunk
-// share that fate. A later call replaces the armed trigger.
+// share that fate. A later call replaces the armed trigger; n <= 0
+// disarms it.
 func (p *Proxy) ResetAfter(n int, match func(Command) bool) {
+	if n <= 0 || match == nil {
+		p.trig.Store(nil)
+		return
+	}
 	t := &trigger{match: match}
 	t.left.Store(int64(n))
 	p.trig.Store(t)
