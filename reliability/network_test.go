@@ -169,17 +169,22 @@ func TestNetworkLatency(t *testing.T) {
 // other requests sent in the same write share the fate of the one hit.
 func TestNetworkResets(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		match func(faultproxy.Command) bool
+		name   string
+		match  func(faultproxy.Command) bool
+		copies int
 	}{
-		{"right after a claim was sent", isClaim},
-		{"right after a commit was sent", isCommit},
-		{"every connection, 5 times", nil},
+		{"right after a claim was sent", isClaim, 3},
+		// Without duplicates, a 409 can only come from a claim that sent
+		// again after its reply was lost and did not know its own lease.
+		{"right after a claim was sent, one copy of each event", isClaim, 1},
+		{"right after a commit was sent", isCommit, 3},
+		{"every connection, 5 times", nil, 3},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			g := newNetRig(t, "")
+			g.s.copies = c.copies
 			var resets atomic.Int64
-			g.run(t, "connections reset "+c.name, 0, g.urls, func() func() {
+			f := g.run(t, "connections reset "+c.name, 0, g.urls, func() func() {
 				for range 5 {
 					g.each(func(px *faultproxy.Proxy) {
 						if c.match != nil {
@@ -196,6 +201,9 @@ func TestNetworkResets(t *testing.T) {
 			t.Logf("%d connections reset", resets.Load())
 			if resets.Load() == 0 {
 				t.Error("no connection was reset: the fault did not hit")
+			}
+			if c.copies == 1 && f.conflicts.Load() > 0 {
+				t.Errorf("%d answers 409 without duplicates: a claim whose reply was lost left a lease nobody holds", f.conflicts.Load())
 			}
 		})
 	}
