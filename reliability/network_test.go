@@ -2,8 +2,11 @@ package reliability
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -30,6 +33,7 @@ type netRig struct {
 	proxies []*faultproxy.Proxy
 	urls    []string
 	s       *sender
+	probeOK func(id string) bool // which event IDs the recovery probe may use (nil: any)
 }
 
 func newNetRig(t *testing.T, extra string) *netRig {
@@ -66,7 +70,7 @@ func (g *netRig) run(t *testing.T, name string, lasts time.Duration, probe []str
 		heal := fault()
 		time.Sleep(lasts)
 		heal()
-		g.s.fig.recovery.Store(int64(recoveryTime(t, prefix, probe)))
+		g.s.fig.recovery.Store(int64(recoveryTime(t, prefix, probe, g.probeOK)))
 	})
 	return check(t, name, g.s, g.l, ids, acked, false)
 }
@@ -76,7 +80,7 @@ func (g *netRig) run(t *testing.T, name string, lasts time.Duration, probe []str
 // lease of an earlier attempt gets in the way); the longest. It fails
 // the test if one does not within 20 s: then Caddy does not recover
 // from the fault without a restart.
-func recoveryTime(t *testing.T, prefix string, urls []string) time.Duration {
+func recoveryTime(t *testing.T, prefix string, urls []string, ok func(id string) bool) time.Duration {
 	start := time.Now()
 	client := &http.Client{Timeout: 5 * time.Second}
 	var worst atomic.Int64
@@ -88,6 +92,9 @@ func recoveryTime(t *testing.T, prefix string, urls []string) time.Duration {
 			defer wg.Done()
 			for time.Since(start) < 20*time.Second {
 				id := fmt.Sprintf("evt_probe_%s_%d", prefix, n.Add(1))
+				for ok != nil && !ok(id) {
+					id = fmt.Sprintf("evt_probe_%s_%d", prefix, n.Add(1))
+				}
 				if status, dedup := deliverOnce(client, u, id); status == 200 && dedup == "" {
 					d := int64(time.Since(start))
 					for {
@@ -273,4 +280,111 @@ func (l *ledger) doneTotal() int {
 		n += c
 	}
 	return n
+}
+
+// TestNetworkClusterMaster: the same faults in front of one master of a
+// Redis Cluster (3 masters, 3 replicas). That master announces the
+// proxy's port as its own (cluster-announce-port; its cluster bus stays
+// direct, so the cluster does not see it fail), so that every client
+// reaches it through the proxy, as the slot map says.
+func TestNetworkClusterMaster(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		lasts time.Duration
+		fault func(px *faultproxy.Proxy) func()
+	}{
+		{"black-holed for 3 s", 3 * time.Second, func(px *faultproxy.Proxy) func() {
+			px.BlackHole(true)
+			return func() { px.BlackHole(false) }
+		}},
+		{"connections reset right after a claim or a commit was sent", 0, func(px *faultproxy.Proxy) func() {
+			for i := range 6 {
+				px.ResetAfter(1, []func(faultproxy.Command) bool{isClaim, isCommit}[i%2])
+				time.Sleep(300 * time.Millisecond)
+			}
+			return func() { px.ResetAfter(0, nil) }
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := redistest.StartCluster(t)
+			px, seeds := proxyClusterMaster(t, cl)
+			g := &netRig{l: newLedger(t), proxies: []*faultproxy.Proxy{px}}
+			g.l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+			for range 3 {
+				g.urls = append(g.urls, startCaddy(t, siteConfigTimeout(redisStore(seeds...), g.l.addr, "lock_ttl 5s", 10*time.Second)).url)
+			}
+			g.s = newSender(g.urls, 3)
+			g.s.pace = 12 * time.Millisecond
+			g.probeOK = onNode(t, cl.Nodes[0], px.Addr()) // probe events of the faulty master
+			g.run(t, "Redis Cluster, one master "+c.name, c.lasts, g.urls, func() func() { return c.fault(px) })
+			if px.Resets() == 0 && c.lasts == 0 {
+				t.Error("no connection was reset: the fault did not hit")
+			}
+		})
+	}
+}
+
+// proxyClusterMaster puts a proxy in front of a master of cl, makes the
+// master announce the proxy's address, waits until every node's slot
+// map has it, and returns the proxy and seed addresses for clients
+// (every node but that master, and the proxy).
+func proxyClusterMaster(t *testing.T, cl *redistest.Cluster) (*faultproxy.Proxy, []string) {
+	t.Helper()
+	ctx := context.Background()
+	for _, n := range cl.Nodes {
+		rc := n.Client(t)
+		if role, _ := rc.Do(ctx, "ROLE").Slice(); len(role) == 0 || role[0] != "master" {
+			continue
+		}
+		px := startProxy(t, n.Addr)
+		port := px.Addr()[strings.LastIndexByte(px.Addr(), ':')+1:]
+		for _, kv := range [][2]string{{"cluster-announce-ip", "127.0.0.1"}, {"cluster-announce-bus-port", strconv.Itoa(n.Port + 10000)}, {"cluster-announce-port", port}} {
+			if err := rc.ConfigSet(ctx, kv[0], kv[1]).Err(); err != nil {
+				t.Fatalf("CONFIG SET %s %s: %v", kv[0], kv[1], err)
+			}
+		}
+		seeds := []string{px.Addr()}
+		deadline := time.Now().Add(30 * time.Second)
+		for _, o := range cl.Nodes {
+			if o != n {
+				seeds = append(seeds, o.Addr)
+			}
+			oc := o.Client(t)
+			for {
+				nodes, _ := oc.ClusterNodes(ctx).Result()
+				if strings.Contains(nodes, px.Addr()+"@") && !strings.Contains(nodes, n.Addr+"@") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s does not see the master at %s within 30 s:\n%s", o.Addr, px.Addr(), nodes)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		return px, seeds
+	}
+	t.Fatal("no master in the cluster")
+	return nil, nil
+}
+
+// onNode reports whether the key of an event ID is in a slot served at
+// addr, as node's slot map says.
+func onNode(t *testing.T, node *redistest.Server, addr string) func(id string) bool {
+	rc := node.Client(t)
+	slots, err := rc.ClusterSlots(context.Background()).Result()
+	if err != nil {
+		t.Fatalf("CLUSTER SLOTS: %v", err)
+	}
+	return func(id string) bool {
+		slot, err := rc.ClusterKeySlot(context.Background(), "sangho_dedup:"+id).Result()
+		if err != nil {
+			return false
+		}
+		for _, r := range slots {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 && r.Nodes[0].Addr == addr {
+				return true
+			}
+		}
+		return false
+	}
 }
