@@ -80,6 +80,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// so that a claim that reached the store is always followed by a
 	// commit or a release. go-redis's timeouts bound them.
 	sctx := context.WithoutCancel(r.Context())
+	h.enter() // the store stays open until this delivery is settled
+	defer h.leave()
 	start := time.Now()
 	if ev.fromHeader {
 		// The ID is not signed: bind this signed message to the first ID
@@ -282,7 +284,8 @@ func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWr
 		case err != nil:
 			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying in the background",
 				zap.String("event_id", id), zap.Int("status", status), zap.Error(err))
-			go h.retryCommit(l, rec)
+			h.enter()
+			go func() { defer h.leave(); h.retryCommit(l, rec) }()
 		case !held:
 			metrics.leaseLost.Inc()
 			h.logger.Warn("lease was lost before commit (expired or taken over); recorded as done anyway",
@@ -357,6 +360,29 @@ func (h *Handler) retryCommit(l *lease, rec DoneRecord) {
 
 // commitRetryFor bounds the background retries of a failed commit.
 const commitRetryFor = 5 * time.Minute
+
+// storeUser is a store whose Cleanup releases a resource shared through
+// storePool (a Redis client) that deliveries may still need after
+// Caddy has cleaned their config up: on a reload, Caddy starts the new
+// config, then cleans the old one up without waiting for its requests
+// in flight. enter marks the store as in use, leave undoes one enter.
+type storeUser interface {
+	enter()
+	leave()
+}
+
+// enter marks h's store as in use by a delivery or a commit retry.
+func (h *Handler) enter() {
+	if u, ok := h.store.(storeUser); ok {
+		u.enter()
+	}
+}
+
+func (h *Handler) leave() {
+	if u, ok := h.store.(storeUser); ok {
+		u.leave()
+	}
+}
 
 // reject answers a request that is not passed on, as a Caddy error so
 // that handle_errors can shape it.

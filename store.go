@@ -14,6 +14,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 )
 
 // Store keeps the dedup state of events, one key per event. Every
@@ -270,3 +271,36 @@ func (s *RedisStore) stateID() string {
 	}
 	return id
 }
+
+// poolUsers counts the deliveries and commit retries that may still
+// need a resource shared through storePool (a Redis client, an open
+// file). On a reload Caddy starts the new config, then cleans the old one
+// up without waiting for its requests in flight: release keeps the
+// resource until they are done, for at most drainFor.
+type poolUsers struct{ n atomic.Int64 }
+
+func (u *poolUsers) enter() { u.n.Add(1) }
+func (u *poolUsers) leave() { u.n.Add(-1) }
+
+// release gives up this config's use of the pooled resource key, at
+// once if nothing uses it, else in the background once nothing does.
+func (u *poolUsers) release(key string, logger *zap.Logger) error {
+	if u.n.Load() == 0 {
+		_, err := storePool.Delete(key)
+		return err
+	}
+	go func() {
+		deadline := time.Now().Add(drainFor)
+		for u.n.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if _, err := storePool.Delete(key); err != nil && logger != nil {
+			logger.Error("releasing the store's shared resource", zap.String("resource", key), zap.Error(err))
+		}
+	}()
+	return nil
+}
+
+// drainFor bounds how long a cleaned-up config keeps a shared resource
+// for the deliveries and commit retries it still has in flight.
+const drainFor = commitRetryFor + time.Minute

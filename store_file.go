@@ -55,6 +55,7 @@ type FileStore struct {
 	logger  *zap.Logger
 	pooled  bool
 	lockErr error
+	users   *poolUsers // deliveries and commit retries that may still need the file
 }
 
 // CaddyModule returns the Caddy module information.
@@ -101,6 +102,7 @@ func (s *FileStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.pooled = true
+	s.users = new(poolUsers)
 	s.state = v.(*fileState)
 	return nil
 }
@@ -111,8 +113,19 @@ func (s *FileStore) Cleanup() error {
 	if !s.pooled {
 		return nil
 	}
-	_, err := storePool.Delete(filePoolKey(s.path))
-	return err
+	return s.users.release(filePoolKey(s.path), s.logger)
+}
+
+func (s *FileStore) enter() {
+	if s.users != nil {
+		s.users.enter()
+	}
+}
+
+func (s *FileStore) leave() {
+	if s.users != nil {
+		s.users.leave()
+	}
 }
 
 func filePoolKey(abs string) string { return "sangho_dedup.file." + abs }
@@ -793,4 +806,5 @@ var (
 	_ caddy.CleanerUpper    = (*FileStore)(nil)
 	_ caddyfile.Unmarshaler = (*FileStore)(nil)
 	_ caddy.Destructor      = (*fileState)(nil)
+	_ storeUser             = (*FileStore)(nil)
 )

@@ -613,3 +613,43 @@ func BenchmarkFileStoreSweepBatch(b *testing.B) {
 		}
 	}
 }
+
+// TestFileCleanupWaitsForDeliveries: on a reload that changes the path,
+// Caddy cleans the old config up while its requests are still in
+// flight; the old file must stay open until they are settled (their
+// commits land), then be closed.
+func TestFileCleanupWaitsForDeliveries(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	s := &FileStore{Path: path}
+	if err := s.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	s.enter() // a delivery in flight
+	if res, _, err := s.Claim(ctx, "drain-k", "tok", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim: %v, %v", res, err)
+	}
+	if err := s.Cleanup(); err != nil { // the reload
+		t.Fatal(err)
+	}
+	if held, err := s.Commit(ctx, "drain-k", "tok", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil || !held {
+		t.Fatalf("commit of a delivery in flight after its config was cleaned up: held %v, %v", held, err)
+	}
+	s.leave()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, _, err := s.Claim(ctx, "drain-k2", "tok", time.Minute); err != nil {
+			break // closed once its last delivery was done
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the file of a cleaned-up config is still open 10 s after its last delivery")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// and the record is in the file
+	st := openTestFileState(t, path, time.Now)
+	if _, ok, _ := st.read("drain-k"); !ok {
+		t.Fatal("the commit made during the drain is not in the file")
+	}
+}

@@ -174,6 +174,7 @@ type RedisStore struct {
 	// the read timeout in effect (from ReadTimeout or the url), once
 	// provisioned
 	readTimeout time.Duration
+	users       *poolUsers // deliveries and commit retries that may still need the client
 }
 
 // CaddyModule returns the Caddy module information.
@@ -206,6 +207,7 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		s.logger.Warn("redis store: TLS without verifying the server's certificate (tls_insecure_skip_verify or skip_verify): anyone on the path can read and change the dedup state")
 	}
 	s.poolKey = opts.poolKey()
+	s.users = new(poolUsers)
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
 		return redisClient{redis.NewUniversalClient(opts.universal)}, nil
 	})
@@ -226,14 +228,19 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 }
 
 // Cleanup releases this config's use of the shared client; the client
-// is closed when no config uses it any more.
+// is closed when no config uses it any more. On a reload Caddy cleans
+// the old config up while its requests may still be in flight: then
+// the use is released once they and their commit retries are done (at
+// most drainFor later), so that they can still commit or release.
 func (s *RedisStore) Cleanup() error {
 	if s.poolKey == "" {
 		return nil
 	}
-	_, err := storePool.Delete(s.poolKey)
-	return err
+	return s.users.release(s.poolKey, s.logger)
 }
+
+func (s *RedisStore) enter() { s.users.enter() }
+func (s *RedisStore) leave() { s.users.leave() }
 
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {
@@ -678,6 +685,7 @@ func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 // Interface guards
 var (
 	_ Store                 = (*RedisStore)(nil)
+	_ storeUser             = (*RedisStore)(nil)
 	_ caddy.Provisioner     = (*RedisStore)(nil)
 	_ caddy.Validator       = (*RedisStore)(nil)
 	_ caddy.CleanerUpper    = (*RedisStore)(nil)

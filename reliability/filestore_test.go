@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
 // TestDefaultStoreKilledAndRestarted: one Caddy on the default config
@@ -31,7 +33,7 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 			at(prog, int64(2*n*(i+1)/(kills+1)), func() {
 				s.fig.faults.Add(1)
 				p.kill()
-				if launchCaddy(t, p, site) {
+				if !p.launch(t) {
 					b, _ := os.ReadFile(p.log)
 					t.Errorf("restart %d: caddy exited before listening:\n%s", i+1, b)
 					restartFailed.Store(true)
@@ -82,12 +84,19 @@ func TestFileStoreOneProcessPerFile(t *testing.T) {
 	s := newSender([]string{first.url}, 1)
 	ids, acked := s.run("file_lock_before", 5, nil)
 
-	second := &caddyProc{port: first.port + 1, dataDir: first.dataDir}
-	if !launchCaddy(t, second, site) {
+	// The second Caddy's config sits beside the first's: the folder is
+	// its home and data directory too.
+	dataDir := filepath.Dir(first.cfg)
+	second := &caddyProc{port: redistest.FreePort(t), cfg: filepath.Join(dataDir, "Caddyfile.second"), log: filepath.Join(dataDir, "caddy.second.log")}
+	if err := os.WriteFile(second.cfg, []byte(caddyfile(second.port, redistest.FreePort(t), site)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(second.kill)
+	if second.launch(t) {
 		t.Fatal("a second Caddy started on the data directory of a running one")
 	}
 	b, _ := os.ReadFile(second.log)
-	db := filepath.Join(first.dataDir, "caddy", "sangho_dedup", "dedup.db")
+	db := filepath.Join(dataDir, "caddy", "sangho_dedup", "dedup.db")
 	for _, want := range []string{db, "in use by another process"} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("the second Caddy's log does not say %q:\n%s", want, b)
@@ -95,7 +104,7 @@ func TestFileStoreOneProcessPerFile(t *testing.T) {
 	}
 
 	validate := exec.Command(caddyBin, "validate", "--config", first.cfg, "--adapter", "caddyfile")
-	validate.Env = append(os.Environ(), "HOME="+first.dataDir, "XDG_DATA_HOME="+first.dataDir, "XDG_CONFIG_HOME="+first.dataDir)
+	validate.Env = append(os.Environ(), "HOME="+dataDir, "XDG_DATA_HOME="+dataDir, "XDG_CONFIG_HOME="+dataDir)
 	done := make(chan struct{})
 	var out []byte
 	var err error

@@ -29,6 +29,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
@@ -170,11 +171,11 @@ func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
 type caddyProc struct {
 	url, admin string
 	port       int
-	dataDir    string // HOME and XDG_DATA_HOME: the default file store is in it
-	cfg        string
 	cmd        *exec.Cmd
 	exited     <-chan struct{}
 	log        string
+	cfg        string // the Caddyfile, kept for a restart on the same ports
+	global     string // more global options (e.g. grace_period)
 }
 
 // siteConfig is the sangho_dedup block and reverse_proxy of a site;
@@ -203,8 +204,14 @@ func siteConfigTimeout(store, backend, extra string, proxyTimeout time.Duration)
 }
 
 func caddyfile(port, admin int, site string) string {
+	return caddyfileGlobal(port, admin, "", site)
+}
+
+// caddyfileGlobal is caddyfile with more global options.
+func caddyfileGlobal(port, admin int, global, site string) string {
 	return fmt.Sprintf(`{
 	admin 127.0.0.1:%d
+	%s
 	auto_https off
 	persist_config off
 	# Caddy's own error log records request headers (for 5xx answers at
@@ -220,16 +227,22 @@ http://127.0.0.1:%d {
 	bind 127.0.0.1
 %s
 }
-`, admin, port, site)
+`, admin, global, port, site)
 }
 
 func startCaddy(t *testing.T, site string) *caddyProc {
 	t.Helper()
+	return startCaddyGlobal(t, "", site)
+}
+
+// startCaddyGlobal is startCaddy with more global options.
+func startCaddyGlobal(t *testing.T, global, site string) *caddyProc {
+	t.Helper()
 	// A port found free can be taken by another process before Caddy
 	// binds it; then Caddy exits, and we try again with other ports.
 	for attempt := 1; ; attempt++ {
-		p := &caddyProc{port: redistest.FreePort(t), dataDir: t.TempDir()}
-		if !launchCaddy(t, p, site) {
+		p, exited := tryStartCaddy(t, global, site)
+		if !exited {
 			return p
 		}
 		if attempt == 3 {
@@ -239,31 +252,18 @@ func startCaddy(t *testing.T, site string) *caddyProc {
 	}
 }
 
-// launchCaddy starts Caddy on p.port with p.dataDir as its home and data
-// directory (where the default file store lives), and waits until it
-// listens. It reports whether Caddy exited before listening.
-func launchCaddy(t *testing.T, p *caddyProc, site string) bool {
+func tryStartCaddy(t *testing.T, global, site string) (*caddyProc, bool) {
 	t.Helper()
+	p := &caddyProc{port: redistest.FreePort(t), global: global}
 	admin := redistest.FreePort(t)
 	p.url = "http://127.0.0.1:" + strconv.Itoa(p.port) + "/webhook"
 	p.admin = "127.0.0.1:" + strconv.Itoa(admin)
-	dir := p.dataDir
-	cfg := filepath.Join(t.TempDir(), "Caddyfile")
-	if err := os.WriteFile(cfg, []byte(caddyfile(p.port, admin, site)), 0o600); err != nil {
+	dir := t.TempDir()
+	p.cfg = filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(p.cfg, []byte(caddyfileGlobal(p.port, admin, global, site)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	p.cfg = cfg
-	p.log = filepath.Join(filepath.Dir(cfg), "caddy.log")
-	logf, _ := os.Create(p.log)
-	p.cmd = exec.Command(caddyBin, "run", "--config", cfg, "--adapter", "caddyfile")
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	p.cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = p.cmd.Wait(); close(exited) }()
-	p.exited = exited
+	p.log = filepath.Join(dir, "caddy.log")
 	t.Cleanup(p.kill)
 	t.Cleanup(func() {
 		b, _ := os.ReadFile(p.log)
@@ -276,17 +276,39 @@ func launchCaddy(t *testing.T, p *caddyProc, site string) bool {
 			t.Logf("last lines of the log of Caddy on port %d:\n%s", p.port, strings.Join(lines[max(0, len(lines)-8):], "\n"))
 		}
 	})
+	return p, !p.launch(t)
+}
+
+// launch starts the Caddy process of p (again) and waits until it
+// listens; it reports false if Caddy exited first.
+func (p *caddyProc) launch(t *testing.T) bool {
+	t.Helper()
+	dir := filepath.Dir(p.cfg)
+	logf, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	p.cmd = exec.Command(caddyBin, "run", "--config", p.cfg, "--adapter", "caddyfile")
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	p.cmd.Env = append(os.Environ(), "HOME="+dir, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func(cmd *exec.Cmd) { _ = cmd.Wait(); close(exited) }(p.cmd)
+	p.exited = exited
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
 		case <-exited:
-			return true
+			return false
 		default:
 		}
 		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(p.port), 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return false
+			return true
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(p.log)
@@ -306,9 +328,49 @@ func (p *caddyProc) kill() {
 	}
 }
 
+// terminate sends SIGTERM, Caddy's graceful stop, and waits for the
+// process to exit (at most 60 s).
+func (p *caddyProc) terminate(t *testing.T) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	p.waitExit(t)
+}
+
+// stop runs `caddy stop` against the admin endpoint and waits for the
+// process to exit (at most 60 s).
+func (p *caddyProc) stop(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command(caddyBin, "stop", "--address", p.admin).CombinedOutput(); err != nil {
+		t.Fatalf("caddy stop: %v\n%s", err, out)
+	}
+	p.waitExit(t)
+}
+
+func (p *caddyProc) waitExit(t *testing.T) {
+	t.Helper()
+	select {
+	case <-p.exited:
+		p.cmd = nil
+	case <-time.After(60 * time.Second):
+		t.Fatalf("caddy on port %d did not exit within 60s of being asked to stop", p.port)
+	}
+}
+
+// restart starts Caddy again, after it exited, on the same ports with
+// the same config.
+func (p *caddyProc) restart(t *testing.T) {
+	t.Helper()
+	if !p.launch(t) {
+		b, _ := os.ReadFile(p.log)
+		t.Fatalf("caddy exited before listening again on port %d; log:\n%s", p.port, b)
+	}
+}
+
 // reload loads a new site config through the admin API.
 func (p *caddyProc) reload(site string) error {
-	body := caddyfile(p.port, mustAtoi(p.admin[strings.LastIndexByte(p.admin, ':')+1:]), site)
+	body := caddyfileGlobal(p.port, mustAtoi(p.admin[strings.LastIndexByte(p.admin, ':')+1:]), p.global, site)
 	req, _ := http.NewRequest(http.MethodPost, "http://"+p.admin+"/load", strings.NewReader(body))
 	req.Header.Set("Content-Type", "text/caddyfile")
 	resp, err := http.DefaultClient.Do(req)
@@ -338,12 +400,19 @@ type figures struct {
 	events, deliveries, acked, duplicates, conflicts, unavailable, otherNon2xx, connErrors, retries atomic.Int64
 	faults                                                                                          atomic.Int64
 	once, twice, lost                                                                               int
+	recovery                                                                                        atomic.Int64 // ns from a fault's heal to the first 2xx of a new event; 0: not measured
+	slowest                                                                                         atomic.Int64 // ns, the longest wait for an answer
 }
 
 func (f *figures) String() string {
-	return fmt.Sprintf("events %d, deliveries %d (retries %d), acknowledged %d, duplicates absorbed %d, 409 %d, 503 %d, other non-2xx %d, connection errors %d, faults injected %d; processed once %d, processed twice or more %d, lost %d",
+	s := fmt.Sprintf("events %d, deliveries %d (retries %d), acknowledged %d, duplicates absorbed %d, 409 %d, 503 %d, other non-2xx %d, connection errors %d, faults injected %d; processed once %d, processed twice or more %d, lost %d",
 		f.events.Load(), f.deliveries.Load(), f.retries.Load(), f.acked.Load(), f.duplicates.Load(), f.conflicts.Load(), f.unavailable.Load(),
 		f.otherNon2xx.Load(), f.connErrors.Load(), f.faults.Load(), f.once, f.twice, f.lost)
+	if r := f.recovery.Load(); r > 0 {
+		s += fmt.Sprintf("; slowest answer %v; recovered %v after the heal",
+			time.Duration(f.slowest.Load()).Round(time.Millisecond), time.Duration(r).Round(time.Millisecond))
+	}
+	return s
 }
 
 // sender plays Sangho: every event is delivered `copies` times at once
@@ -357,6 +426,7 @@ type sender struct {
 	giveUp      time.Duration
 	client      *http.Client
 	fig         *figures
+	pace        time.Duration // between two events (0: as fast as concurrency allows)
 }
 
 func newSender(urls []string, copies int) *sender {
@@ -386,7 +456,13 @@ func (s *sender) deliver(id string, body []byte, r *rand.Rand) bool {
 		req.Header.Set("Sangho-Event-ID", id)
 		req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), body, secret)) // signed afresh each attempt
 		s.fig.deliveries.Add(1)
+		sent := time.Now()
 		resp, err := s.client.Do(req)
+		for took := int64(time.Since(sent)); ; {
+			if w := s.fig.slowest.Load(); took <= w || s.fig.slowest.CompareAndSwap(w, took) {
+				break
+			}
+		}
 		if err != nil {
 			s.fig.connErrors.Add(1)
 			continue
@@ -431,6 +507,9 @@ func (s *sender) run(prefix string, n int, during func(progress *atomic.Int64)) 
 		ids = append(ids, id)
 		body := []byte(fmt.Sprintf(`{"id":%q,"object":"event","type":"payment_intent.succeeded","data":{"object":{"n":%d}}}`, id, i))
 		s.fig.events.Add(1)
+		if s.pace > 0 && i > 0 {
+			time.Sleep(s.pace)
+		}
 		for c := range s.copies {
 			wg.Add(1)
 			sem <- struct{}{}
@@ -498,4 +577,16 @@ func head(s []string) []string {
 
 func redisStore(addrs ...string) string {
 	return "store redis {\n\t\t\taddress " + strings.Join(addrs, " ") + "\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 300ms\n\t\t}"
+}
+
+// startProxy starts a fault-injecting proxy to upstream, closed at
+// cleanup.
+func startProxy(t *testing.T, upstream string) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.Start(upstream)
+	if err != nil {
+		t.Fatalf("starting the fault proxy: %v", err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
 }

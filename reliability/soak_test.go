@@ -12,7 +12,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -31,6 +30,7 @@ import (
 // soakTarget is one Caddy under soak, with its store and ledger.
 type soakTarget struct {
 	name   string
+	site   string
 	p      *caddyProc
 	l      *ledger
 	s      *sender
@@ -75,11 +75,12 @@ func TestSoak(t *testing.T) {
 		if tg.name == "redis" {
 			store = redisStore(r.Addr)
 		}
-		tg.p = startCaddy(t, siteConfig(store, tg.l.addr, extra))
+		tg.site = siteConfig(store, tg.l.addr, extra)
+		tg.p = startCaddy(t, tg.site)
 		tg.s = newSender([]string{tg.p.url}, 1)
 		tg.acked = map[string]bool{}
 		if tg.name == "file" {
-			tg.dbFile = filepath.Join(tg.p.dataDir, "caddy", "sangho_dedup", "dedup.db")
+			tg.dbFile = filepath.Join(filepath.Dir(tg.p.cfg), "caddy", "sangho_dedup", "dedup.db")
 		}
 	}
 
@@ -183,8 +184,7 @@ func soakFaults(ctx context.Context, t *testing.T, r *redistest.Server, targets 
 			rc.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL")
 		case 2:
 			for _, tg := range targets {
-				body, _ := os.ReadFile(tg.p.cfg)
-				if err := tg.p.reloadCaddyfile(string(body)); err != nil {
+				if err := tg.p.reload(tg.site); err != nil {
 					t.Errorf("%s: reload: %v", tg.name, err)
 				}
 			}
@@ -193,22 +193,6 @@ func soakFaults(ctx context.Context, t *testing.T, r *redistest.Server, targets 
 			tg.s.fig.faults.Add(1)
 		}
 	}
-}
-
-// reloadCaddyfile loads a whole Caddyfile through the admin API.
-func (p *caddyProc) reloadCaddyfile(cfg string) error {
-	req, _ := http.NewRequest(http.MethodPost, "http://"+p.admin+"/load", strings.NewReader(cfg))
-	req.Header.Set("Content-Type", "text/caddyfile")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%d %s", resp.StatusCode, b)
-	}
-	return nil
 }
 
 // sample records the process and store figures every 10 s.

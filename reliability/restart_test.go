@@ -1,0 +1,245 @@
+package reliability
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+// leases returns the keys that hold an in-flight lease in the Redis at
+// addr.
+func leases(t *testing.T, addr string) []string {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	ctx := context.Background()
+	var out []string
+	iter := c.Scan(ctx, 0, "sangho_dedup:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		v, err := c.Get(ctx, iter.Val()).Result()
+		if err == nil && strings.HasPrefix(v, "inflight:") {
+			out = append(out, iter.Val())
+		}
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatalf("scanning Redis for leases: %v", err)
+	}
+	return out
+}
+
+// deliverOnce sends one signed delivery of event id and returns the
+// status and the Sangho-Dedup header (status 0: no answer).
+func deliverOnce(client *http.Client, url, id string) (int, string) {
+	body := []byte(fmt.Sprintf(`{"id":%q,"object":"event","type":"payment_intent.succeeded"}`, id))
+	req, _ := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Sangho-Event-ID", id)
+	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), body, secret))
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, ""
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("Sangho-Dedup")
+}
+
+// TestGracefulStop: Caddy is asked to stop (SIGTERM, `caddy stop`)
+// while the backend works on a batch of events; a third of them end in
+// a backend 500, the rest in 200. Requests that finish within Caddy's
+// grace period must be settled before the process exits: no lease left
+// in Redis, so that right after the restart a redelivery of a 500'd
+// event is processed at once (not 409 until lock_ttl, 30 s here) and a
+// redelivery of a 200'd event is a duplicate.
+func TestGracefulStop(t *testing.T) {
+	for _, c := range []struct {
+		name, global string
+		stop         func(*caddyProc, *testing.T)
+	}{
+		{"SIGTERM, eternal grace period", "", (*caddyProc).terminate},
+		{"caddy stop, grace_period 10s", "grace_period 10s", (*caddyProc).stop},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := redistest.Start(t)
+			l := newLedger(t)
+			l.behave = func(id string, n int) action {
+				switch {
+				case n > 1:
+					return action{}
+				case strings.ContainsAny(id[len(id)-1:], "036"): // a third of the events fail
+					return action{status: 500, delay: 800 * time.Millisecond}
+				}
+				return action{delay: 800 * time.Millisecond}
+			}
+			p := startCaddyGlobal(t, c.global, siteConfigTimeout(redisStore(r.Addr), l.addr, "lock_ttl 30s", 10*time.Second))
+			client := &http.Client{Timeout: 30 * time.Second}
+			m := 24 * scale
+			ids := make([]string, m)
+			first := make([]int, m)
+			var wg sync.WaitGroup
+			for i := range m {
+				ids[i] = fmt.Sprintf("evt_stop_%05d", i)
+				wg.Add(1)
+				go func() { defer wg.Done(); first[i], _ = deliverOnce(client, p.url, ids[i]) }()
+			}
+			// Stop once every event is at the backend.
+			deadline := time.Now().Add(30 * time.Second)
+			for l.receivedTotal() < m {
+				if time.Now().After(deadline) {
+					t.Fatalf("only %d of %d events reached the backend within 30s", l.receivedTotal(), m)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			c.stop(p, t)
+			wg.Wait()
+
+			var ok2xx, non2xx, cut int
+			for _, s := range first {
+				switch {
+				case s >= 200 && s < 300:
+					ok2xx++
+				case s == 0:
+					cut++
+				default:
+					non2xx++
+				}
+			}
+			left := leases(t, r.Addr)
+
+			p.restart(t)
+			var redone, dup, conflicts, other int
+			for i, id := range ids {
+				status, dedup := deliverOnce(client, p.url, id)
+				switch {
+				case status == 409:
+					conflicts++
+				case first[i] >= 200 && first[i] < 300 && status == 200 && dedup == "duplicate":
+					dup++
+				case (first[i] < 200 || first[i] >= 300) && status == 200 && dedup == "":
+					redone++
+				default:
+					other++
+					t.Errorf("%s: first answered %d, redelivery after the restart answered %d %q", id, first[i], status, dedup)
+				}
+			}
+			fig := fmt.Sprintf("%d events at the backend when stopped: answered 2xx %d, non-2xx %d, cut off %d; leases left in Redis %d; after the restart: non-2xx ones processed at once %d, 2xx ones answered as duplicates %d, 409 %d",
+				m, ok2xx, non2xx, cut, len(left), redone, dup, conflicts)
+			t.Logf("%s: %s", c.name, fig)
+			fmt.Printf("FIGURES graceful stop (%s): %s\n", c.name, fig)
+			if cut > 0 {
+				t.Errorf("%d requests got no answer although they finish within the grace period", cut)
+			}
+			if len(left) > 0 {
+				t.Errorf("%d leases of settled events left in Redis after the stop, e.g. %v", len(left), head(left))
+			}
+			if conflicts > 0 {
+				t.Errorf("%d redeliveries answered 409 after the restart: a lease outlived the stop", conflicts)
+			}
+			if non2xx == 0 || ok2xx == 0 {
+				t.Errorf("the batch did not mix outcomes (%d 2xx, %d non-2xx)", ok2xx, non2xx)
+			}
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			for _, id := range ids {
+				if l.done[id] != 1 {
+					t.Errorf("%s processed %d times", id, l.done[id])
+				}
+			}
+		})
+	}
+}
+
+// TestRollingRestart: three instances behind Sangho's retries are
+// stopped (SIGTERM) and started again one at a time while events
+// stream through them.
+func TestRollingRestart(t *testing.T) {
+	r := redistest.Start(t)
+	l := newLedger(t)
+	l.behave = func(string, int) action { return action{delay: 50 * time.Millisecond} }
+	site := siteConfigTimeout(redisStore(r.Addr), l.addr, "", 10*time.Second)
+	var procs []*caddyProc
+	var urls []string
+	for range 3 {
+		p := startCaddy(t, site)
+		procs = append(procs, p)
+		urls = append(urls, p.url)
+	}
+	s := newSender(urls, 2)
+	n := 150 * scale
+	var restarted atomic.Int64
+	ids, acked := s.run("rolling", n, func(prog *atomic.Int64) {
+		for i, p := range procs {
+			at(prog, int64(2*n*(i+1)/5), func() {
+				s.fig.faults.Add(1)
+				p.terminate(t)
+				p.restart(t)
+				restarted.Add(1)
+			})
+		}
+	})
+	f := check(t, "rolling restart of 3 instances (SIGTERM, start again)", s, l, ids, acked, false)
+	if restarted.Load() != 3 {
+		t.Errorf("%d of 3 instances restarted during the run", restarted.Load())
+	}
+	if n := f.unavailable.Load() + f.otherNon2xx.Load(); n > 0 {
+		t.Errorf("%d 5xx or other non-2xx answers during a rolling restart with Redis and the backend healthy", n)
+	}
+}
+
+// TestReloadStoreConfigUnderLoad: the store config is changed by
+// `caddy reload` (through the admin API) while events are in flight:
+// another pool_size, another address of the same Redis (through a
+// pass-through proxy) and back. Each change gives the new config a new
+// Redis client; the old config's requests in flight must still settle.
+func TestReloadStoreConfigUnderLoad(t *testing.T) {
+	r := redistest.Start(t)
+	via := startProxy(t, r.Addr)
+	l := newLedger(t)
+	l.behave = func(string, int) action { return action{delay: 200 * time.Millisecond} }
+	site := func(store string) string {
+		return siteConfigTimeout(store, l.addr, "", 10*time.Second)
+	}
+	stores := []string{
+		strings.Replace(redisStore(r.Addr), "\n\t\t}", "\n\t\t\tpool_size 7\n\t\t}", 1),
+		redisStore(via.Addr()),
+		redisStore(r.Addr),
+		strings.Replace(redisStore(via.Addr()), "\n\t\t}", "\n\t\t\tpool_size 5\n\t\t}", 1),
+		redisStore(r.Addr),
+	}
+	p := startCaddy(t, site(redisStore(r.Addr)))
+	s := newSender([]string{p.url}, 3)
+	n := 150 * scale
+	ids, acked := s.run("reload_store", n, func(prog *atomic.Int64) {
+		for i, st := range stores {
+			at(prog, int64(n*3*(i+1)/7), func() {
+				s.fig.faults.Add(1)
+				if err := p.reload(site(st)); err != nil {
+					t.Errorf("reload %d: %v", i, err)
+				}
+			})
+		}
+	})
+	check(t, "store config reloaded 5 times under load (pool_size, address and back)", s, l, ids, acked, false)
+}
+
+func (l *ledger) receivedTotal() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.received {
+		n += c
+	}
+	return n
+}
