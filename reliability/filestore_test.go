@@ -18,10 +18,12 @@ import (
 // delivering and retrying. Everything it acknowledged stays processed;
 // leases in flight at the kill stay on disk until lock_ttl. A double is
 // possible only by nature: the backend finished an event and Caddy died
-// before writing its done record (about a millisecond per event).
+// before passing its answer on (a fraction of a millisecond per event,
+// a few on a loaded machine). The backend takes 200 ms, so that few
+// events are in that window at any instant.
 func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 20 * time.Millisecond} }
+	l.behave = func(string, int) action { return action{delay: 200 * time.Millisecond} }
 	site := siteConfig("", l.addr, "")
 	p := startCaddy(t, site)
 	s := newSender([]string{p.url}, 2)
@@ -45,7 +47,7 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 		}
 	})
 	f := check(t, "default (file) store: Caddy SIGKILLed and restarted 5 times", s, l, ids, acked, true)
-	if f.twice > kills {
+	if f.twice > 2*kills {
 		t.Errorf("%d events processed twice: more than the instants of %d kills explain", f.twice, kills)
 	}
 }

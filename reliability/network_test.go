@@ -265,7 +265,11 @@ func TestNetworkPartitionOneInstance(t *testing.T) {
 // to 1 KB/s each way for 2 s (a claim with its reply is about 150
 // bytes, and auto-pipelining sends many at once), then healed.
 func TestNetworkBandwidthTrickle(t *testing.T) {
-	g := newNetRig(t, "")
+	// lock_ttl 5s, longer than the trickle, as for the black hole: with
+	// the suite's 2 s, a commit slowed past the lease lets a redelivery
+	// through (seen once in a loaded run): the by-nature "Redis outage
+	// longer than lock_ttl", not what this test is about.
+	g := newNetRig(t, "lock_ttl 5s")
 	g.run(t, "bandwidth throttled to 1 KB/s for 2 s", 2*time.Second, g.urls, func() func() {
 		g.each(func(px *faultproxy.Proxy) { px.SetBandwidth(1000) })
 		return func() { g.each(func(px *faultproxy.Proxy) { px.SetBandwidth(0) }) }
