@@ -285,7 +285,12 @@ func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWr
 			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying in the background",
 				zap.String("event_id", id), zap.Int("status", status), zap.Error(err))
 			h.enter()
-			go func() { defer h.leave(); h.retryCommit(l, rec) }()
+			pendingCommits.Add(1)
+			go func() {
+				defer h.leave()
+				defer pendingCommits.Add(-1)
+				h.retryCommit(l, rec)
+			}()
 		case !held:
 			metrics.leaseLost.Inc()
 			h.logger.Warn("lease was lost before commit (expired or taken over); recorded as done anyway",
@@ -360,6 +365,30 @@ func (h *Handler) retryCommit(l *lease, rec DoneRecord) {
 
 // commitRetryFor bounds the background retries of a failed commit.
 const commitRetryFor = 5 * time.Minute
+
+// Background commit retries live as long as the store they need (a
+// reload keeps it open for them, see poolUsers), at most commitRetryFor.
+// When the process exits they get exitCommitGrace more to land; those
+// still failing then are abandoned, logged and counted.
+var (
+	pendingCommits  atomic.Int64 // background commit retries of this process
+	exitCommitGrace = 5 * time.Second
+	onExitOnce      sync.Once
+)
+
+// drainCommitRetries is a process-exit callback (caddy.OnExit): it runs
+// after Caddy stopped serving and cleaned the config up.
+func drainCommitRetries(context.Context) {
+	deadline := time.Now().Add(exitCommitGrace)
+	for pendingCommits.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := pendingCommits.Load(); n > 0 {
+		metrics.commitErr.Add(float64(n))
+		caddy.Log().Named("sangho_dedup").Error("commit retries abandoned at exit",
+			zap.Int64("events", n), zap.Duration("grace", exitCommitGrace))
+	}
+}
 
 // storeUser is a store whose Cleanup releases a resource shared through
 // storePool (a Redis client) that deliveries may still need after

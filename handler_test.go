@@ -901,3 +901,52 @@ func TestNames(t *testing.T) {
 		t.Fatalf("current endpoints %v", got)
 	}
 }
+
+// TestCommitRetriesAtExit: at process exit, background commit retries
+// get a bounded grace to land; one that lands is not counted, one still
+// failing when the grace ends is abandoned, logged and counted in
+// caddy_sangho_dedup_commit_errors_total.
+func TestCommitRetriesAtExit(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	h, _ := newTestHandler(t, func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"read_timeout":"100ms","dial_timeout":"100ms"}`)
+	})
+	stall := func(ms string) caddyhttp.Handler {
+		return caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			if err := rc.Do(context.Background(), "CLIENT", "PAUSE", ms, "WRITE").Err(); err != nil {
+				t.Error(err)
+			}
+			w.WriteHeader(200)
+			return nil
+		})
+	}
+	defer func(g time.Duration) { exitCommitGrace = g }(exitCommitGrace)
+	exitCommitGrace = 2 * time.Second
+
+	// Redis stalls for 600 ms: the retry lands within the grace.
+	before := testutil.ToFloat64(metrics.commitErr)
+	serve(h, delivery(eventBody("evt_exit_1"), ""), stall("600"))
+	if pendingCommits.Load() == 0 {
+		t.Fatal("the commit did not go to the background retries")
+	}
+	drainCommitRetries(context.Background())
+	if n := pendingCommits.Load(); n != 0 || testutil.ToFloat64(metrics.commitErr) != before {
+		t.Fatalf("a retry that could land within the grace: %d pending, %v counted", n, testutil.ToFloat64(metrics.commitErr)-before)
+	}
+	if !strings.HasPrefix(rc.Get(context.Background(), h.KeyPrefix+"evt_exit_1").Val(), donePrefix) {
+		t.Fatal("the done record did not land within the grace")
+	}
+
+	// Redis stalls for 5 s: longer than the grace.
+	serve(h, delivery(eventBody("evt_exit_2"), ""), stall("5000"))
+	start := time.Now()
+	drainCommitRetries(context.Background())
+	if d := time.Since(start); d < exitCommitGrace || d > exitCommitGrace+2*time.Second {
+		t.Errorf("the drain took %v, want about the grace, %v", d, exitCommitGrace)
+	}
+	if got := testutil.ToFloat64(metrics.commitErr) - before; got != 1 {
+		t.Fatalf("abandoned retries counted: %v, want 1", got)
+	}
+	_ = rc.Do(context.Background(), "CLIENT", "UNPAUSE").Err()
+}

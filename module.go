@@ -240,6 +240,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("module %T is not a sangho_dedup store", mod)
 	}
 	h.store = store
+	onExitOnce.Do(func() { caddy.OnExit(drainCommitRetries) })
 	if h.Name == "" {
 		h.Name = h.KeyPrefix
 	}
