@@ -1,5 +1,5 @@
 # Targets for people; CI runs .ci/run.
-.PHONY: test bench fuzz reliability soak build
+.PHONY: test bench fuzz reliability distributions soak build
 
 build:
 	go build -o caddy ./cmd/caddy
@@ -13,6 +13,13 @@ reliability:
 	mkdir -p bench/out
 	RELIABILITY_SCALE=5 go test -count=1 -v -timeout 20m ./reliability > bench/out/reliability.log 2>&1; \
 	status=$$?; grep -E '^(FIGURES|--- |ok|FAIL)' bench/out/reliability.log; exit $$status
+
+# The faults whose doubles are by nature, 10 runs each at the CI size,
+# as distributions (bench/DISTRIBUTIONS.md); about 15 minutes here.
+distributions:
+	mkdir -p bench/out
+	go test -count=10 -v -timeout 60m -run 'TestCaddyKilledWithEventsInFlight|TestDefaultStoreKilledAndRestarted|TestSentinelFailover|TestRedisCluster$$' ./reliability > bench/out/distributions.log 2>&1; \
+	status=$$?; go run ./cmd/sangho-figures < bench/out/distributions.log | tee bench/DISTRIBUTIONS.md; exit $$status
 
 # An hour at a moderate rate with redeliveries and faults, on Redis and on
 # the default file store; fails if memory, goroutines, FDs or the store

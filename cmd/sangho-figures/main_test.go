@@ -1,0 +1,31 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestTable(t *testing.T) {
+	in := `=== RUN   TestX
+FIGURES Sentinel failover: events 200, deliveries 9; processed once 197, processed twice or more 3, lost 0
+FIGURES Sentinel failover: events 200, deliveries 9; processed once 200, processed twice or more 0, lost 0
+FIGURES Sentinel failover: events 200, deliveries 9; processed once 199, processed twice or more 1, lost 0
+FIGURES kill: events 100, deliveries 9; processed once 100, processed twice or more 0, lost 2
+--- PASS: TestX
+`
+	got, err := table(strings.NewReader(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| Sentinel failover | 200 | 3 | 0 / 1 / 3 | 2 of 3 | 0 |",
+		"| kill | 100 | 1 | 0 / 0 / 0 | 0 of 1 | 2 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("table lacks %q:\n%s", want, got)
+		}
+	}
+	if _, err := table(strings.NewReader("no figures here\n")); err == nil {
+		t.Error("no error without FIGURES lines")
+	}
+}
