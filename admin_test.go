@@ -133,7 +133,7 @@ func TestAdminAPIAndCommand(t *testing.T) {
 		}
 
 		// the command line: get, then forget, then the redelivery is processed once more
-		if code, out, err := s.cli(t, "get", "evt_ops"); code != 0 || err != nil || !strings.Contains(out, "was processed") || !strings.Contains(out, "invoice.paid") {
+		if code, out, err := s.cli(t, "get", "evt_ops"); code != 0 || err != nil || !strings.Contains(out, "evt_ops: processed") || !strings.Contains(out, "invoice.paid") {
 			t.Fatalf("caddy sangho-dedup get: %d %v\n%s", code, err, out)
 		}
 		if code, out, err := s.cli(t, "get", "evt_never", "json", "true"); code != 1 || err != nil || !strings.Contains(out, `"state":"absent"`) {
@@ -142,7 +142,7 @@ func TestAdminAPIAndCommand(t *testing.T) {
 		if code, _, err := s.cli(t, "get", "evt_ops", "name", "nosuch"); code != 2 || err == nil {
 			t.Fatalf("get on an unknown name: %d %v", code, err)
 		}
-		if code, out, err := s.cli(t, "forget", "evt_ops"); code != 0 || err != nil || !strings.Contains(out, "forgot evt_ops") {
+		if code, out, err := s.cli(t, "forget", "evt_ops"); code != 0 || err != nil || !strings.Contains(out, "evt_ops: forgotten") {
 			t.Fatalf("caddy sangho-dedup forget: %d %v\n%s", code, err, out)
 		}
 		if a := send(t, s.url, body("evt_ops"), "evt_ops"); a.status != 200 || a.dedup != "" {

@@ -139,15 +139,15 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 func printEvent(out io.Writer, verb, name string, info EventInfo) {
 	switch {
 	case info.State == "absent":
-		fmt.Fprintf(out, "%s: no record of %s (never processed, or its record expired)\n", name, info.ID)
-		return
+		fmt.Fprintf(out, "%s: no record (never processed, or its record expired)\n", info.ID)
 	case verb == "forget":
-		fmt.Fprintf(out, "%s: forgot %s (it was %s); its next delivery will be processed\n", name, info.ID, info.State)
+		fmt.Fprintf(out, "%s: forgotten (it was %s); its next delivery will be processed\n", info.ID, info.State)
 	case info.State == "in_flight":
-		fmt.Fprintf(out, "%s: %s is in flight (a backend is working on it)\n", name, info.ID)
+		fmt.Fprintf(out, "%s: in flight (a backend is working on it)\n", info.ID)
 	default:
-		fmt.Fprintf(out, "%s: %s was processed\n", name, info.ID)
+		fmt.Fprintf(out, "%s: processed\n", info.ID)
 	}
+	fmt.Fprintf(out, "  endpoint      %s\n", name)
 	if info.ProcessedAt != nil {
 		fmt.Fprintf(out, "  processed at  %s\n", info.ProcessedAt.Format(time.RFC3339))
 	}
