@@ -253,28 +253,41 @@ func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 	}
 }
 
-// TestReloadUnderLoad: the config is reloaded five times during a run.
+// TestReloadUnderLoad: the config is reloaded five times during a run,
+// on Redis and on the default (file) store: the shared client and the
+// open file outlive each reload.
 func TestReloadUnderLoad(t *testing.T) {
-	r := redistest.Start(t)
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
-	site := func(tol string) string {
-		return siteConfig(redisStore(r.Addr), l.addr, "tolerance "+tol)
-	}
-	p := startCaddy(t, site("5m"))
-	s := newSender([]string{p.url}, 3)
-	n := 150 * scale
-	ids, acked := s.run("reload", n, func(prog *atomic.Int64) {
-		for i := range 5 {
-			at(prog, int64(n*3*(i+1)/7), func() {
-				s.fig.faults.Add(1)
-				if err := p.reload(site([]string{"4m", "5m"}[i%2])); err != nil {
-					t.Errorf("reload %d: %v", i, err)
+	for _, store := range []string{"redis", "default (file)"} {
+		t.Run(store, func(t *testing.T) {
+			l := newLedger(t)
+			l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+			storeLine := ""
+			if store == "redis" {
+				storeLine = redisStore(redistest.Start(t).Addr)
+			}
+			site := func(tol string) string {
+				return siteConfig(storeLine, l.addr, "tolerance "+tol)
+			}
+			p := startCaddy(t, site("5m"))
+			s := newSender([]string{p.url}, 3)
+			n := 150 * scale
+			ids, acked := s.run("reload_"+strings.Fields(store)[0], n, func(prog *atomic.Int64) {
+				for i := range 5 {
+					at(prog, int64(n*3*(i+1)/7), func() {
+						s.fig.faults.Add(1)
+						if err := p.reload(site([]string{"4m", "5m"}[i%2])); err != nil {
+							t.Errorf("reload %d: %v", i, err)
+						}
+					})
 				}
 			})
-		}
-	})
-	check(t, "config reloaded 5 times under load", s, l, ids, acked, false)
+			name := "config reloaded 5 times under load"
+			if store != "redis" {
+				name = store + " store: " + name
+			}
+			check(t, name, s, l, ids, acked, false)
+		})
+	}
 }
 
 // TestRedisCluster: three instances on a Redis Cluster (3 masters, 3

@@ -52,29 +52,6 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 	}
 }
 
-// TestDefaultStoreReloadUnderLoad: the config is reloaded five times
-// during a run on the default store; the open file is shared across
-// reloads.
-func TestDefaultStoreReloadUnderLoad(t *testing.T) {
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
-	site := func(tol string) string { return siteConfig("", l.addr, "tolerance "+tol) }
-	p := startCaddy(t, site("5m"))
-	s := newSender([]string{p.url}, 3)
-	n := 150 * scale
-	ids, acked := s.run("file_reload", n, func(prog *atomic.Int64) {
-		for i := range 5 {
-			at(prog, int64(n*3*(i+1)/7), func() {
-				s.fig.faults.Add(1)
-				if err := p.reload(site([]string{"4m", "5m"}[i%2])); err != nil {
-					t.Errorf("reload %d: %v", i, err)
-				}
-			})
-		}
-	})
-	check(t, "default (file) store: config reloaded 5 times under load", s, l, ids, acked, false)
-}
-
 // TestFileStoreOneProcessPerFile: a second `caddy run` pointed at the
 // data directory of a running Caddy refuses to start, naming the file,
 // and the first one keeps serving; `caddy validate` of the running
