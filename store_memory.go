@@ -246,18 +246,6 @@ func (s *memState) sweep() int {
 	return n
 }
 
-// size returns the number of entries, expired or not (for tests).
-func (s *memState) size() int {
-	n := 0
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		n += len(sh.m)
-		sh.mu.Unlock()
-	}
-	return n
-}
-
 func (s *memState) sweeper(every time.Duration) {
 	defer close(s.done)
 	t := time.NewTicker(every)
