@@ -79,12 +79,16 @@ func (s *FileStore) Provision(ctx caddy.Context) error {
 	p := s.Path
 	if p == "" {
 		p = DefaultFilePath()
-	} else {
-		p = caddy.NewReplacer().ReplaceKnown(p, "")
+	} else if p = caddy.NewReplacer().ReplaceKnown(p, ""); p == "" {
+		return fmt.Errorf("file store: path %q is empty once its placeholders are resolved", s.Path)
 	}
 	abs, err := filepath.Abs(p)
 	if err != nil {
 		return fmt.Errorf("file store: path %q: %v", p, err)
+	}
+	// One open file per file, whatever the name it is reached by.
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		abs = filepath.Join(dir, filepath.Base(abs))
 	}
 	s.path = abs
 	v, _, err := storePool.LoadOrNew(filePoolKey(abs), func() (caddy.Destructor, error) {
@@ -143,7 +147,7 @@ func validating() bool {
 		return true
 	case "adapt":
 		for _, a := range os.Args[2:] {
-			if a == "--validate" || a == "-validate" {
+			if a == "--validate" || a == "-validate" || a == "--validate=true" {
 				return true
 			}
 		}

@@ -613,3 +613,14 @@ func BenchmarkFileStoreSweepBatch(b *testing.B) {
 		}
 	}
 }
+
+// A path that resolves to nothing is a config error, not the working
+// directory.
+func TestFileStoreEmptyPath(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	err := (&FileStore{Path: "{env.SANGHO_DEDUP_UNSET_PATH_X}"}).Provision(ctx)
+	if err == nil || !strings.Contains(err.Error(), "SANGHO_DEDUP_UNSET_PATH_X") {
+		t.Fatalf("provision with an unset path placeholder: %v", err)
+	}
+}
