@@ -57,10 +57,17 @@ const (
 	minLockTTL = 30 * time.Millisecond
 )
 
-// Handler verifies and deduplicates Sangho webhook deliveries in front
-// of any backend. See the README for the whole request flow.
+// Handler verifies and deduplicates webhook deliveries in front of any
+// backend: Sangho's by default, another sender's with "verifier" (a
+// scheme of http.sangho_dedup.verifiers: stripe, standard_webhooks,
+// github, shopify, hmac). A bad signature is answered 401, a missing or
+// bad event ID 400, a duplicate 200 {"received":true} with
+// Sangho-Dedup: duplicate, an event in flight 409 with Sangho-Dedup:
+// in_flight; placeholders {http.sangho_dedup.event_id}, .event_type and
+// .outcome. See the README for the whole request flow.
 type Handler struct {
-	// Signing secrets, used as bytes, whole (whsec_ included). A request
+	// Signing secrets, used as bytes, whole (whsec_ included; for
+	// standard_webhooks, whsec_<base64> or a whpk_ public key). A request
 	// is accepted when any v1 signature matches any secret, so old and new
 	// secrets can be listed together during a rotation. Required.
 	// A secret that is one whole placeholder, {env.SANGHO_WEBHOOK_SECRET}
