@@ -30,7 +30,7 @@ soak:
 	status=$$?; grep -E '^(\||soak|FIGURES|--- |ok|FAIL)' bench/out/soak.log; exit $$status
 
 fuzz:
-	for f in FuzzSignatureHeader FuzzExtractEvent FuzzHandler; do \
+	for f in FuzzSignatureHeader FuzzExtractEvent FuzzHandler FuzzProviderSignatures; do \
 		go test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s . || exit 1; \
 	done
 

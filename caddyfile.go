@@ -27,11 +27,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	sangho_dedup [<matcher>] {
+//		provider <scheme> [{ ... }] # default sangho; stripe, standard_webhooks, github, shopify, hmac {...}
 //		secret <secret...>          # required; repeatable; a whole {env.X} or {file./path} is resolved
-//		tolerance <duration>        # default 5m
+//		tolerance <duration>        # default: the provider's (5m where it signs a timestamp)
 //		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576; at most 64MiB
-//		event_id_header <name>      # default Sangho-Event-ID
-//		signature_header <name>     # default Sangho-Signature
+//		event_id_header <name>      # default: the provider's (Sangho-Event-ID)
+//		signature_header <name>     # default: the provider's (Sangho-Signature)
 //		retention <duration>        # default 72h
 //		lock_ttl <duration>         # default 30s
 //		retry_after <duration>      # default 10s
@@ -46,6 +47,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			...                     # see RedisStore.UnmarshalCaddyfile
 //		}
 //	}
+//
+// provider sets the signature scheme (module http.sangho_dedup.verifiers.<scheme>)
+// and with it the defaults of signature_header, event_id_header and
+// tolerance, and where the event ID comes from; the options above
+// override those defaults. The hmac scheme takes a block (see
+// HMACScheme.UnmarshalCaddyfile); the others take none.
 func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -141,6 +148,16 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if m.OnPayloadMismatch != "reject" && m.OnPayloadMismatch != "log" {
 				return d.Errf("on_payload_mismatch: must be reject or log, not %q", m.OnPayloadMismatch)
 			}
+		case "provider":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			name := d.Val()
+			mod, err := caddyfile.UnmarshalModule(d, "http.sangho_dedup.verifiers."+name)
+			if err != nil {
+				return fmt.Errorf("provider %s: %w", name, err)
+			}
+			m.VerifierRaw = caddyconfig.JSONModuleObject(mod, "scheme", name, nil)
 		case "store":
 			if !d.NextArg() {
 				return d.ArgErr()

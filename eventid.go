@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 )
 
 // Errors of event ID extraction; each is answered 400.
@@ -50,6 +51,21 @@ type event struct {
 // header's, unless requireBodyID (then errIDNotInBody). The type is the
 // body's top-level "type" when it is a string, else "".
 func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, error) {
+	return extractEventField(body, headerIDs, requireBodyID, "id")
+}
+
+// extractEventField is extractEvent with the ID in the top-level field
+// named field (e.g. the hmac scheme's id_field). Errors about a field
+// other than "id" name it.
+func extractEventField(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
+	ev, err := extractEventKey(body, headerIDs, requireBodyID, field)
+	if err != nil && field != "id" {
+		err = fmt.Errorf("id_field %q: %w", field, err)
+	}
+	return ev, err
+}
+
+func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
 	if len(headerIDs) > 1 {
 		return event{}, errIDHeaders
 	}
@@ -57,7 +73,7 @@ func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, e
 	if len(headerIDs) == 1 {
 		headerID = headerIDs[0]
 	}
-	f, err := scanTopLevel(body)
+	f, err := scanTopLevelKey(body, field)
 	if err != nil {
 		return event{}, err
 	}
@@ -112,7 +128,12 @@ const maxNesting = 10000
 // regard to case); a body that starts with a UTF-8 byte order mark
 // (errBodyBOM: Sangho never sends one, RFC 8259 forbids it, and parsers
 // disagree, so the backend might read an ID the scan did not).
-func scanTopLevel(b []byte) (topLevel, error) {
+func scanTopLevel(b []byte) (topLevel, error) { return scanTopLevelKey(b, "id") }
+
+// scanTopLevelKey is scanTopLevel with the ID in the top-level field
+// named idKey instead of "id" (the same checks apply to it: given twice,
+// not a string, present in another case).
+func scanTopLevelKey(b []byte, idKey string) (topLevel, error) {
 	var f topLevel
 	if bytes.HasPrefix(b, []byte(utf8BOM)) {
 		return f, errBodyBOM
@@ -141,7 +162,7 @@ func scanTopLevel(b []byte) (topLevel, error) {
 		}
 		s.i++
 		s.ws()
-		isID, isIDCase, isType := classifyKey(key, keyEsc)
+		isID, isIDCase, isType := classifyKey(key, keyEsc, idKey)
 		switch {
 		case isID:
 			if f.hasID {
@@ -184,22 +205,25 @@ func scanTopLevel(b []byte) (topLevel, error) {
 	}
 }
 
-// classifyKey tells whether a raw top-level key is "id", "id" in another
-// case (as Go's encoding/json would match it: bytes.EqualFold), or
-// "type", decoding escapes only when the key has some and is short
-// enough to be one of them (e.g. "\u0069d" is "id").
-func classifyKey(raw []byte, escaped bool) (isID, isIDCase, isType bool) {
+// classifyKey tells whether a raw top-level key is idKey ("id"), idKey
+// in another case (as Go's encoding/json would match it:
+// bytes.EqualFold), or "type", decoding escapes only when the key has
+// some and is short enough to be one of them (e.g. "\u0069d" is "id").
+func classifyKey(raw []byte, escaped bool, idKey string) (isID, isIDCase, isType bool) {
+	// A character of a matching key is at most one \uXXXX escape, or 3
+	// bytes of UTF-8 (e.g. the Kelvin sign, which folds to "k").
+	runes := max(len(idKey), len("type"))
 	if escaped {
-		if len(raw) > len(`\u0074\u0079\u0070\u0065`) {
+		if len(raw) > 6*runes {
 			return false, false, false
 		}
 		raw = []byte(decodeStr(raw, true))
 	}
-	if len(raw) > 8 { // no spelling of "id" or "type" is longer
+	if len(raw) > 3*runes { // no spelling of idKey or "type" is longer
 		return false, false, false
 	}
-	isID = string(raw) == "id"
-	return isID, !isID && bytes.EqualFold(raw, []byte("id")), string(raw) == "type"
+	isID = string(raw) == idKey
+	return isID, !isID && bytes.EqualFold(raw, []byte(idKey)), string(raw) == "type"
 }
 
 // decodeStr turns the raw content of a JSON string, already validated,

@@ -54,21 +54,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	defer body.done()
 
-	sigs := r.Header.Values(h.SignatureHeader)
-	var sig string
-	switch len(sigs) {
-	case 0:
-	case 1:
-		sig = sigs[0]
-	default:
-		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, errSigCount, "")
-	}
-	signedAt, err := h.verifier.check(sig, body.bytes())
+	vd, err := h.scheme.Verify(r, body.bytes())
 	if err != nil {
 		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
 	}
 
-	ev, err := extractEvent(body.bytes(), r.Header.Values(h.EventIDHeader), h.requireBodyID)
+	ev, err := h.eventOf(r, body.bytes(), &vd)
 	if err != nil {
 		return h.reject(r, repl, outcomeBadRequest, http.StatusBadRequest, err, "")
 	}
@@ -83,22 +74,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.enter() // the store stays open until this delivery is settled
 	defer h.leave()
 	start := time.Now()
-	if ev.fromHeader {
-		// The ID is not signed: bind this signed message to the first ID
-		// it came with, so that a replay under another ID is refused.
-		// The record is a lease whose token is the event ID: the same ID
-		// claims it again (a resent delivery, deduplicated below), another
-		// does not. It outlives the signature's validity and then expires.
-		res, _, err := h.store.Claim(sctx, signatureKey(h.KeyPrefix, signedAt, body.bytes()), id, h.sigMemory)
-		observe(opClaim, start, err)
-		if err != nil {
-			return h.storeFailed(w, r, next, repl, id, err)
-		}
-		if res != Claimed {
-			return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, errSigReplayed, id)
-		}
-		start = time.Now()
-	}
 	key := h.KeyPrefix + id
 	fp := fingerprint(body.bytes())
 	token := newToken() + "." + fp // the lease carries the body's fingerprint
@@ -138,8 +113,21 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
 	}
 
+	var sigKey string
+	if ev.fromHeader {
+		// The ID is not signed: bind this signed message to its ID, so
+		// that a replay under another ID is refused (see bindSignature).
+		sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
+		if err := h.bindSignature(sctx, key, token, sigKey, id); err != nil {
+			if errors.Is(err, errSigReplayed) {
+				return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, id)
+			}
+			return h.storeFailed(w, r, next, repl, id, err)
+		}
+	}
+
 	h.debug("new event: passing it on", id, typ)
-	return h.process(w, r, next, repl, sctx, key, token, id, typ, start)
+	return h.process(w, r, next, repl, sctx, key, token, id, typ, start, sigKey)
 }
 
 // answerDuplicate answers 200 {"received":true} with Sangho-Dedup:
@@ -180,26 +168,13 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
 }
 
-// signatureKey names the store record of a signed message: the SHA-256
-// of what the signature covers, t + "." + body, so that it does not
-// depend on which secret or which v1 matched. The ":" keeps it apart
-// from event keys (an event ID has none).
-func signatureKey(prefix string, t int64, body []byte) string {
-	hash := sha256.New()
-	var tbuf [20]byte
-	hash.Write(strconv.AppendInt(tbuf[:0], t, 10))
-	hash.Write([]byte{'.'})
-	hash.Write(body)
-	var sum [sha256.Size]byte
-	return prefix + "sig:" + hex.EncodeToString(hash.Sum(sum[:0]))
-}
-
 // process runs the next handler while holding the lease on key, then
 // settles the event: commit, release or hold (see settle).
 func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string, claimed time.Time,
+	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string, claimed time.Time, sigKey string,
 ) error {
 	l := h.startLease(sctx, key, token, id, claimed)
+	l.sigKey = sigKey
 	sw := &statusWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 	finished := false
 	defer func() {
@@ -280,6 +255,9 @@ func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWr
 		h.outcome(repl, outcomeProcessed)
 		rec := DoneRecord{ProcessedAt: h.now(), EventType: typ, Fingerprint: tokenFingerprint(token)}
 		held, err := h.commit(ctx, key, token, rec)
+		if err == nil && l.sigKey != "" {
+			h.commitSignature(ctx, l, rec)
+		}
 		switch {
 		case err != nil:
 			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying in the background",
@@ -349,6 +327,11 @@ func (h *Handler) retryCommit(l *lease, rec DoneRecord) {
 		cancel()
 		if err != nil {
 			continue
+		}
+		if l.sigKey != "" {
+			ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
+			h.commitSignature(ctx, l, rec)
+			cancel()
 		}
 		if time.Now().After(l.expiry()) {
 			h.logger.Error("done record written after the lease had expired: a redelivery in between may have been processed again",
@@ -476,6 +459,7 @@ type lease struct {
 	ctx        context.Context
 	key, token string
 	id         string
+	sigKey     string // the signature record, when the ID is not signed (see bindSignature)
 
 	mu      sync.Mutex
 	stopped bool

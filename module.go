@@ -1,10 +1,12 @@
 // Package sanghodedup is a Caddy HTTP handler that makes any webhook
-// backend idempotent for Sangho's at-least-once deliveries: it buffers
-// the body (bounded), verifies the Sangho-Signature HMAC, claims the
-// event ID atomically in a store (Redis or memory), answers duplicates
-// itself, passes new events to the next handler, and records an event as
-// done only once the backend has answered 2xx. A failed attempt is
-// released so that Sangho's retry is processed.
+// backend idempotent for at-least-once deliveries: it buffers the body
+// (bounded), verifies the sender's signature (Sangho's by default;
+// Stripe, Standard Webhooks, GitHub, Shopify, a generic HMAC, or a scheme
+// another plugin adds), claims the event ID atomically in a store (a
+// file, Redis or memory), answers duplicates itself, passes new events to
+// the next handler, and records an event as done only once the backend
+// has answered 2xx. A failed attempt is released so that the sender's
+// retry is processed.
 package sanghodedup
 
 import (
@@ -12,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -53,10 +54,17 @@ const (
 	minLockTTL = 30 * time.Millisecond
 )
 
-// Handler verifies and deduplicates Sangho webhook deliveries in front
-// of any backend. See the README for the whole request flow.
+// Handler verifies and deduplicates webhook deliveries in front of any
+// backend: Sangho's by default, another sender's with "verifier" (a
+// scheme of http.sangho_dedup.verifiers: stripe, standard_webhooks,
+// github, shopify, hmac). A bad signature is answered 401, a missing or
+// bad event ID 400, a duplicate 200 {"received":true} with
+// Sangho-Dedup: duplicate, an event in flight 409 with Sangho-Dedup:
+// in_flight; placeholders {http.sangho_dedup.event_id}, .event_type and
+// .outcome. See the README for the whole request flow.
 type Handler struct {
-	// Signing secrets, used as bytes, whole (whsec_ included). A request
+	// Signing secrets, used as bytes, whole (whsec_ included; for
+	// standard_webhooks, whsec_<base64> or a whpk_ public key). A request
 	// is accepted when any v1 signature matches any secret, so old and new
 	// secrets can be listed together during a rotation. Required.
 	// A secret that is one whole placeholder, {env.SANGHO_WEBHOOK_SECRET}
@@ -68,17 +76,25 @@ type Handler struct {
 
 	// How far the signature timestamp t may be from this server's clock,
 	// in either direction, compared exactly (not in whole seconds).
-	// Default: 5m.
+	// Default: the scheme's, 5m for every built-in scheme that signs a
+	// timestamp. A scheme that signs none (github, shopify, hmac without
+	// timestamp_header) refuses it.
 	Tolerance caddy.Duration `json:"tolerance,omitempty"`
 
 	// Largest accepted request body, in bytes, at most 64 MiB (67108864).
 	// Default: 1 MiB (1048576).
 	MaxBodySize int64 `json:"max_body_size,omitempty"`
 
-	// Header that carries the event ID. Default: Sangho-Event-ID.
+	// Header that carries the event ID. Default: the scheme's:
+	// Sangho-Event-ID (sangho), none (stripe), webhook-id
+	// (standard_webhooks), X-GitHub-Delivery (github), X-Shopify-Event-Id
+	// then X-Shopify-Webhook-Id (shopify), id_header (hmac).
 	EventIDHeader string `json:"event_id_header,omitempty"`
 
-	// Header that carries the signature. Default: Sangho-Signature.
+	// Header that carries the signature. Default: the scheme's:
+	// Sangho-Signature (sangho), Stripe-Signature (stripe),
+	// webhook-signature (standard_webhooks), X-Hub-Signature-256 (github),
+	// X-Shopify-Hmac-Sha256 (shopify), header (hmac).
 	SignatureHeader string `json:"signature_header,omitempty"`
 
 	// How long a processed event ID is remembered. Sangho never
@@ -128,8 +144,16 @@ type Handler struct {
 	// header; each signed message (t and body) is then remembered in the
 	// store, under key_prefix + "sig:" + its SHA-256, for twice the
 	// tolerance, with the ID it first came with, and its reuse with
-	// another ID is answered 401. Default: true.
+	// another ID is answered 401. Only for schemes that take the ID from
+	// the body (sangho, stripe, hmac with id_field; for hmac the field is
+	// id_field); any other scheme refuses it. Default: true.
 	RequireBodyID *bool `json:"require_body_id,omitempty"`
+
+	// The signature scheme (http.sangho_dedup.verifiers): sangho,
+	// stripe, standard_webhooks, github, shopify or hmac, or one another
+	// plugin adds. It sets the default headers, where the event ID comes
+	// from and the default tolerance. Default: {"scheme": "sangho"}.
+	VerifierRaw json.RawMessage `json:"verifier,omitempty" caddy:"namespace=http.sangho_dedup.verifiers inline_key=scheme"`
 
 	// The store module (http.sangho_dedup.stores). Default: file, a
 	// durable database file in Caddy's data directory, for one instance
@@ -137,7 +161,8 @@ type Handler struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      Store
-	verifier   *verifier
+	scheme     scheme    // the signature scheme, settled at provision
+	verifier   *verifier // the Sangho-format engine of the sangho and stripe schemes, else nil
 	logger     *zap.Logger
 	now        func() time.Time
 	pass       bool
@@ -146,7 +171,7 @@ type Handler struct {
 	cfgKey     context.Context // the config this handler belongs to
 
 	requireBodyID bool
-	sigMemory     time.Duration // how long a signed message's ID is remembered (require_body_id off)
+	sigMemory     time.Duration // how long a signed message's ID is remembered (the ID not signed)
 }
 
 // CaddyModule returns the Caddy module information.
@@ -164,17 +189,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.now == nil {
 		h.now = time.Now
 	}
-	if h.Tolerance == 0 {
-		h.Tolerance = caddy.Duration(DefaultTolerance)
-	}
 	if h.MaxBodySize == 0 {
 		h.MaxBodySize = DefaultMaxBodySize
-	}
-	if h.EventIDHeader == "" {
-		h.EventIDHeader = DefaultEventIDHeader
-	}
-	if h.SignatureHeader == "" {
-		h.SignatureHeader = DefaultSignatureHeader
 	}
 	if h.Retention == 0 {
 		h.Retention = caddy.Duration(DefaultRetention)
@@ -194,15 +210,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.KeyPrefix == "" {
 		h.KeyPrefix = DefaultKeyPrefix
 	}
-	h.EventIDHeader = http.CanonicalHeaderKey(h.EventIDHeader)
-	h.SignatureHeader = http.CanonicalHeaderKey(h.SignatureHeader)
 	h.pass = h.OnStoreError == "pass"
 	h.renewEvery = time.Duration(h.LockTTL) / 3
 	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
-	// A signature is valid while the clock is within tolerance of t: at
-	// most 2×tolerance after it was first accepted (+1 s for t's whole
-	// seconds).
-	h.sigMemory = 2*time.Duration(h.Tolerance) + time.Second
 	secs := (time.Duration(h.RetryAfter) + time.Second - 1) / time.Second
 	h.retryAfter = strconv.FormatInt(int64(secs), 10)
 
@@ -222,8 +232,25 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(secrets) == 0 {
 		return errors.New("at least one secret is required")
 	}
-	h.verifier = newVerifier(secrets, time.Duration(h.Tolerance), func() time.Time { return h.now() })
-	if r := time.Duration(h.Retention); r > 0 && r < RedeliveryWindow {
+	if h.VerifierRaw == nil {
+		h.VerifierRaw = json.RawMessage(`{"scheme":"sangho"}`)
+	}
+	vmod, err := ctx.LoadModule(h, "VerifierRaw")
+	if err != nil {
+		return fmt.Errorf("loading verifier: %w", err)
+	}
+	v, ok := vmod.(Verifier)
+	if !ok {
+		return fmt.Errorf("module %T is not a sangho_dedup verifier", vmod)
+	}
+	name := v.(caddy.Module).CaddyModule().ID.Name()
+	if err := h.setupScheme(v, name, secrets); err != nil {
+		return fmt.Errorf("verifier %s: %w", name, err)
+	}
+	if e, ok := v.(interface{ sigEngine() *verifier }); ok {
+		h.verifier = e.sigEngine()
+	}
+	if r := time.Duration(h.Retention); name == "sangho" && r > 0 && r < RedeliveryWindow {
 		h.logger.Warn("retention is shorter than Sangho's redelivery window: a redelivery that comes after an event's done record expired is processed again",
 			zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
 	}
@@ -279,8 +306,11 @@ func resolveSecret(repl *caddy.Replacer, n int, s string) (string, error) {
 
 // Validate checks the configuration.
 func (h *Handler) Validate() error {
+	if err := h.validateScheme(); err != nil {
+		return err
+	}
 	switch {
-	case h.Tolerance <= 0:
+	case h.scheme.timestamp && h.Tolerance <= 0:
 		return errors.New("tolerance must be positive")
 	case h.MaxBodySize <= 0:
 		return errors.New("max_body_size must be positive")
@@ -296,7 +326,7 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf(`on_store_error must be "reject" or "pass", not %q`, h.OnStoreError)
 	case h.OnPayloadMismatch != "reject" && h.OnPayloadMismatch != "log":
 		return fmt.Errorf(`on_payload_mismatch must be "reject" or "log", not %q`, h.OnPayloadMismatch)
-	case !validHeaderName(h.EventIDHeader):
+	case h.EventIDHeader != "" && !validHeaderName(h.EventIDHeader):
 		return fmt.Errorf("event_id_header %q is not a valid header name", h.EventIDHeader)
 	case !validHeaderName(h.SignatureHeader):
 		return fmt.Errorf("signature_header %q is not a valid header name", h.SignatureHeader)

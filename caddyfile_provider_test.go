@@ -1,0 +1,76 @@
+package sanghodedup
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+func TestUnmarshalCaddyfileProvider(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                           "",
+		"provider sangho":            `{"scheme":"sangho"}`,
+		"provider stripe":            `{"scheme":"stripe"}`,
+		"provider standard_webhooks": `{"scheme":"standard_webhooks"}`,
+		"provider github":            `{"scheme":"github"}`,
+		"provider shopify":           `{"scheme":"shopify"}`,
+		"provider github {\n}":       `{"scheme":"github"}`,
+		"provider hmac {\nheader X-Sig\nalgorithm sha512\nencoding base64\nprefix sha512=\ntimestamp_header X-Ts\nsigned_content \"{timestamp}:{body}\"\nid_header X-Id\nid_field event_id\n}": `{"scheme":"hmac","header":"X-Sig","algorithm":"sha512","encoding":"base64","prefix":"sha512=","timestamp_header":"X-Ts","signed_content":"{timestamp}:{body}","id_header":"X-Id","id_field":"event_id"}`,
+	} {
+		var h Handler
+		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}")); err != nil {
+			t.Errorf("%q: %v", in, err)
+			continue
+		}
+		if want == "" {
+			if h.VerifierRaw != nil {
+				t.Errorf("no provider line: verifier %s, want none (sangho by default)", h.VerifierRaw)
+			}
+			continue
+		}
+		var got, exp any
+		if err := json.Unmarshal(h.VerifierRaw, &got); err != nil {
+			t.Fatal(err)
+		}
+		_ = json.Unmarshal([]byte(want), &exp)
+		if !reflect.DeepEqual(got, exp) {
+			t.Errorf("%q: verifier %s, want %s", in, h.VerifierRaw, want)
+		}
+	}
+}
+
+// TestCaddyfileProviderErrors: each bad provider line is a Caddyfile
+// error that names the problem.
+func TestCaddyfileProviderErrors(t *testing.T) {
+	hmacBlock := func(lines string) string {
+		return "provider hmac {\nheader X-Sig\nid_field id\n" + lines + "\n}"
+	}
+	for in, want := range map[string]string{
+		"provider":                                                "wrong argument count",
+		"provider nosuch":                                         "http.sangho_dedup.verifiers.nosuch",
+		"provider github\nprovider shopify":                       "provider given more than once",
+		"provider github extra":                                   `provider github takes no arguments, found "extra"`,
+		"provider stripe {\ntolerance 1m\n}":                      `provider stripe takes no options, found "tolerance"`,
+		"provider standard_webhooks {\nsvix on\n}":                `provider standard_webhooks takes no options, found "svix"`,
+		"provider hmac extra {\n}":                                "wrong argument count",
+		hmacBlock("frobnicate 1"):                                 `unrecognized provider hmac option "frobnicate"`,
+		hmacBlock("algorithm md5"):                                `algorithm must be sha256, sha512 or sha1, not "md5"`,
+		hmacBlock("encoding base32"):                              `encoding must be hex or base64, not "base32"`,
+		hmacBlock("algorithm sha1\nalgorithm sha256"):             "algorithm given more than once",
+		hmacBlock("prefix"):                                       "prefix: needs a value",
+		hmacBlock(`prefix ""`):                                    "prefix: needs a value that is not empty",
+		hmacBlock("prefix a b"):                                   "prefix: takes one value, got more",
+		hmacBlock("signed_content {timestamp}"):                   "must hold {body} exactly once",
+		hmacBlock("timestamp_header X-Ts\nsigned_content {body}"): "timestamp_header is set but signed_content has no {timestamp}",
+		hmacBlock(`timestamp_header "X Ts"`):                      `timestamp_header "X Ts" is not a valid header name`,
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}"))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want it to contain %q", in, err, want)
+		}
+	}
+}

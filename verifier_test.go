@@ -1,0 +1,623 @@
+package sanghodedup
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/google/go-github/v84/github"
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	"github.com/stripe/stripe-go/v82/webhook"
+)
+
+// Test vectors come from each provider's own library or documentation
+// (test-only dependencies: TestTestOnlyModulesStayOutOfTheBinary keeps
+// them out of ./cmd/caddy).
+
+// Secrets of the provider tests. Standard Webhooks secrets are whsec_
+// and base64 (this one is the spec libraries' test secret).
+const (
+	swSecret1    = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	swSecret2    = "whsec_dGhlIHNlY29uZCBzZWNyZXQsIGZvciByb3RhdGlvbg=="
+	ghSecret1    = "It's a Secret to Everybody"
+	ghSecret2    = "gh_rotated_secret_2"
+	shopSecret1  = "test_secret_key"
+	shopSecret2  = "shpss_rotated_secret_2"
+	stripeSecret = "whsec_stripe_test_1"
+)
+
+// stripeHeader signs body at t with Stripe's own library, one v1 per
+// secret (as Stripe does while a secret is rolled).
+func stripeHeader(at time.Time, body string, secrets ...string) string {
+	h := ""
+	for _, s := range secrets {
+		p := webhook.GenerateTestSignedPayload(&webhook.UnsignedPayload{Payload: []byte(body), Secret: s, Timestamp: at})
+		if h == "" {
+			h = p.Header
+		} else {
+			h += ",v1=" + hex.EncodeToString(p.Signature)
+		}
+	}
+	return h
+}
+
+// swSign signs with the Standard Webhooks library: the webhook-*
+// headers, one signature per secret, space-separated.
+func swSign(t testing.TB, h http.Header, id string, at time.Time, body string, secrets ...string) {
+	t.Helper()
+	var sigs []string
+	for _, s := range secrets {
+		wh, err := standardwebhooks.NewWebhook(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sig, err := wh.Sign(id, at, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sigs = append(sigs, sig)
+	}
+	h.Set("webhook-id", id)
+	h.Set("webhook-timestamp", strconv.FormatInt(at.Unix(), 10))
+	h.Set("webhook-signature", strings.Join(sigs, " "))
+}
+
+// githubSig signs as GitHub does. GitHub's Go library only validates, so
+// the tests check what this produces with it (and the documented vector).
+func githubSig(body, secret string) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(body))
+	return "sha256=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// shopifySig signs as Shopify does (checked against the vector of
+// Shopify's own library below).
+func shopifySig(body, secret string) string {
+	mac := hmac.New(sha256.New, []byte(secret))
+	mac.Write([]byte(body))
+	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
+}
+
+// schemeHandler provisions a handler with the given verifier JSON.
+func schemeHandler(t testing.TB, verifier string, secrets []string, configure func(*Handler)) *Handler {
+	t.Helper()
+	h, _ := newTestHandler(t, func(h *Handler) {
+		h.Secrets = secrets
+		h.VerifierRaw = json.RawMessage(verifier)
+		h.KeyPrefix = strings.ReplaceAll(t.Name(), "/", "_") + ":"
+		if configure != nil {
+			configure(h)
+		}
+	})
+	return h
+}
+
+func post(body string, headers map[string]string) *http.Request {
+	r := httptest.NewRequest(http.MethodPost, "/webhook", strings.NewReader(body))
+	for k, v := range headers {
+		r.Header.Set(k, v)
+	}
+	return r
+}
+
+// TestProviderVectors: each scheme accepts the signatures of its
+// provider's library or documented example, and refuses them with one
+// byte of the body changed or another secret.
+func TestProviderVectors(t *testing.T) {
+	// GitHub's documented example (docs.github.com, "Validating webhook
+	// deliveries"), which go-github's ValidateSignature accepts too.
+	const ghDocSig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17"
+	if err := github.ValidateSignature(ghDocSig, []byte("Hello, World!"), []byte(ghSecret1)); err != nil {
+		t.Fatalf("go-github refuses GitHub's documented example: %v", err)
+	}
+	if got := githubSig("Hello, World!", ghSecret1); got != ghDocSig {
+		t.Fatalf("githubSig = %s, GitHub documents %s", got, ghDocSig)
+	}
+	// Shopify's own library (shopify-api-js, lib/webhooks/__tests__/
+	// validate.test.ts): secret test_secret_key, body {"foo": "bar"}.
+	const shopBody, shopDocSig = `{"foo": "bar"}`, "B23tXN681gZ0qIWNRrgtzBE9XSDo5yaUu6wfmhu3a7g="
+	if got := shopifySig(shopBody, shopSecret1); got != shopDocSig {
+		t.Fatalf("shopifySig = %s, Shopify's library expects %s", got, shopDocSig)
+	}
+	// The Standard Webhooks library signs its own test message so (the
+	// same value as Svix's documentation example).
+	swLibAt := time.Unix(1614265330, 0)
+	swh := http.Header{}
+	swSign(t, swh, "msg_p5jXN8AQM9LWM0D4loKWxJek", swLibAt, `{"test": 2432232314}`, swSecret1)
+	if got := swh.Get("webhook-signature"); got != "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=" {
+		t.Fatalf("the Standard Webhooks library signs %s", got)
+	}
+
+	type vector struct {
+		name     string
+		verifier string
+		secret   string
+		at       time.Time
+		body     string
+		headers  map[string]string
+		wantID   string // the signed ID (standard_webhooks)
+	}
+	stripeAt := testNow.Add(-time.Minute)
+	vectors := []vector{
+		{"stripe library", `{"scheme":"stripe"}`, stripeSecret, testNow, bodyA,
+			map[string]string{"Stripe-Signature": stripeHeader(stripeAt, bodyA, stripeSecret)}, ""},
+		{"stripe library, rolled secret (two v1)", `{"scheme":"stripe"}`, stripeSecret, testNow, bodyA,
+			map[string]string{"Stripe-Signature": stripeHeader(stripeAt, bodyA, "whsec_old", stripeSecret)}, ""},
+		{"standard webhooks library", `{"scheme":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
+			map[string]string{"webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-timestamp": "1614265330",
+				"webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}, "msg_p5jXN8AQM9LWM0D4loKWxJek"},
+		{"svix header names", `{"scheme":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
+			map[string]string{"svix-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "svix-timestamp": "1614265330",
+				"svix-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}, "msg_p5jXN8AQM9LWM0D4loKWxJek"},
+		{"standard webhooks, unknown versions and other signatures ignored", `{"scheme":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
+			map[string]string{"webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-timestamp": "1614265330",
+				"webhook-signature": "v2,abc v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA= v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}, "msg_p5jXN8AQM9LWM0D4loKWxJek"},
+		{"github documented example", `{"scheme":"github"}`, ghSecret1, testNow, "Hello, World!",
+			map[string]string{"X-Hub-Signature-256": ghDocSig}, ""},
+		{"shopify library", `{"scheme":"shopify"}`, shopSecret1, testNow, shopBody,
+			map[string]string{"X-Shopify-Hmac-Sha256": shopDocSig}, ""},
+		{"hmac as github", `{"scheme":"hmac","header":"X-Hub-Signature-256","prefix":"sha256=","id_header":"X-GitHub-Delivery"}`, ghSecret1, testNow, "Hello, World!",
+			map[string]string{"X-Hub-Signature-256": ghDocSig}, ""},
+		{"hmac as shopify", `{"scheme":"hmac","header":"X-Shopify-Hmac-Sha256","encoding":"base64","id_header":"X-Shopify-Event-Id"}`, shopSecret1, testNow, shopBody,
+			map[string]string{"X-Shopify-Hmac-Sha256": shopDocSig}, ""},
+	}
+	for _, v := range vectors {
+		t.Run(v.name, func(t *testing.T) {
+			h := schemeHandler(t, v.verifier, []string{v.secret}, nil)
+			h.now = func() time.Time { return v.at }
+			vd, err := h.scheme.Verify(post(v.body, v.headers), []byte(v.body))
+			if err != nil || vd.ID != v.wantID {
+				t.Fatalf("Verify: %q, %v; want %q, nil", vd.ID, err, v.wantID)
+			}
+			if _, err := h.scheme.Verify(post(v.body+" ", v.headers), []byte(v.body+" ")); !errors.Is(err, errSigMismatch) {
+				t.Errorf("a body with one more byte: %v, want a mismatch", err)
+			}
+			otherSecret := v.secret + "x"
+			if v.secret == swSecret1 {
+				otherSecret = swSecret2
+			}
+			other := schemeHandler(t, v.verifier, []string{otherSecret}, nil)
+			other.now = func() time.Time { return v.at }
+			if _, err := other.scheme.Verify(post(v.body, v.headers), []byte(v.body)); !errors.Is(err, errSigMismatch) {
+				t.Errorf("another secret: %v, want a mismatch", err)
+			}
+		})
+	}
+}
+
+// TestGitHubLibraryAgrees: go-github's ValidateSignature accepts the
+// github scheme's signatures, and the hmac scheme's sha1 and sha512 ones
+// in GitHub's format (X-Hub-Signature's sha1= is what some senders still
+// use).
+func TestGitHubLibraryAgrees(t *testing.T) {
+	for _, c := range []struct{ verifier, header string }{
+		{`{"scheme":"github"}`, "X-Hub-Signature-256"},
+		{`{"scheme":"hmac","header":"X-Hub-Signature","algorithm":"sha1","prefix":"sha1=","id_header":"X-GitHub-Delivery"}`, "X-Hub-Signature"},
+		{`{"scheme":"hmac","header":"X-Sig","algorithm":"sha512","prefix":"sha512=","id_header":"X-GitHub-Delivery"}`, "X-Sig"},
+	} {
+		h := schemeHandler(t, c.verifier, []string{ghSecret2}, nil)
+		for i, body := range []string{"", "{}", bodyA, bodyB, strings.Repeat("x", 70000)} {
+			// A signature the library accepts is one the scheme accepts,
+			// and the other way round: try the right one and a wrong one.
+			alg := map[string]string{"X-Hub-Signature-256": "sha256", "X-Hub-Signature": "sha1", "X-Sig": "sha512"}[c.header]
+			right := libSignature(t, alg, body, ghSecret2)
+			wrong := libSignature(t, alg, body, ghSecret1)
+			for _, sig := range []string{right, wrong} {
+				libErr := github.ValidateSignature(sig, []byte(body), []byte(ghSecret2))
+				_, err := h.scheme.Verify(post(body, map[string]string{c.header: sig}), []byte(body))
+				if (libErr == nil) != (err == nil) {
+					t.Errorf("%s body %d: go-github says %v, the scheme %v", c.header, i, libErr, err)
+				}
+			}
+		}
+	}
+}
+
+// libSignature is a GitHub-format signature (alg=hex) with the hash
+// GitHub's library names by alg.
+func libSignature(t *testing.T, alg, body, secret string) string {
+	t.Helper()
+	var m macScheme
+	if err := m.setAlgorithm(alg, "hex"); err != nil {
+		t.Fatal(err)
+	}
+	mac := hmac.New(m.newHash, []byte(secret))
+	mac.Write([]byte(body))
+	return alg + "=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+// TestStandardWebhooksEd25519: v1a signatures are Ed25519 signatures of
+// `<id>.<timestamp>.<body>` checked with a whpk_ public key; a wrong key,
+// a v1a signature of other content, or a whpk_ key for a v1 signature do
+// not match.
+func TestStandardWebhooksEd25519(t *testing.T) {
+	priv := ed25519.NewKeyFromSeed([]byte("sangho_dedup v1a test seed, 32 b"))
+	pub := "whpk_" + base64.StdEncoding.EncodeToString(priv.Public().(ed25519.PublicKey))
+	other := ed25519.NewKeyFromSeed([]byte("another seed, another key, 32 by"))
+	otherPub := "whpk_" + base64.StdEncoding.EncodeToString(other.Public().(ed25519.PublicKey))
+	id, ts, body := "msg_v1a_1", strconv.FormatInt(testNow.Unix(), 10), `{"type":"user.created"}`
+	sig := "v1a," + base64.StdEncoding.EncodeToString(ed25519.Sign(priv, []byte(id+"."+ts+"."+body)))
+	hdr := map[string]string{"webhook-id": id, "webhook-timestamp": ts, "webhook-signature": sig}
+	for _, c := range []struct {
+		name    string
+		secrets []string
+		headers map[string]string
+		body    string
+		ok      bool
+	}{
+		{"public key", []string{pub}, hdr, body, true},
+		{"public key among HMAC secrets", []string{swSecret1, otherPub, pub}, hdr, body, true},
+		{"another public key", []string{otherPub}, hdr, body, false},
+		{"only an HMAC secret", []string{swSecret1}, hdr, body, false},
+		{"other body", []string{pub}, hdr, body + " ", false},
+		{"other id", []string{pub}, map[string]string{"webhook-id": "msg_v1a_2", "webhook-timestamp": ts, "webhook-signature": sig}, body, false},
+	} {
+		h := schemeHandler(t, `{"scheme":"standard_webhooks"}`, c.secrets, nil)
+		_, err := h.scheme.Verify(post(c.body, c.headers), []byte(c.body))
+		if c.ok != (err == nil) {
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+}
+
+// TestHMACSchemeTemplates: the generic scheme's signed content,
+// encodings, prefixes and timestamps, against HMACs computed here from
+// the sender's documented recipe.
+func TestHMACSchemeTemplates(t *testing.T) {
+	ts := strconv.FormatInt(testNow.Unix(), 10)
+	stale := strconv.FormatInt(testNow.Add(-6*time.Minute).Unix(), 10)
+	body := `{"event_id":"ev_42","type":"thing.done"}`
+	mac := func(content string) []byte {
+		m := hmac.New(sha256.New, []byte(secret1))
+		m.Write([]byte(content))
+		return m.Sum(nil)
+	}
+	hx := func(content string) string { return hex.EncodeToString(mac(content)) }
+	for _, c := range []struct {
+		name     string
+		verifier string
+		headers  map[string]string
+		err      error
+		id       string // the signed ID, for {id}
+	}{
+		{"slack-like", `{"scheme":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
+			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+ts+":"+body), "X-Slack-Request-Timestamp": ts}, nil, ""},
+		{"slack-like, stale", `{"scheme":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
+			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+stale+":"+body), "X-Slack-Request-Timestamp": stale}, errSigTimestamp, ""},
+		{"slack-like, no timestamp", `{"scheme":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
+			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+ts+":"+body)}, errSigMissing, ""},
+		{"default timestamp template", `{"scheme":"hmac","header":"X-Sig","timestamp_header":"X-Ts","id_field":"event_id"}`,
+			map[string]string{"X-Sig": hx(ts + "." + body), "X-Ts": ts}, nil, ""},
+		{"twitch-like, signed id", `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}","id_header":"X-Msg-Id"}`,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+ts+body), "X-Ts": ts, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
+		{"twitch-like, id changed", `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}","id_header":"X-Msg-Id"}`,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+ts+body), "X-Ts": ts, "X-Msg-Id": "msg_8"}, errSigMismatch, ""},
+		{"suffix", `{"scheme":"hmac","header":"X-Sig","signed_content":"{body}|end","id_field":"event_id","encoding":"base64"}`,
+			map[string]string{"X-Sig": base64.StdEncoding.EncodeToString(mac(body + "|end"))}, nil, ""},
+		{"upper-case hex", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`,
+			map[string]string{"X-Sig": strings.ToUpper(hx(body))}, nil, ""},
+		{"missing prefix", `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","id_field":"event_id"}`,
+			map[string]string{"X-Sig": hx(body)}, errSigPrefix, ""},
+		{"short MAC", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`,
+			map[string]string{"X-Sig": hx(body)[:62]}, errSigEncoding, ""},
+		{"base64 without padding", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id","encoding":"base64"}`,
+			map[string]string{"X-Sig": strings.TrimRight(base64.StdEncoding.EncodeToString(mac(body)), "=")}, errSigEncoding, ""},
+		{"no signature", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`,
+			map[string]string{}, errSigMissing, ""},
+	} {
+		h := schemeHandler(t, c.verifier, []string{"other_secret", secret1}, nil)
+		vd, err := h.scheme.Verify(post(body, c.headers), []byte(body))
+		if !errors.Is(err, c.err) || err == nil && vd.ID != c.id {
+			t.Errorf("%s: %q %v, want %q %v", c.name, vd.ID, err, c.id, c.err)
+		}
+	}
+	// Two signature headers: which one would a backend read?
+	h := schemeHandler(t, `{"scheme":"github"}`, []string{ghSecret1}, nil)
+	r := post("Hello, World!", nil)
+	r.Header.Add("X-Hub-Signature-256", githubSig("Hello, World!", ghSecret1))
+	r.Header.Add("X-Hub-Signature-256", githubSig("Hello, World!", ghSecret1))
+	if _, err := h.scheme.Verify(r, []byte("Hello, World!")); !errors.Is(err, errSigCount) {
+		t.Errorf("two signature headers: %v", err)
+	}
+}
+
+// TestSchemeIDSources: where each scheme takes the event ID from, what
+// it answers when it is missing, and which IDs are signed.
+func TestSchemeIDSources(t *testing.T) {
+	ghBody := `{"action":"opened","id":"not_the_event"}`
+	shopBody := `{"id":820982911946154508,"email":"jon@example.com"}`
+	for _, c := range []struct {
+		name     string
+		verifier string
+		secret   string
+		body     string
+		headers  map[string]string
+		wantID   string
+		wantType string
+		unsigned bool
+		wantErr  error
+	}{
+		{"github: the delivery header, not the body", `{"scheme":"github"}`, ghSecret1, ghBody,
+			map[string]string{"X-Hub-Signature-256": githubSig(ghBody, ghSecret1), "X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958", "X-GitHub-Event": "issues"},
+			"72d3162e-cc78-11e3-81ab-4c9367dc0958", "issues", true, nil},
+		{"github: no delivery header", `{"scheme":"github"}`, ghSecret1, ghBody,
+			map[string]string{"X-Hub-Signature-256": githubSig(ghBody, ghSecret1)}, "", "", false, errIDHeaderMissing},
+		{"github: a delivery ID that is not one", `{"scheme":"github"}`, ghSecret1, ghBody,
+			map[string]string{"X-Hub-Signature-256": githubSig(ghBody, ghSecret1), "X-GitHub-Delivery": "a:b"}, "", "", false, errIDInvalid},
+		{"shopify: the event ID, not the order id in the body", `{"scheme":"shopify"}`, shopSecret1, shopBody,
+			map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(shopBody, shopSecret1), "X-Shopify-Event-Id": "98880550-7158-44d4-b7cd-2c97c8a091b5",
+				"X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "X-Shopify-Topic": "orders/create"},
+			"98880550-7158-44d4-b7cd-2c97c8a091b5", "orders/create", true, nil},
+		{"shopify: the webhook ID when there is no event ID", `{"scheme":"shopify"}`, shopSecret1, shopBody,
+			map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(shopBody, shopSecret1), "X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"},
+			"b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "", true, nil},
+		{"shopify: neither", `{"scheme":"shopify"}`, shopSecret1, shopBody,
+			map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(shopBody, shopSecret1)}, "", "", false, errIDHeaderMissing},
+		{"stripe: the body's id", `{"scheme":"stripe"}`, stripeSecret, bodyA,
+			map[string]string{"Stripe-Signature": stripeHeader(testNow, bodyA, stripeSecret)}, "evt_1QZtest000000000001", "payment_intent.succeeded", false, nil},
+		{"stripe: a body without id", `{"scheme":"stripe"}`, stripeSecret, `{"object":"event"}`,
+			map[string]string{"Stripe-Signature": stripeHeader(testNow, `{"object":"event"}`, stripeSecret)}, "", "", false, errIDNotInBody},
+		{"hmac: id_field", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"event_id":"ev_1","type":"t"}`,
+			map[string]string{"X-Sig": hmacHex(`{"event_id":"ev_1","type":"t"}`)}, "ev_1", "t", false, nil},
+		{"hmac: id_field in another case", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"event_id":"ev_1","Event_ID":"ev_2"}`,
+			map[string]string{"X-Sig": hmacHex(`{"event_id":"ev_1","Event_ID":"ev_2"}`)}, "", "", false, errIDCaseKey},
+		{"hmac: id_field missing", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"id":"ev_1"}`,
+			map[string]string{"X-Sig": hmacHex(`{"id":"ev_1"}`)}, "", "", false, errIDNotInBody},
+		{"hmac: id_header", `{"scheme":"hmac","header":"X-Sig","id_header":"X-Event"}`, secret1, `{"type":"t"}`,
+			map[string]string{"X-Sig": hmacHex(`{"type":"t"}`), "X-Event": "ev_9"}, "ev_9", "t", true, nil},
+		{"standard webhooks: the signed webhook-id", `{"scheme":"standard_webhooks"}`, swSecret1, `{"type":"user.created"}`,
+			nil, "msg_1", "user.created", false, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := schemeHandler(t, c.verifier, []string{c.secret}, nil)
+			r := post(c.body, c.headers)
+			if c.verifier == `{"scheme":"standard_webhooks"}` {
+				swSign(t, r.Header, "msg_1", testNow, c.body, c.secret)
+			}
+			vd, err := h.scheme.Verify(r, []byte(c.body))
+			if err != nil {
+				t.Fatalf("Verify: %v", err)
+			}
+			ev, err := h.eventOf(r, []byte(c.body), &vd)
+			if !errors.Is(err, c.wantErr) || ev.id != c.wantID || ev.typ != c.wantType || ev.fromHeader != c.unsigned {
+				t.Errorf("got %q %q unsigned=%v %v; want %q %q unsigned=%v %v", ev.id, ev.typ, ev.fromHeader, err, c.wantID, c.wantType, c.unsigned, c.wantErr)
+			}
+		})
+	}
+}
+
+func hmacHex(body string) string {
+	m := hmac.New(sha256.New, []byte(secret1))
+	m.Write([]byte(body))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// TestSchemeConfigErrors: a bad scheme configuration is refused at load,
+// with an error that names the option (and never prints a secret).
+func TestSchemeConfigErrors(t *testing.T) {
+	off := false
+	for _, c := range []struct {
+		name     string
+		verifier string
+		secrets  []string
+		set      func(*Handler)
+		want     string
+	}{
+		{"github with a tolerance", `{"scheme":"github"}`, nil, func(h *Handler) { h.Tolerance = caddy.Duration(time.Minute) },
+			"tolerance: the github scheme signs no timestamp"},
+		{"shopify with require_body_id", `{"scheme":"shopify"}`, nil, func(h *Handler) { h.RequireBodyID = &off },
+			"require_body_id: applies only where the event ID comes from the body"},
+		{"standard_webhooks with require_body_id", `{"scheme":"standard_webhooks"}`, []string{swSecret1}, func(h *Handler) { h.RequireBodyID = &off },
+			"the standard_webhooks scheme takes it from a signed header"},
+		{"hmac without a header", `{"scheme":"hmac","id_field":"id"}`, nil, nil,
+			"signature_header: the hmac scheme has no default signature header"},
+		{"hmac without an ID", `{"scheme":"hmac","header":"X-Sig"}`, nil, nil,
+			"event_id_header: the hmac scheme takes the event ID from a header and has no default one"},
+		{"hmac algorithm", `{"scheme":"hmac","header":"X-Sig","id_field":"id","algorithm":"md5"}`, nil, nil,
+			`algorithm must be sha256, sha512 or sha1, not "md5"`},
+		{"hmac encoding", `{"scheme":"hmac","header":"X-Sig","id_field":"id","encoding":"base32"}`, nil, nil,
+			`encoding must be hex or base64, not "base32"`},
+		{"hmac template without body", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{timestamp}"}`, nil, nil,
+			"signed_content"},
+		{"hmac template twice body", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{body}{body}"}`, nil, nil,
+			"must hold {body} exactly once"},
+		{"hmac unknown placeholder", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{ts}.{body}"}`, nil, nil,
+			"only {body}, {timestamp} and {id} may stand in braces"},
+		{"hmac timestamp not signed", `{"scheme":"hmac","header":"X-Sig","id_field":"id","timestamp_header":"X-Ts","signed_content":"{body}"}`, nil, nil,
+			"timestamp_header is set but signed_content has no {timestamp}"},
+		{"hmac {timestamp} without header", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{timestamp}{body}"}`, nil, nil,
+			"signed_content has {timestamp} but there is no timestamp_header"},
+		{"hmac {id} with id_field", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{id}{body}"}`, nil, nil,
+			"signed_content has {id}"},
+		{"hmac {id} without a header", `{"scheme":"hmac","header":"X-Sig","signed_content":"{id}{body}"}`, nil, nil,
+			"signed_content has {id} but there is no event ID header"},
+		{"hmac bad header name", `{"scheme":"hmac","header":"X Sig","id_field":"id"}`, nil, nil,
+			`header "X Sig" is not a valid header name`},
+		{"standard_webhooks secret not base64", `{"scheme":"standard_webhooks"}`, []string{swSecret1, "whsec_not*base64!"}, nil,
+			"secret #2: a standard_webhooks secret is whsec_ followed by base64"},
+		{"standard_webhooks signing key", `{"scheme":"standard_webhooks"}`, []string{"whsk_c2VjcmV0"}, nil,
+			"secret #1 is a whsk_ signing key"},
+		{"standard_webhooks short public key", `{"scheme":"standard_webhooks"}`, []string{"whpk_c2VjcmV0"}, nil,
+			"secret #1: a whpk_ public key must be the base64 of 32 bytes"},
+		{"unknown scheme", `{"scheme":"nosuch"}`, nil, nil, "http.sangho_dedup.verifiers.nosuch"},
+	} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		secrets := c.secrets
+		if secrets == nil {
+			secrets = []string{secret1}
+		}
+		h := &Handler{Secrets: secrets, StoreRaw: json.RawMessage(`{"type":"memory"}`), VerifierRaw: json.RawMessage(c.verifier)}
+		if c.set != nil {
+			c.set(h)
+		}
+		err := h.Provision(ctx)
+		if err == nil {
+			err = h.Validate()
+		}
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
+			continue
+		}
+		for _, s := range secrets {
+			if strings.Contains(err.Error(), strings.TrimPrefix(strings.TrimPrefix(s, "whsec_"), "whsk_")) {
+				t.Errorf("%s: the error prints a secret: %v", c.name, err)
+			}
+		}
+	}
+}
+
+// TestSchemeDefaultsAndOverrides: the provider's defaults, and the
+// handler's options over them.
+func TestSchemeDefaultsAndOverrides(t *testing.T) {
+	for _, c := range []struct {
+		verifier            string
+		set                 func(*Handler)
+		sigHeader, idHeader string
+		tolerance           time.Duration
+		sigMemory           time.Duration
+	}{
+		{`{"scheme":"sangho"}`, nil, "Sangho-Signature", "Sangho-Event-Id", 5 * time.Minute, 10*time.Minute + time.Second},
+		{`{"scheme":"stripe"}`, nil, "Stripe-Signature", "", 5 * time.Minute, 10*time.Minute + time.Second},
+		{`{"scheme":"standard_webhooks"}`, nil, "Webhook-Signature", "Webhook-Id", 5 * time.Minute, 10*time.Minute + time.Second},
+		{`{"scheme":"github"}`, nil, "X-Hub-Signature-256", "X-Github-Delivery", 0, DefaultRetention},
+		{`{"scheme":"shopify"}`, func(h *Handler) { h.Retention = caddy.Duration(96 * time.Hour) }, "X-Shopify-Hmac-Sha256", "X-Shopify-Event-Id", 0, 96 * time.Hour},
+		{`{"scheme":"github"}`, func(h *Handler) { h.SignatureHeader, h.EventIDHeader = "x-gh-sig", "x-gh-id" }, "X-Gh-Sig", "X-Gh-Id", 0, DefaultRetention},
+		{`{"scheme":"stripe"}`, func(h *Handler) { h.Tolerance = caddy.Duration(time.Minute) }, "Stripe-Signature", "", time.Minute, 2*time.Minute + time.Second},
+	} {
+		h := schemeHandler(t, c.verifier, []string{swSecret1}, c.set)
+		if h.SignatureHeader != c.sigHeader || h.EventIDHeader != c.idHeader || time.Duration(h.Tolerance) != c.tolerance || h.sigMemory != c.sigMemory {
+			t.Errorf("%s: %s %s %v %v; want %s %s %v %v", c.verifier, h.SignatureHeader, h.EventIDHeader, time.Duration(h.Tolerance), h.sigMemory,
+				c.sigHeader, c.idHeader, c.tolerance, c.sigMemory)
+		}
+	}
+	// An overridden shopify ID header replaces both of Shopify's.
+	h := schemeHandler(t, `{"scheme":"shopify"}`, []string{shopSecret1}, func(h *Handler) { h.EventIDHeader = "X-Mine" })
+	r := post("{}", map[string]string{"X-Shopify-Hmac-Sha256": shopifySig("{}", shopSecret1), "X-Shopify-Event-Id": "ev_1"})
+	vd, _ := h.scheme.Verify(r, []byte("{}"))
+	if _, err := h.eventOf(r, []byte("{}"), &vd); !errors.Is(err, errIDHeaderMissing) {
+		t.Errorf("event_id_header X-Mine: %v, want the ID header missing", err)
+	}
+	// An overridden signature header turns the svix- fallback off.
+	h = schemeHandler(t, `{"scheme":"standard_webhooks"}`, []string{swSecret1}, func(h *Handler) { h.SignatureHeader = "X-Sig" })
+	r = post("{}", nil)
+	swSign(t, r.Header, "msg_1", testNow, "{}", swSecret1)
+	r.Header.Set("Svix-Signature", r.Header.Get("Webhook-Signature"))
+	r.Header.Del("Webhook-Signature")
+	if _, err := h.scheme.Verify(r, []byte("{}")); !errors.Is(err, errSigMissing) {
+		t.Errorf("signature_header X-Sig and only svix-signature: %v, want missing", err)
+	}
+}
+
+// TestUnsignedIDReplayRecord: where the signature does not cover the
+// event ID (GitHub), the signed message is bound to the first ID it was
+// accepted with: the same delivery again is a duplicate, the same
+// delivery under another ID is refused with 401 whether the first is
+// processed, in flight or failed, and once processed the binding is a
+// done record in the store (durable on the file store, where a lease is
+// kept in memory only), for retention.
+func TestUnsignedIDReplayRecord(t *testing.T) {
+	body := `{"zen":"Keep it logically awesome.","hook_id":1}`
+	gh := func(id string) *http.Request {
+		return post(body, map[string]string{"X-Hub-Signature-256": githubSig(body, ghSecret1), "X-GitHub-Delivery": id, "X-GitHub-Event": "ping"})
+	}
+	file := t.TempDir() + "/dedup.db"
+	for _, store := range []string{`{"type":"memory"}`, `{"type":"file","path":"` + file + `"}`} {
+		t.Run(store, func(t *testing.T) {
+			h := schemeHandler(t, `{"scheme":"github"}`, []string{ghSecret1}, func(h *Handler) { h.StoreRaw = json.RawMessage(store) })
+			next := &countingNext{}
+			// The backend fails the first attempt: the delivery is
+			// released, and its binding holds meanwhile.
+			fails := true
+			next.serve = func(w http.ResponseWriter, r *http.Request) error {
+				if fails {
+					fails = false
+					w.WriteHeader(http.StatusInternalServerError)
+					return nil
+				}
+				w.WriteHeader(http.StatusOK)
+				return nil
+			}
+			for i, c := range []struct {
+				id      string
+				status  int
+				outcome string
+			}{
+				{"d-1", 500, outcomeReleased},
+				{"d-2", 401, outcomeInvalidSignature}, // replay while d-1 is not processed
+				{"d-1", 200, outcomeProcessed},        // GitHub's redelivery of d-1
+				{"d-1", 200, outcomeDuplicate},
+				{"d-3", 401, outcomeInvalidSignature}, // replay after d-1 is processed
+			} {
+				w, repl, err := serve(h, gh(c.id), next)
+				if w.Code != c.status || outcomeOf(repl) != c.outcome {
+					t.Fatalf("step %d (%s): %d %q %v; want %d %q", i+1, c.id, w.Code, outcomeOf(repl), err, c.status, c.outcome)
+				}
+				if c.status == 401 && !errors.Is(err, errSigReplayed) {
+					t.Errorf("step %d: %v, want errSigReplayed", i+1, err)
+				}
+			}
+			if n := next.calls.Load(); n != 2 {
+				t.Errorf("the backend was reached %d times, want 2 (d-1 failed, then processed)", n)
+			}
+			ctx := context.Background()
+			for _, id := range []string{"d-2", "d-3"} {
+				if res, _, err := h.store.Claim(ctx, h.KeyPrefix+id, "probe", time.Second); err != nil || res != Claimed {
+					t.Errorf("the refused replay %s left its key behind: %v %v", id, res, err)
+				}
+			}
+			sigKey := signatureKey(h.KeyPrefix, nil, []byte(body), nil)
+			if res, _, err := h.store.Claim(ctx, sigKey, "probe", time.Second); err != nil || res != AlreadyDone {
+				t.Errorf("the signature record is %v (%v), want a done record", res, err)
+			}
+		})
+	}
+}
+
+// TestStripeHeaderFallbackKeepsSanghoBehaviour: stripe with
+// require_body_id off and an event ID header binds the signed message
+// (t and body) as sangho does.
+func TestStripeHeaderFallback(t *testing.T) {
+	off := false
+	h := schemeHandler(t, `{"scheme":"stripe"}`, []string{stripeSecret}, func(h *Handler) {
+		h.RequireBodyID, h.EventIDHeader = &off, "X-Event-Id"
+	})
+	body := `{"object":"event","type":"invoice.paid"}`
+	sig := stripeHeader(testNow, body, stripeSecret)
+	next := &countingNext{}
+	for i, c := range []struct {
+		id     string
+		sig    string
+		status int
+	}{
+		{"evt_a", sig, 200},
+		{"evt_b", sig, 401},
+		{"evt_b", stripeHeader(testNow.Add(time.Second), body, stripeSecret), 200},
+	} {
+		w, _, err := serve(h, post(body, map[string]string{"Stripe-Signature": c.sig, "X-Event-Id": c.id}), next)
+		if w.Code != c.status {
+			t.Errorf("step %d: %d %v, want %d", i+1, w.Code, err, c.status)
+		}
+	}
+	t0 := strconv.FormatInt(testNow.Unix(), 10)
+	if got, want := signatureKey(h.KeyPrefix, []byte(t0+"."), []byte(body), nil), h.KeyPrefix+"sig:"+sha256Hex(t0+"."+body); got != want {
+		t.Errorf("signature key %s, want %s (t.body, as before schemes)", got, want)
+	}
+}
+
+func sha256Hex(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
