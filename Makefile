@@ -19,7 +19,9 @@ reliability:
 distributions:
 	mkdir -p bench/out
 	go test -count=10 -v -timeout 60m -run 'TestCaddyKilledWithEventsInFlight|TestDefaultStoreKilledAndRestarted|TestSentinelFailover|TestRedisCluster$$' ./reliability > bench/out/distributions.log 2>&1; \
-	status=$$?; go run ./cmd/sangho-figures < bench/out/distributions.log | tee bench/DISTRIBUTIONS.md; exit $$status
+	status=$$?; { echo "# Distributions of the by-nature doubles"; echo; \
+	  echo "- date: $$(date -u '+%Y-%m-%d %H:%M UTC'); commit $$(git rev-parse --short HEAD); 10 runs of each test at the CI size (make distributions)"; echo; \
+	  go run ./cmd/sangho-figures < bench/out/distributions.log; } | tee bench/DISTRIBUTIONS.md; exit $$status
 
 # An hour at a moderate rate with redeliveries and faults, on Redis and on
 # the default file store; fails if memory, goroutines, FDs or the store
