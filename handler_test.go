@@ -55,8 +55,8 @@ func newTestHandler(t testing.TB, configure func(*Handler)) (*Handler, *observer
 	return h, logs
 }
 
-// delivery builds a signed request the way Sangho sends one.
-func delivery(body, id string, secrets ...string) *http.Request {
+// signedRequest builds a signed request the way Sangho sends one.
+func signedRequest(body, id string, secrets ...string) *http.Request {
 	if len(secrets) == 0 {
 		secrets = []string{secret1}
 	}
@@ -115,19 +115,19 @@ func outcomeOf(repl *caddy.Replacer) string {
 
 func TestHandlerStatusTable(t *testing.T) {
 	h, _ := newTestHandler(t, func(h *Handler) { h.MaxBodySize = 1024 })
-	stale := delivery(eventBody("evt_stale"), "")
+	stale := signedRequest(eventBody("evt_stale"), "")
 	stale.Header.Set("Sangho-Signature", sangho.Sign(testNow.Add(-10*time.Minute), []byte(eventBody("evt_stale")), secret1))
-	get := delivery(eventBody("evt_get"), "")
+	get := signedRequest(eventBody("evt_get"), "")
 	get.Method = http.MethodGet
-	twoSigs := delivery(eventBody("evt_2sig"), "")
+	twoSigs := signedRequest(eventBody("evt_2sig"), "")
 	twoSigs.Header.Add("Sangho-Signature", sangho.Sign(testNow, []byte(eventBody("evt_2sig")), secret1))
-	noSig := delivery(eventBody("evt_nosig"), "")
+	noSig := signedRequest(eventBody("evt_nosig"), "")
 	noSig.Header.Del("Sangho-Signature")
 	bigBody := `{"id":"evt_big","pad":"` + strings.Repeat("x", 1100) + `"}`
-	declaredBig := delivery(bigBody, "")
-	chunkedBig := delivery(bigBody, "")
+	declaredBig := signedRequest(bigBody, "")
+	chunkedBig := signedRequest(bigBody, "")
 	chunkedBig.ContentLength = -1 // as a chunked request arrives: size unknown
-	truncated := delivery(eventBody("evt_trunc"), "")
+	truncated := signedRequest(eventBody("evt_trunc"), "")
 	truncated.Body = io.NopCloser(iotest.TimeoutReader(strings.NewReader(eventBody("evt_trunc")))) // fails on its 2nd read
 	truncated.ContentLength = -1
 
@@ -143,14 +143,14 @@ func TestHandlerStatusTable(t *testing.T) {
 		{"chunked body over max_body_size", chunkedBig, 413, outcomeTooLarge, [2]string{}},
 		{"body cut short", truncated, 400, outcomeBadRequest, [2]string{}},
 		{"no signature", noSig, 401, outcomeInvalidSignature, [2]string{}},
-		{"signed with another secret", delivery(eventBody("evt_other"), "", secret2), 401, outcomeInvalidSignature, [2]string{}},
+		{"signed with another secret", signedRequest(eventBody("evt_other"), "", secret2), 401, outcomeInvalidSignature, [2]string{}},
 		{"signature 10 minutes old", stale, 401, outcomeInvalidSignature, [2]string{}},
 		{"two signature headers", twoSigs, 401, outcomeInvalidSignature, [2]string{}},
-		{"no event ID", delivery(`{"type":"x"}`, ""), 400, outcomeBadRequest, [2]string{}},
-		{"bad event ID", delivery(eventBody("evt.1"), ""), 400, outcomeBadRequest, [2]string{}},
-		{"header and body IDs differ", delivery(eventBody("evt_a"), "evt_b"), 400, outcomeBadRequest, [2]string{}},
-		{"new event", delivery(eventBody("evt_new"), "evt_new"), 200, outcomeProcessed, [2]string{}},
-		{"same event again", delivery(eventBody("evt_new"), "evt_new"), 200, outcomeDuplicate, [2]string{"Sangho-Dedup", "duplicate"}},
+		{"no event ID", signedRequest(`{"type":"x"}`, ""), 400, outcomeBadRequest, [2]string{}},
+		{"bad event ID", signedRequest(eventBody("evt.1"), ""), 400, outcomeBadRequest, [2]string{}},
+		{"header and body IDs differ", signedRequest(eventBody("evt_a"), "evt_b"), 400, outcomeBadRequest, [2]string{}},
+		{"new event", signedRequest(eventBody("evt_new"), "evt_new"), 200, outcomeProcessed, [2]string{}},
+		{"same event again", signedRequest(eventBody("evt_new"), "evt_new"), 200, outcomeDuplicate, [2]string{"Sangho-Dedup", "duplicate"}},
 	}
 	next := &countingNext{}
 	for _, c := range cases {
@@ -192,9 +192,9 @@ func TestHandlerStatusTable(t *testing.T) {
 // reuse with another ID is refused with 401.
 func TestReplayThroughHeaderID(t *testing.T) {
 	body := `{"object":"event","type":"invoice.paid","data":{"amount":10}}`
-	captured := delivery(body, "evt_first").Header.Get("Sangho-Signature")
+	captured := signedRequest(body, "evt_first").Header.Get("Sangho-Signature")
 	replay := func(id, sig string) *http.Request {
-		r := delivery(body, id)
+		r := signedRequest(body, id)
 		r.Header.Set("Sangho-Signature", sig)
 		return r
 	}
@@ -207,7 +207,7 @@ func TestReplayThroughHeaderID(t *testing.T) {
 			t.Errorf("require_body_id on (the default), header ID %s: %d %v, want 400 (no id in the body)", id, w.Code, err)
 		}
 	}
-	if w, _, _ := serve(h, delivery(eventBody("evt_in_body"), "evt_in_body"), next); w.Code != 200 {
+	if w, _, _ := serve(h, signedRequest(eventBody("evt_in_body"), "evt_in_body"), next); w.Code != 200 {
 		t.Errorf("require_body_id on, a body with its id: %d", w.Code)
 	}
 	if n := next.calls.Load(); n != 1 {
@@ -245,8 +245,8 @@ func TestReplayThroughHeaderID(t *testing.T) {
 func TestDuplicateAnswer(t *testing.T) {
 	h, _ := newTestHandler(t, nil)
 	next := &countingNext{}
-	serve(h, delivery(bodyA, ""), next)
-	w, _, err := serve(h, delivery(bodyA, ""), next)
+	serve(h, signedRequest(bodyA, ""), next)
+	w, _, err := serve(h, signedRequest(bodyA, ""), next)
 	if err != nil || w.Code != 200 || w.Body.String() != `{"received":true}` ||
 		w.Header().Get("Content-Type") != "application/json" || w.Header().Get("Sangho-Dedup") != "duplicate" {
 		t.Fatalf("duplicate answer: %d %v %q %v", w.Code, err, w.Body.String(), w.Header())
@@ -266,7 +266,7 @@ func TestBackendGetsTheExactBytes(t *testing.T) {
 		return nil
 	})
 	body := "  \n" + bodyB + "\n" // whitespace, UTF-8 and all
-	r := delivery(body, "")
+	r := signedRequest(body, "")
 	r.ContentLength = -1 // arrived chunked
 	if w, _, err := serve(h, r, next); err != nil || w.Code != 200 {
 		t.Fatalf("%d %v", w.Code, err)
@@ -294,11 +294,11 @@ func TestBodyReadAfterCloseFails(t *testing.T) {
 		r.Body.Close()
 		return caddyhttp.Error(http.StatusBadGateway, errors.New("upstream went away mid-upload"))
 	})
-	if _, _, err := serve(h, delivery(first, ""), partial); err == nil {
+	if _, _, err := serve(h, signedRequest(first, ""), partial); err == nil {
 		t.Fatal("the failing next handler's error was lost")
 	}
 	// Another request now takes a buffer from the pool, likely the same.
-	if w, _, err := serve(h, delivery(second, ""), &countingNext{}); err != nil || w.Code != 200 {
+	if w, _, err := serve(h, signedRequest(second, ""), &countingNext{}); err != nil || w.Code != 200 {
 		t.Fatalf("second request: %d %v", w.Code, err)
 	}
 	got := make([]byte, 8192)
@@ -316,7 +316,7 @@ func TestBodyReadAfterCloseFails(t *testing.T) {
 		n2, err2 = r.Body.Read(make([]byte, 10))
 		return nil
 	})
-	serve(h, delivery(eventBody("evt_closed_early"), ""), next)
+	serve(h, signedRequest(eventBody("evt_closed_early"), ""), next)
 	if n2 != 0 || !errors.Is(err2, http.ErrBodyReadAfterClose) {
 		t.Fatalf("read after close, handler running: %d bytes, %v", n2, err2)
 	}
@@ -330,7 +330,7 @@ func TestBackendAnswerPassesUntouched(t *testing.T) {
 		_, _ = w.Write([]byte("queued"))
 		return nil
 	})
-	w, repl, _ := serve(h, delivery(bodyA, ""), next)
+	w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
 	if w.Code != 202 || w.Body.String() != "queued" || w.Header().Get("X-App") != "yes" || w.Header().Get("Sangho-Dedup") != "" {
 		t.Fatalf("answer changed: %d %q %v", w.Code, w.Body.String(), w.Header())
 	}
@@ -371,15 +371,15 @@ func TestFailuresRelease(t *testing.T) {
 				w.WriteHeader(200)
 				return nil
 			}}
-			_, repl, _ := serve(h, delivery(bodyA, ""), next)
+			_, repl, _ := serve(h, signedRequest(bodyA, ""), next)
 			if outcomeOf(repl) != outcomeReleased {
 				t.Fatalf("first attempt: outcome %q, want released", outcomeOf(repl))
 			}
-			w, repl, _ := serve(h, delivery(bodyA, ""), next)
+			w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
 			if w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
 				t.Fatalf("retry: %d %q, want 200 processed", w.Code, outcomeOf(repl))
 			}
-			_, repl, _ = serve(h, delivery(bodyA, ""), next)
+			_, repl, _ = serve(h, signedRequest(bodyA, ""), next)
 			if outcomeOf(repl) != outcomeDuplicate || next.calls.Load() != 2 {
 				t.Fatalf("third attempt: %q, backend calls %d; want duplicate and 2", outcomeOf(repl), next.calls.Load())
 			}
@@ -407,17 +407,17 @@ func TestUnknownFateHolds(t *testing.T) {
 			h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
 			func() {
 				defer func() { _ = recover() }()
-				_, repl, _ := serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(fail))
+				_, repl, _ := serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(fail))
 				if outcomeOf(repl) != outcomeHeld {
 					t.Errorf("outcome %q, want held", outcomeOf(repl))
 				}
 			}()
 			next := &countingNext{}
-			if w, _, _ := serve(h, delivery(bodyA, ""), next); w.Code != 409 {
+			if w, _, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 409 {
 				t.Fatalf("retry within lock_ttl: %d, want 409", w.Code)
 			}
 			time.Sleep(350 * time.Millisecond)
-			if w, repl, _ := serve(h, delivery(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
+			if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
 				t.Fatalf("retry after lock_ttl: %d %q, want processed", w.Code, outcomeOf(repl))
 			}
 			if next.calls.Load() != 1 {
@@ -444,7 +444,7 @@ func TestCommitRetriedWhileLeaseLasts(t *testing.T) {
 		w.WriteHeader(200)
 		return nil
 	})
-	if w, repl, _ := serve(h, delivery(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
+	if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
 		t.Fatalf("%d %q", w.Code, outcomeOf(repl))
 	}
 	key := h.KeyPrefix + "evt_1QZtest000000000001"
@@ -458,7 +458,7 @@ func TestCommitRetriedWhileLeaseLasts(t *testing.T) {
 	if logs.FilterMessage("done record written after a retry").Len() != 1 {
 		t.Fatal("the commit did not go through the retry path (did CLIENT PAUSE stall it?)")
 	}
-	if _, repl, _ := serve(h, delivery(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
 		t.Fatalf("after the retried commit: %q, want duplicate", outcomeOf(repl))
 	}
 }
@@ -467,17 +467,17 @@ func TestCommitRetriedWhileLeaseLasts(t *testing.T) {
 // the backend did the work, so it must not be done again.
 func TestTwoHundredThenErrorCommits(t *testing.T) {
 	h, _ := newTestHandler(t, nil)
-	serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		w.WriteHeader(200)
 		return errors.New("client went away while the body was copied")
 	}))
-	if _, repl, _ := serve(h, delivery(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
 		t.Fatalf("outcome %q, want duplicate", outcomeOf(repl))
 	}
 	// and a handler that writes nothing answers 200: processed too
 	h2, _ := newTestHandler(t, func(h *Handler) { h.KeyPrefix = "silent:" })
-	serve(h2, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
-	if _, repl, _ := serve(h2, delivery(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
+	serve(h2, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(http.ResponseWriter, *http.Request) error { return nil }))
+	if _, repl, _ := serve(h2, signedRequest(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
 		t.Fatalf("silent handler: outcome %q, want duplicate", outcomeOf(repl))
 	}
 }
@@ -492,16 +492,16 @@ func TestInFlightAnswers409(t *testing.T) {
 		return nil
 	})
 	done := make(chan struct{})
-	go func() { serve(h, delivery(bodyA, ""), slow); close(done) }()
+	go func() { serve(h, signedRequest(bodyA, ""), slow); close(done) }()
 	<-entered
 	next := &countingNext{}
-	w, repl, err := serve(h, delivery(bodyA, ""), next)
+	w, repl, err := serve(h, signedRequest(bodyA, ""), next)
 	if w.Code != 409 || w.Header().Get("Retry-After") != "2" || outcomeOf(repl) != outcomeInFlight || next.calls.Load() != 0 {
 		t.Fatalf("concurrent delivery: %d Retry-After %q outcome %q err %v", w.Code, w.Header().Get("Retry-After"), outcomeOf(repl), err)
 	}
 	close(release)
 	<-done
-	if _, repl, _ := serve(h, delivery(bodyA, ""), next); outcomeOf(repl) != outcomeDuplicate {
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), next); outcomeOf(repl) != outcomeDuplicate {
 		t.Fatalf("after the first finished: %q", outcomeOf(repl))
 	}
 }
@@ -512,7 +512,7 @@ func TestLeaseRenewal(t *testing.T) {
 	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
 	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
-		serve(h, delivery(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 			close(entered)
 			<-release
 			return nil
@@ -523,7 +523,7 @@ func TestLeaseRenewal(t *testing.T) {
 	next := &countingNext{}
 	for i := 0; i < 6; i++ { // 6 × 200ms: four times lock_ttl
 		time.Sleep(200 * time.Millisecond)
-		if w, _, _ := serve(h, delivery(bodyA, ""), next); w.Code != 409 {
+		if w, _, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 409 {
 			t.Fatalf("after %dms in flight: %d, want 409", (i+1)*200, w.Code)
 		}
 	}
@@ -542,13 +542,13 @@ func TestStoreErrorRejectOrPass(t *testing.T) {
 	}
 	h, _ := newTestHandler(t, redisDown)
 	next := &countingNext{}
-	w, repl, _ := serve(h, delivery(bodyA, ""), next)
+	w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
 	if w.Code != 503 || w.Header().Get("Retry-After") != "10" || outcomeOf(repl) != outcomeStoreError || next.calls.Load() != 0 {
 		t.Fatalf("reject: %d %q %q calls %d", w.Code, w.Header().Get("Retry-After"), outcomeOf(repl), next.calls.Load())
 	}
 	hp, _ := newTestHandler(t, func(h *Handler) { redisDown(h); h.OnStoreError = "pass" })
 	before := testutil.ToFloat64(metrics.outcome[outcomeUnchecked])
-	w, repl, _ = serve(hp, delivery(bodyA, ""), next)
+	w, repl, _ = serve(hp, signedRequest(bodyA, ""), next)
 	if w.Code != 200 || outcomeOf(repl) != outcomeUnchecked || next.calls.Load() != 1 {
 		t.Fatalf("pass: %d %q calls %d", w.Code, outcomeOf(repl), next.calls.Load())
 	}
@@ -567,9 +567,9 @@ func TestMetricsCountOutcomes(t *testing.T) {
 		return m
 	}
 	before := read()
-	serve(h, delivery(bodyA, ""), &countingNext{})
-	serve(h, delivery(bodyA, ""), &countingNext{})
-	serve(h, delivery(bodyA, "", secret2), &countingNext{})
+	serve(h, signedRequest(bodyA, ""), &countingNext{})
+	serve(h, signedRequest(bodyA, ""), &countingNext{})
+	serve(h, signedRequest(bodyA, "", secret2), &countingNext{})
 	after := read()
 	for o, want := range map[string]float64{outcomeProcessed: 1, outcomeDuplicate: 1, outcomeInvalidSignature: 1} {
 		if got := after[o] - before[o]; got != want {
@@ -585,9 +585,9 @@ func TestMetricsCountOutcomes(t *testing.T) {
 // logging on and looks for the secret and the signatures.
 func TestNoSecretInLogsOrErrors(t *testing.T) {
 	h, logs := newTestHandler(t, nil)
-	good := delivery(bodyA, "")
+	good := signedRequest(bodyA, "")
 	sig := good.Header.Get("Sangho-Signature")
-	reqs := []*http.Request{good, delivery(bodyA, ""), delivery(bodyA, "", secret2), delivery(bodyA, "evt_x"), delivery(`{}`, "")}
+	reqs := []*http.Request{good, signedRequest(bodyA, ""), signedRequest(bodyA, "", secret2), signedRequest(bodyA, "evt_x"), signedRequest(`{}`, "")}
 	var errs []string
 	for _, r := range reqs {
 		_, _, err := serve(h, r, &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(500); return nil }})
@@ -764,7 +764,7 @@ func TestMetricsRegisteredWithCaddy(t *testing.T) {
 			t.Fatalf("provision (a reload re-registers): %v", err)
 		}
 		h.now = func() time.Time { return testNow }
-		serve(h, delivery(bodyA, ""), &countingNext{})
+		serve(h, signedRequest(bodyA, ""), &countingNext{})
 		regs = append(regs, &ctx)
 	}
 	for i, ctx := range regs {
@@ -802,13 +802,13 @@ func TestPayloadMismatch(t *testing.T) {
 		t.Run("mode "+mode, func(t *testing.T) {
 			h, logs := newTestHandler(t, func(h *Handler) { h.OnPayloadMismatch = mode })
 			next := &countingNext{}
-			if w, _, _ := serve(h, delivery(first, ""), next); w.Code != 200 {
+			if w, _, _ := serve(h, signedRequest(first, ""), next); w.Code != 200 {
 				t.Fatalf("first delivery: %d", w.Code)
 			}
-			if w, repl, _ := serve(h, delivery(first, ""), next); w.Code != 200 || w.Header().Get("Sangho-Dedup") != "duplicate" || outcomeOf(repl) != outcomeDuplicate {
+			if w, repl, _ := serve(h, signedRequest(first, ""), next); w.Code != 200 || w.Header().Get("Sangho-Dedup") != "duplicate" || outcomeOf(repl) != outcomeDuplicate {
 				t.Fatalf("same body again: %d %q %s", w.Code, w.Header().Get("Sangho-Dedup"), outcomeOf(repl))
 			}
-			w, repl, _ := serve(h, delivery(changed, ""), next)
+			w, repl, _ := serve(h, signedRequest(changed, ""), next)
 			if outcomeOf(repl) != outcomePayloadMismatch {
 				t.Errorf("outcome %q, want payload_mismatch", outcomeOf(repl))
 			}
@@ -834,7 +834,7 @@ func TestPayloadMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		next := &countingNext{}
-		w, repl, _ := serve(h, delivery(eventBody("evt_old"), ""), next)
+		w, repl, _ := serve(h, signedRequest(eventBody("evt_old"), ""), next)
 		if w.Code != 200 || outcomeOf(repl) != outcomeDuplicate || next.calls.Load() != 0 {
 			t.Fatalf("redelivery of an old record: %d %s, backend %d", w.Code, outcomeOf(repl), next.calls.Load())
 		}
@@ -848,11 +848,11 @@ func TestPayloadMismatch(t *testing.T) {
 			return nil
 		}}
 		done := make(chan struct{})
-		go func() { serve(h, delivery(first, ""), slow); close(done) }()
+		go func() { serve(h, signedRequest(first, ""), slow); close(done) }()
 		for slow.calls.Load() == 0 {
 			time.Sleep(time.Millisecond)
 		}
-		w, _, _ := serve(h, delivery(changed, ""), &countingNext{})
+		w, _, _ := serve(h, signedRequest(changed, ""), &countingNext{})
 		close(release)
 		<-done
 		if w.Code != http.StatusConflict {
@@ -864,7 +864,7 @@ func TestPayloadMismatch(t *testing.T) {
 	})
 	t.Run("the done record keeps the fingerprint", func(t *testing.T) {
 		h, _ := newTestHandler(t, nil)
-		serve(h, delivery(first, ""), &countingNext{})
+		serve(h, signedRequest(first, ""), &countingNext{})
 		e, err := h.store.Get(context.Background(), h.KeyPrefix+"evt_fp")
 		if err != nil {
 			t.Fatal(err)
@@ -926,7 +926,7 @@ func TestCommitRetriesAtExit(t *testing.T) {
 
 	// Redis stalls for 600 ms: the retry lands within the grace.
 	before := testutil.ToFloat64(metrics.commitErr)
-	serve(h, delivery(eventBody("evt_exit_1"), ""), stall("600"))
+	serve(h, signedRequest(eventBody("evt_exit_1"), ""), stall("600"))
 	if pendingCommits.Load() == 0 {
 		t.Fatal("the commit did not go to the background retries")
 	}
@@ -939,7 +939,7 @@ func TestCommitRetriesAtExit(t *testing.T) {
 	}
 
 	// Redis stalls for 5 s: longer than the grace.
-	serve(h, delivery(eventBody("evt_exit_2"), ""), stall("5000"))
+	serve(h, signedRequest(eventBody("evt_exit_2"), ""), stall("5000"))
 	start := time.Now()
 	drainCommitRetries(context.Background())
 	if d := time.Since(start); d < exitCommitGrace || d > exitCommitGrace+2*time.Second {
