@@ -113,12 +113,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
 	}
 
-	var sigKey string
+	// Claimed: from here on the delivery is one value, settled once.
+	d := &delivery{h: h, ctx: sctx, repl: repl, key: key, token: token, id: id, typ: typ, fingerprint: fp, claimed: start}
 	if ev.fromHeader {
 		// The ID is not signed: bind this signed message to its ID, so
 		// that a replay under another ID is refused (see bindSignature).
-		sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
-		if err := h.bindSignature(sctx, key, token, sigKey, id); err != nil {
+		d.sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
+		if err := d.bindSignature(); err != nil {
 			if errors.Is(err, errSigReplayed) {
 				return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, id)
 			}
@@ -127,7 +128,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	h.debug("new event: passing it on", id, typ)
-	return h.process(w, r, next, repl, sctx, key, token, id, typ, start, sigKey)
+	return d.process(w, r, next)
 }
 
 // answerDuplicate answers 200 {"received":true} with Sangho-Dedup:
@@ -168,14 +169,30 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
 }
 
-// process runs the next handler while holding the lease on key, then
-// settles the event: commit, release or hold (see settle).
-func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string, claimed time.Time, sigKey string,
-) error {
-	l := h.startLease(sctx, key, token, id, claimed)
-	l.sigKey = sigKey
-	sw := &statusWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+// delivery is one delivery past its claim: which event it is, the lease
+// it holds on it, and what the next handler answered. It is settled once:
+// committed, released or held (see settle).
+type delivery struct {
+	h    *Handler
+	ctx  context.Context // the request's, detached from the client: store operations run to completion
+	repl *caddy.Replacer
+
+	key         string    // the event's store key, key_prefix + id
+	token       string    // the lease token: unique, then "." and the fingerprint
+	id, typ     string    // the event ID and type
+	fingerprint string    // of the body (see fingerprint)
+	claimed     time.Time // when the claim was sent: the lease runs from then
+	sigKey      string    // the signature record, when the ID is not signed (see bindSignature)
+
+	lease lease        // renewed while the next handler runs
+	sw    statusWriter // records the status line the next handler wrote
+}
+
+// process runs the next handler while holding the lease, then settles
+// the event: commit, release or hold (see settle).
+func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	d.startLease()
+	d.sw.ResponseWriter = w
 	finished := false
 	defer func() {
 		if finished {
@@ -183,13 +200,13 @@ func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 		// The next handler panicked: settle the event (a panic is an
 		// unknown fate), then let the panic go on to Caddy's recovery.
-		l.stop()
-		h.settle(sctx, repl, sw, l, errPanic, typ)
+		d.lease.stop()
+		d.settle(errPanic)
 	}()
-	err := next.ServeHTTP(sw, r)
+	err := next.ServeHTTP(&d.sw, r)
 	finished = true
-	l.stop()
-	h.settle(sctx, repl, sw, l, err, typ)
+	d.lease.stop()
+	d.settle(err)
 	return err
 }
 
@@ -246,64 +263,73 @@ func neverForwarded(err error) bool {
 		he.Err != nil && he.Err.Error() == "no upstreams available"
 }
 
-// settle commits, releases or holds the event (see judge).
-func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWriter, l *lease, err error, typ string) {
-	status := int(sw.status.Load())
-	key, token, id := l.key, l.token, l.id
+// settle commits, releases or holds the event, given the error the next
+// handler returned and the status it wrote (see judge).
+func (d *delivery) settle(err error) {
+	h := d.h
+	status := int(d.sw.status.Load())
 	switch judge(status, err) {
 	case commit:
-		h.outcome(repl, outcomeProcessed)
-		rec := DoneRecord{ProcessedAt: h.now(), EventType: typ, Fingerprint: tokenFingerprint(token)}
-		held, err := h.commit(ctx, key, token, rec)
-		if err == nil && l.sigKey != "" {
-			h.commitSignature(ctx, l, rec)
+		h.outcome(d.repl, outcomeProcessed)
+		rec := DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
+		held, cerr := d.commit(d.ctx, rec)
+		if cerr == nil && d.sigKey != "" {
+			d.commitSignature(d.ctx, rec)
 		}
 		switch {
-		case err != nil:
+		case cerr != nil:
 			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying in the background",
-				zap.String("event_id", id), zap.Int("status", status), zap.Error(err))
+				zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
 			h.enter()
 			pendingCommits.Add(1)
 			go func() {
 				defer h.leave()
 				defer pendingCommits.Add(-1)
-				h.retryCommit(l, rec)
+				d.retryCommit(rec)
 			}()
 		case !held:
 			metrics.leaseLost.Inc()
 			h.logger.Warn("lease was lost before commit (expired or taken over); recorded as done anyway",
-				zap.String("event_id", id))
+				zap.String("event_id", d.id))
 		default:
-			h.debug("processed and recorded", id, typ)
+			h.debug("processed and recorded", d.id, d.typ)
 		}
 	case release:
-		start := time.Now()
-		released, rerr := h.store.Release(ctx, key, token)
-		observe(opRelease, start, rerr)
-		h.outcome(repl, outcomeReleased)
+		released, rerr := d.release(d.ctx)
+		h.outcome(d.repl, outcomeReleased)
 		switch {
 		case rerr != nil:
 			h.logger.Error("releasing the event failed; Sangho's retry is accepted once the lease expires (lock_ttl)",
-				zap.String("event_id", id), zap.Int("status", status), zap.Error(rerr))
+				zap.String("event_id", d.id), zap.Int("status", status), zap.Error(rerr))
 		case !released:
 			metrics.leaseLost.Inc()
-			h.logger.Warn("lease was lost before release (expired or taken over)", zap.String("event_id", id), zap.Int("status", status))
+			h.logger.Warn("lease was lost before release (expired or taken over)", zap.String("event_id", d.id), zap.Int("status", status))
 		default:
 			h.logger.Info("backend did not process the event: released for Sangho's retry",
-				zap.String("event_id", id), zap.Int("status", status), zap.NamedError("cause", err))
+				zap.String("event_id", d.id), zap.Int("status", status), zap.NamedError("cause", err))
 		}
 	case hold:
-		h.outcome(repl, outcomeHeld)
+		h.outcome(d.repl, outcomeHeld)
 		h.logger.Warn("unknown whether the backend got the event: its lease is held until it expires (lock_ttl), then Sangho's retry is processed",
-			zap.String("event_id", id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
+			zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
 	}
 }
 
-func (h *Handler) commit(ctx context.Context, key, token string, rec DoneRecord) (bool, error) {
+// commit turns the lease into the done record rec.
+func (d *delivery) commit(ctx context.Context, rec DoneRecord) (bool, error) {
 	start := time.Now()
-	held, err := h.store.Commit(ctx, key, token, rec, time.Duration(h.Retention))
+	held, err := d.h.store.Commit(ctx, d.key, d.token, rec, time.Duration(d.h.Retention))
 	observe(opCommit, start, err)
 	return held, err
+}
+
+// release deletes the lease, so that the next delivery of the event is
+// processed.
+func (d *delivery) release(ctx context.Context) (bool, error) {
+	start := time.Now()
+	released, err := d.h.store.Release(ctx, d.key, d.token)
+	observe(opRelease, start, err)
+	return released, err
 }
 
 // retryCommit keeps trying to write the done record of an event the
@@ -316,34 +342,35 @@ func (h *Handler) commit(ctx context.Context, key, token string, rec DoneRecord)
 // after commitRetryFor. A record written after the lease expired, or
 // never, is logged at error level; never is counted in
 // caddy_sangho_dedup_commit_errors_total.
-func (h *Handler) retryCommit(l *lease, rec DoneRecord) {
+func (d *delivery) retryCommit(rec DoneRecord) {
+	h := d.h
 	deadline := time.Now().Add(commitRetryFor)
 	backoff := 50 * time.Millisecond
 	for tries := 1; time.Now().Before(deadline); tries++ {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, 250*time.Millisecond)
-		ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
-		_, err := h.commit(ctx, l.key, l.token, rec)
+		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+		_, err := d.commit(ctx, rec)
 		cancel()
 		if err != nil {
 			continue
 		}
-		if l.sigKey != "" {
-			ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
-			h.commitSignature(ctx, l, rec)
+		if d.sigKey != "" {
+			ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+			d.commitSignature(ctx, rec)
 			cancel()
 		}
-		if time.Now().After(l.expiry()) {
+		if time.Now().After(d.lease.expiry()) {
 			h.logger.Error("done record written after the lease had expired: a redelivery in between may have been processed again",
-				zap.String("event_id", l.id), zap.Int("retries", tries))
+				zap.String("event_id", d.id), zap.Int("retries", tries))
 		} else {
-			h.logger.Info("done record written after a retry", zap.String("event_id", l.id), zap.Int("retries", tries))
+			h.logger.Info("done record written after a retry", zap.String("event_id", d.id), zap.Int("retries", tries))
 		}
 		return
 	}
 	metrics.commitErr.Inc()
 	h.logger.Error("backend processed the event but its done record could not be written: a later redelivery of this event would be processed again",
-		zap.String("event_id", l.id), zap.Duration("tried_for", commitRetryFor))
+		zap.String("event_id", d.id), zap.Duration("tried_for", commitRetryFor))
 }
 
 // commitRetryFor bounds the background retries of a failed commit.
@@ -451,16 +478,10 @@ func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 	return io.Copy(&sw.ResponseWriterWrapper, r)
 }
 
-// lease renews the claim on key every lock_ttl/3 while the next handler
-// runs. No goroutine is started: a timer fires only for events still in
-// flight after lock_ttl/3.
+// lease is a delivery's claim on its event, renewed every lock_ttl/3
+// while the next handler runs. No goroutine is started: a timer fires
+// only for events still in flight after lock_ttl/3.
 type lease struct {
-	h          *Handler
-	ctx        context.Context
-	key, token string
-	id         string
-	sigKey     string // the signature record, when the ID is not signed (see bindSignature)
-
 	mu      sync.Mutex
 	stopped bool
 	timer   *time.Timer
@@ -473,38 +494,42 @@ func (l *lease) expiry() time.Time {
 	return l.expires
 }
 
-func (h *Handler) startLease(ctx context.Context, key, token, id string, start time.Time) *lease {
-	l := &lease{h: h, ctx: ctx, key: key, token: token, id: id, expires: start.Add(time.Duration(h.LockTTL))}
+// startLease starts renewing d's lease, which runs from the claim.
+func (d *delivery) startLease() {
+	l := &d.lease
 	l.mu.Lock()
-	l.timer = time.AfterFunc(h.renewEvery, l.renew)
+	l.expires = d.claimed.Add(time.Duration(d.h.LockTTL))
+	l.timer = time.AfterFunc(d.h.renewEvery, d.renew)
 	l.mu.Unlock()
-	return l
 }
 
-func (l *lease) renew() {
+// renew extends d's lease and sets the timer for the next renewal,
+// unless the lease was stopped or lost.
+func (d *delivery) renew() {
+	h, l := d.h, &d.lease
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped {
 		return
 	}
-	ctx, cancel := context.WithTimeout(l.ctx, l.h.renewEvery)
+	ctx, cancel := context.WithTimeout(d.ctx, h.renewEvery)
 	defer cancel()
 	start := time.Now()
-	ok, err := l.h.store.Renew(ctx, l.key, l.token, time.Duration(l.h.LockTTL))
+	ok, err := h.store.Renew(ctx, d.key, d.token, time.Duration(h.LockTTL))
 	observe(opRenew, start, err)
 	if ok {
-		l.expires = start.Add(time.Duration(l.h.LockTTL))
+		l.expires = start.Add(time.Duration(h.LockTTL))
 	}
 	switch {
 	case err != nil:
-		l.h.logger.Warn("renewing the lease failed; will retry", zap.String("event_id", l.id), zap.Error(err))
+		h.logger.Warn("renewing the lease failed; will retry", zap.String("event_id", d.id), zap.Error(err))
 	case !ok:
 		metrics.leaseLost.Inc()
-		l.h.logger.Warn("lease lost while the backend was still working (expired or taken over): another delivery may be processed concurrently",
-			zap.String("event_id", l.id))
+		h.logger.Warn("lease lost while the backend was still working (expired or taken over): another delivery may be processed concurrently",
+			zap.String("event_id", d.id))
 		return
 	}
-	l.timer.Reset(l.h.renewEvery)
+	l.timer.Reset(h.renewEvery)
 }
 
 // stop ends renewals and waits for one under way to finish, so that no

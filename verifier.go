@@ -331,9 +331,10 @@ func signatureKey(prefix string, before, body, after []byte) string {
 // it becomes a durable done record when the event is processed (see
 // commitSignature). On a refusal or a store error the event's own lease
 // is released before returning.
-func (h *Handler) bindSignature(ctx context.Context, key, token, sigKey, id string) error {
+func (d *delivery) bindSignature() error {
+	h := d.h
 	start := time.Now()
-	res, found, err := h.store.Claim(ctx, sigKey, id, h.sigMemory)
+	res, found, err := h.store.Claim(d.ctx, d.sigKey, d.id, h.sigMemory)
 	observe(opClaim, start, err)
 	if err == nil && res == Claimed {
 		return nil
@@ -341,18 +342,15 @@ func (h *Handler) bindSignature(ctx context.Context, key, token, sigKey, id stri
 	// A done record of this same ID: the event was processed, then
 	// forgotten by an operator (GitHub's manual redelivery reuses the
 	// delivery ID), and is let through again.
-	if rec, ok := decodeDone(found); err == nil && res == AlreadyDone && ok && rec.EventType == id {
+	if rec, ok := decodeDone(found); err == nil && res == AlreadyDone && ok && rec.EventType == d.id {
 		return nil
 	}
 	if err == nil {
 		err = errSigReplayed
 	}
-	start = time.Now()
-	_, rerr := h.store.Release(ctx, key, token)
-	observe(opRelease, start, rerr)
-	if rerr != nil {
+	if _, rerr := d.release(d.ctx); rerr != nil {
 		h.logger.Warn("releasing the event after its signature was refused failed; its lease expires after lock_ttl",
-			zap.String("event_id", id), zap.Error(rerr))
+			zap.String("event_id", d.id), zap.Error(rerr))
 	}
 	return err
 }
@@ -362,15 +360,15 @@ func (h *Handler) bindSignature(ctx context.Context, key, token, sigKey, id stri
 // file store keeps leases in memory), owned by the event ID, for
 // sigMemory. A failure leaves the lease, which keeps refusing replays
 // until it expires, and is logged.
-func (h *Handler) commitSignature(ctx context.Context, l *lease, rec DoneRecord) {
+func (d *delivery) commitSignature(ctx context.Context, rec DoneRecord) {
 	// The record names the event ID that owns the signature, where an
 	// event's record names its type.
-	rec.EventType = l.id
+	rec.EventType = d.id
 	start := time.Now()
-	_, err := h.store.Commit(ctx, l.sigKey, l.id, rec, h.sigMemory)
+	_, err := d.h.store.Commit(ctx, d.sigKey, d.id, rec, d.h.sigMemory)
 	observe(opCommit, start, err)
 	if err != nil {
-		h.logger.Warn("the signature record of a processed event could not be made durable; it still refuses replays under another ID until it expires",
-			zap.String("event_id", l.id), zap.Error(err))
+		d.h.logger.Warn("the signature record of a processed event could not be made durable; it still refuses replays under another ID until it expires",
+			zap.String("event_id", d.id), zap.Error(err))
 	}
 }
