@@ -2,7 +2,9 @@ package sanghodedup
 
 import (
 	"fmt"
+	"strconv"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -178,6 +180,9 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// The helpers below are shared by the Caddyfile parsers of the handler,
+// the stores and the verifiers; their errors name the option.
+
 // once refuses a subdirective given a second time, except the
 // repeatable one (whose values accumulate).
 func once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) error {
@@ -189,6 +194,61 @@ func once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) 
 		return d.Errf("%s: %s given more than once", who, opt)
 	}
 	seen[opt] = true
+	return nil
+}
+
+// noArg refuses an argument after a flag.
+func noArg(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: takes no argument, got %q", name, d.Val())
+	}
+	return nil
+}
+
+// oneArg reads the one argument of the option in d.Val().
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	name := d.Val()
+	if !d.NextArg() {
+		return d.Errf("%s: needs a value", name)
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: takes one value, got more", name)
+	}
+	return nil
+}
+
+// intArg reads the one argument of the option in d.Val() as a
+// non-negative whole number.
+func intArg(d *caddyfile.Dispenser, dst *int) error {
+	name, s := d.Val(), ""
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return d.Errf("%s: %q is not a non-negative whole number", name, s)
+	}
+	*dst = n
+	return nil
+}
+
+// durationArg reads the one argument of the option in d.Val() as a
+// positive duration (caddy.ParseDuration: 30s, 1h, 2d).
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name, s := d.Val(), ""
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("%s: invalid duration %q: %v", name, s, err)
+	}
+	if dur <= 0 {
+		return d.Errf("%s: duration must be positive, got %q", name, s)
+	}
+	*dst = caddy.Duration(dur)
 	return nil
 }
 
