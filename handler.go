@@ -400,16 +400,6 @@ func drainCommitRetries(context.Context) {
 	}
 }
 
-// storeUser is a store whose Cleanup releases a resource shared through
-// storePool (a Redis client) that deliveries may still need after
-// Caddy has cleaned their config up: on a reload, Caddy starts the new
-// config, then cleans the old one up without waiting for its requests
-// in flight. enter marks the store as in use, leave undoes one enter.
-type storeUser interface {
-	enter()
-	leave()
-}
-
 // enter marks h's store as in use by a delivery or a commit retry.
 func (h *Handler) enter() {
 	if u, ok := h.store.(storeUser); ok {

@@ -27,10 +27,6 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// storePool shares store state (Redis clients, the memory map) across
-// config reloads.
-var storePool = caddy.NewUsagePool()
-
 // Defaults.
 const (
 	DefaultTolerance       = 5 * time.Minute
