@@ -1,7 +1,6 @@
 package sanghodedup
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -22,10 +21,8 @@ import (
 
 var (
 	errMethod   = errors.New("method not allowed: Sangho delivers webhooks with POST")
-	errTooLarge = errors.New("request body larger than max_body_size")
 	errInFlight = errors.New("another delivery of this event is being processed")
 	errStore    = errors.New("dedup store unavailable")
-	errSigCount = errors.New("more than one signature header")
 	// errPayloadMismatch: the event ID was processed with another body.
 	errPayloadMismatch = errors.New("this event ID was processed with another body")
 )
@@ -466,172 +463,4 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 	sw.status.CompareAndSwap(0, http.StatusOK)
 	return io.Copy(&sw.ResponseWriterWrapper, r)
-}
-
-// lease is a delivery's claim on its event, renewed every lock_ttl/3
-// while the next handler runs. No goroutine is started: a timer fires
-// only for events still in flight after lock_ttl/3.
-type lease struct {
-	mu      sync.Mutex
-	stopped bool
-	timer   *time.Timer
-	expires time.Time // when the lease ends in the store, as far as we know
-}
-
-func (l *lease) expiry() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.expires
-}
-
-// startLease starts renewing d's lease, which runs from the claim.
-func (d *delivery) startLease() {
-	l := &d.lease
-	l.mu.Lock()
-	l.expires = d.claimed.Add(time.Duration(d.h.LockTTL))
-	l.timer = time.AfterFunc(d.h.renewEvery, d.renew)
-	l.mu.Unlock()
-}
-
-// renew extends d's lease and sets the timer for the next renewal,
-// unless the lease was stopped or lost.
-func (d *delivery) renew() {
-	h, l := d.h, &d.lease
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopped {
-		return
-	}
-	ctx, cancel := context.WithTimeout(d.ctx, h.renewEvery)
-	defer cancel()
-	start := time.Now()
-	ok, err := h.store.Renew(ctx, d.key, d.token, time.Duration(h.LockTTL))
-	observe(opRenew, start, err)
-	if ok {
-		l.expires = start.Add(time.Duration(h.LockTTL))
-	}
-	switch {
-	case err != nil:
-		h.logger.Warn("renewing the lease failed; will retry", zap.String("event_id", d.id), zap.Error(err))
-	case !ok:
-		metrics.leaseLost.Inc()
-		h.logger.Warn("lease lost while the backend was still working (expired or taken over): another delivery may be processed concurrently",
-			zap.String("event_id", d.id))
-		return
-	}
-	l.timer.Reset(h.renewEvery)
-}
-
-// stop ends renewals and waits for one under way to finish, so that no
-// renewal runs after the commit or release.
-func (l *lease) stop() {
-	l.timer.Stop()
-	l.mu.Lock()
-	l.stopped = true
-	l.mu.Unlock()
-}
-
-// Request bodies are read into pooled buffers. A buffer goes back to
-// the pool only when both the handler is done and whoever read the body
-// (reverse_proxy's transport, possibly after ServeHTTP returned) has
-// closed it; a body nobody closes is left to the garbage collector.
-var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// maxPooledBuffer is the largest buffer kept for reuse.
-const maxPooledBuffer = 2 << 20
-
-type pooledBody struct {
-	buf  *bytes.Buffer
-	refs atomic.Int32
-
-	mu   sync.Mutex // orders Read and Close: no Read runs once the buffer may be recycled
-	rd   bytes.Reader
-	shut bool
-}
-
-func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
-
-// Read reads the body; after Close it fails with
-// http.ErrBodyReadAfterClose, as net/http's own request bodies do: the
-// buffer may already be back in the pool and hold another request (a
-// later reader, e.g. reverse_proxy in handle_errors after a backend that
-// read part of the body and failed).
-func (b *pooledBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.shut {
-		return 0, http.ErrBodyReadAfterClose
-	}
-	return b.rd.Read(p)
-}
-
-// Close is called by the reader of the body; idempotent.
-func (b *pooledBody) Close() error {
-	b.mu.Lock()
-	first := !b.shut
-	b.shut = true
-	b.mu.Unlock()
-	if first {
-		b.unref()
-	}
-	return nil
-}
-
-// done is called by the handler when it is finished with the body.
-func (b *pooledBody) done() { b.unref() }
-
-func (b *pooledBody) unref() {
-	if b.refs.Add(-1) == 0 {
-		recycle(b.buf)
-	}
-}
-
-// recycle puts buf back into the pool unless it grew too large.
-func recycle(buf *bytes.Buffer) {
-	if buf.Cap() <= maxPooledBuffer {
-		buf.Reset()
-		bufPool.Put(buf)
-	}
-}
-
-// readBody reads the whole body, at most max_body_size bytes, and
-// replaces r.Body with a re-readable copy for the next handler. It
-// returns the status to answer when it fails: 413 past the limit
-// (declared or counted, chunked too), 400 when the body cannot be read
-// (truncated, client gone).
-func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
-	limit := h.MaxBodySize
-	if r.ContentLength > limit {
-		return nil, http.StatusRequestEntityTooLarge, errTooLarge
-	}
-	// The buffer grows with the bytes that arrive (bytes.Buffer.ReadFrom
-	// at most doubles it), never with Content-Length: a declared length
-	// costs nothing until the body is sent, so connections that announce
-	// large bodies and send none hold no memory for them. A pooled buffer
-	// keeps its capacity from earlier requests.
-	buf := bufPool.Get().(*bytes.Buffer)
-	var err error
-	if r.Body != nil {
-		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-		_ = r.Body.Close()
-	}
-	if err == nil && int64(buf.Len()) > limit {
-		err = errTooLarge
-	}
-	if err != nil {
-		recycle(buf)
-		var mbe *http.MaxBytesError
-		if errors.Is(err, errTooLarge) || errors.As(err, &mbe) {
-			return nil, http.StatusRequestEntityTooLarge, errTooLarge
-		}
-		return nil, http.StatusBadRequest, errors.New("reading request body: " + err.Error())
-	}
-	b := &pooledBody{buf: buf}
-	b.rd.Reset(buf.Bytes())
-	b.refs.Store(2)
-	r.Body = b
-	r.ContentLength = int64(buf.Len())
-	r.TransferEncoding = nil
-	r.GetBody = nil
-	return b, 0, nil
 }

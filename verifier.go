@@ -142,6 +142,28 @@ var (
 	errSigEncoding = errors.New("signature is not valid for the expected encoding and hash length")
 )
 
+// scheme is the handler's view of its signature scheme, settled at
+// provision.
+type scheme struct {
+	Verifier
+	name       string // the module's name, e.g. "github"
+	defaults   SchemeDefaults
+	idSource   IDSource
+	idField    string   // IDFromBody
+	idHeaders  []string // canonical; IDFromHeader: the ID's; IDFromBody: the first must agree
+	typeHeader string   // canonical, or ""
+	timestamp  bool     // the scheme signs a timestamp
+}
+
+// Errors of the headers a delivery is read from. A header sent more
+// than once is refused (which value would a backend read?): the
+// signature's is answered 401, the event ID's 400.
+var (
+	errSigCount        = errors.New("more than one signature header")
+	errIDHeaders       = errors.New("more than one event ID header")
+	errIDHeaderMissing = errors.New("no event ID: the event ID header is absent")
+)
+
 // headerValue returns the one value of header name: "" and no error
 // when it is absent, errSigCount when it is sent more than once (which
 // one would a backend read?).
@@ -165,24 +187,6 @@ func requireHeader(h http.Header, name string) (string, error) {
 	}
 	return v, err
 }
-
-// scheme is the handler's view of its signature scheme, settled at
-// provision.
-type scheme struct {
-	Verifier
-	name       string // the module's name, e.g. "github"
-	defaults   SchemeDefaults
-	idSource   IDSource
-	idField    string   // IDFromBody
-	idHeaders  []string // canonical; IDFromHeader: the ID's; IDFromBody: the first must agree
-	typeHeader string   // canonical, or ""
-	timestamp  bool     // the scheme signs a timestamp
-}
-
-// Errors of the event ID from a header.
-var (
-	errIDHeaderMissing = errors.New("no event ID: the event ID header is absent")
-)
 
 // eventOf returns the event ID and type of a verified delivery, from
 // where the scheme says.
