@@ -10,7 +10,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -256,72 +255,6 @@ func TestDuplicateAnswer(t *testing.T) {
 	}
 }
 
-func TestBackendGetsTheExactBytes(t *testing.T) {
-	h, _ := newTestHandler(t, nil)
-	var got []byte
-	var gotLen int64
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		got, _ = io.ReadAll(r.Body)
-		gotLen = r.ContentLength
-		return nil
-	})
-	body := "  \n" + bodyB + "\n" // whitespace, UTF-8 and all
-	r := signedRequest(body, "")
-	r.ContentLength = -1 // arrived chunked
-	if w, _, err := serve(h, r, next); err != nil || w.Code != 200 {
-		t.Fatalf("%d %v", w.Code, err)
-	}
-	if string(got) != body || gotLen != int64(len(body)) {
-		t.Fatalf("backend got %q (length %d), want %q", got, gotLen, body)
-	}
-}
-
-// TestBodyReadAfterCloseFails: a next handler that reads part of the
-// body, closes it and fails (a backend that went away mid-upload) lets
-// the buffer go back to the pool. Whoever reads r.Body after that (e.g.
-// handle_errors { reverse_proxy ... }) must get http.ErrBodyReadAfterClose,
-// never the rest of the buffer, which may already hold another request.
-func TestBodyReadAfterCloseFails(t *testing.T) {
-	h, _ := newTestHandler(t, nil)
-	first := `{"id":"evt_first","pad":"` + strings.Repeat("a", 4000) + `"}`
-	second := `{"id":"evt_second","pad":"` + strings.Repeat("B", 4000) + `"}`
-	var kept io.ReadCloser
-	partial := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		kept = r.Body
-		if _, err := io.ReadFull(r.Body, make([]byte, 100)); err != nil {
-			t.Fatal(err)
-		}
-		r.Body.Close()
-		return caddyhttp.Error(http.StatusBadGateway, errors.New("upstream went away mid-upload"))
-	})
-	if _, _, err := serve(h, signedRequest(first, ""), partial); err == nil {
-		t.Fatal("the failing next handler's error was lost")
-	}
-	// Another request now takes a buffer from the pool, likely the same.
-	if w, _, err := serve(h, signedRequest(second, ""), &countingNext{}); err != nil || w.Code != 200 {
-		t.Fatalf("second request: %d %v", w.Code, err)
-	}
-	got := make([]byte, 8192)
-	n, err := kept.Read(got)
-	if n != 0 || !errors.Is(err, http.ErrBodyReadAfterClose) {
-		t.Fatalf("read after close: %d bytes (another request's: %v), %v; want 0 and http.ErrBodyReadAfterClose",
-			n, bytes.Contains(got[:n], []byte("BBBB")), err)
-	}
-
-	// And while the handler still holds the buffer: closed is closed.
-	var n2 int
-	var err2 error
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		r.Body.Close()
-		n2, err2 = r.Body.Read(make([]byte, 10))
-		return nil
-	})
-	serve(h, signedRequest(eventBody("evt_closed_early"), ""), next)
-	if n2 != 0 || !errors.Is(err2, http.ErrBodyReadAfterClose) {
-		t.Fatalf("read after close, handler running: %d bytes, %v", n2, err2)
-	}
-}
-
 func TestBackendAnswerPassesUntouched(t *testing.T) {
 	h, _ := newTestHandler(t, nil)
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -506,34 +439,6 @@ func TestInFlightAnswers409(t *testing.T) {
 	}
 }
 
-// TestLeaseRenewal: a backend slower than lock_ttl keeps its lease, and
-// a duplicate meanwhile gets 409.
-func TestLeaseRenewal(t *testing.T) {
-	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
-	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	go func() {
-		serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			close(entered)
-			<-release
-			return nil
-		}))
-		close(done)
-	}()
-	<-entered
-	next := &countingNext{}
-	for i := 0; i < 6; i++ { // 6 × 200ms: four times lock_ttl
-		time.Sleep(200 * time.Millisecond)
-		if w, _, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 409 {
-			t.Fatalf("after %dms in flight: %d, want 409", (i+1)*200, w.Code)
-		}
-	}
-	close(release)
-	<-done
-	if next.calls.Load() != 0 {
-		t.Fatal("a duplicate reached the backend while the first was in flight")
-	}
-}
-
 func TestStoreErrorRejectOrPass(t *testing.T) {
 	srv := startRedis(t)
 	srv.Kill()
@@ -624,173 +529,6 @@ func toString(v any) string {
 	return ""
 }
 
-func TestProvisionErrors(t *testing.T) {
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	t.Setenv("SANGHO_EMPTY_SECRET", "")
-	for name, h := range map[string]*Handler{
-		"no secret":    {},
-		"empty secret": {Secrets: []string{"{env.SANGHO_EMPTY_SECRET}"}},
-	} {
-		if err := h.Provision(ctx); err == nil {
-			t.Errorf("%s: provisioned", name)
-		}
-	}
-	for name, h := range map[string]*Handler{
-		"bad on_store_error":        {Secrets: []string{"s"}, OnStoreError: "maybe"},
-		"tiny lock_ttl":             {Secrets: []string{"s"}, LockTTL: caddy.Duration(time.Millisecond)},
-		"negative tolerance":        {Secrets: []string{"s"}, Tolerance: -1},
-		"max_body_size over 64 MiB": {Secrets: []string{"s"}, MaxBodySize: 64<<20 + 1},
-		"bad header":                {Secrets: []string{"s"}, EventIDHeader: "a b"},
-	} {
-		if err := h.Provision(ctx); err != nil {
-			t.Errorf("%s: provision: %v", name, err)
-			continue
-		}
-		if err := h.Validate(); err == nil {
-			t.Errorf("%s: validated", name)
-		}
-	}
-	t.Setenv("SANGHO_TEST_SECRET", secret1)
-	h := &Handler{Secrets: []string{"{env.SANGHO_TEST_SECRET}"}, KeyPrefix: "env_secret:"}
-	if err := h.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	h.now = func() time.Time { return testNow }
-	if err := h.verifier.verify("t=1733140800,v1="+vectors[0].v1, []byte(bodyA)); err != nil {
-		t.Fatalf("secret from {env.X} not resolved: %v", err)
-	}
-}
-
-// TestSecretPlaceholders: only a secret that is one whole placeholder
-// ({env.X}, {file./path}) is resolved; any other value is the secret
-// itself, braces included. A whole placeholder that is unset or empty is
-// a config error naming the secret's number and the placeholder, never a
-// secret.
-func TestSecretPlaceholders(t *testing.T) {
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	t.Setenv("SANGHO_TEST_SECRET", secret1)
-	t.Setenv("SANGHO_EMPTY_SECRET", "")
-	file := t.TempDir() + "/secret"
-	if err := os.WriteFile(file, []byte(secret2+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	body := []byte(bodyA)
-	signedWith := func(secret string) string { return sangho.Sign(testNow, body, secret) }
-	for _, c := range []struct {
-		secret  string
-		accepts string // a request signed with this secret verifies
-		refuses string // and one signed with this does not
-	}{
-		{"whsec_ab{cd}ef", "whsec_ab{cd}ef", "whsec_abef"},
-		{"whsec_{env.SANGHO_TEST_SECRET}", "whsec_{env.SANGHO_TEST_SECRET}", "whsec_" + secret1},
-		{"whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_"},
-		{"{env.SANGHO_TEST_SECRET}", secret1, "{env.SANGHO_TEST_SECRET}"},
-		{"{file." + file + "}", secret2, secret2 + "\n"},
-		{"{env.SANGHO_TEST_SECRET} ", "{env.SANGHO_TEST_SECRET} ", secret1},
-	} {
-		// one config each: handlers of one config with different secrets
-		// may not share a store and prefix
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		defer cancel()
-		h := &Handler{Secrets: []string{c.secret}, StoreRaw: []byte(`{"type":"memory"}`)}
-		if err := h.Provision(ctx); err != nil {
-			t.Errorf("%q: %v", c.secret, err)
-			continue
-		}
-		h.now = func() time.Time { return testNow }
-		if err := h.verifier.verify(signedWith(c.accepts), body); err != nil {
-			t.Errorf("secret %q: a request signed with %q is refused: %v", c.secret, c.accepts, err)
-		}
-		if err := h.verifier.verify(signedWith(c.refuses), body); err == nil {
-			t.Errorf("secret %q: a request signed with %q is accepted", c.secret, c.refuses)
-		}
-	}
-	for _, c := range []struct {
-		secrets []string
-		want    string
-	}{
-		{[]string{secret2, "{env.SANGHO_UNSET_SECRET_X}"}, "secret #2: placeholder {env.SANGHO_UNSET_SECRET_X} is unset or empty"},
-		{[]string{"{env.SANGHO_EMPTY_SECRET}"}, "secret #1: placeholder {env.SANGHO_EMPTY_SECRET} is unset or empty"},
-		{[]string{secret2, secret1, "{file." + file + ".missing}"}, "secret #3: placeholder {file." + file + ".missing} is unset or empty"},
-		{[]string{"{" + secret1 + "}"}, "secret #1 is a placeholder that Caddy does not know"},
-		{[]string{secret1, ""}, "secret #2 is empty"},
-	} {
-		h := &Handler{Secrets: c.secrets, StoreRaw: []byte(`{"type":"memory"}`)}
-		err := h.Provision(ctx)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q: error %v, want it to contain %q", c.secrets, err, c.want)
-			continue
-		}
-		for _, s := range []string{secret1, secret2} {
-			if strings.Contains(err.Error(), s) {
-				t.Errorf("the error prints a secret: %v", err)
-			}
-		}
-	}
-}
-
-func TestRedisStoreProvisionErrorsHideThePassword(t *testing.T) {
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	for _, s := range []*RedisStore{
-		{URL: "redis://user:hunter2secret@host:6379/x"},
-		{URL: "redis://user:hunter2secret@ho st:6379"},
-		{URL: "http://user:hunter2secret@host"},
-		{URL: "redis://user:hunter2secret@host", Address: []string{"a:1"}},
-	} {
-		err := s.Provision(ctx)
-		if err == nil {
-			t.Errorf("%q provisioned", s.URL)
-			continue
-		}
-		if strings.Contains(err.Error(), "hunter2secret") {
-			t.Errorf("error leaks the password: %v", err)
-		}
-	}
-}
-
-// TestMetricsRegisteredWithCaddy: the collectors are in the registry of
-// every config that provisions the handler (a reload registers them again
-// without error) and keep their counts across configs.
-func TestMetricsRegisteredWithCaddy(t *testing.T) {
-	var regs []*caddy.Context
-	for range 2 {
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		t.Cleanup(cancel)
-		h := &Handler{Secrets: []string{secret1}, StoreRaw: []byte(`{"type":"memory"}`), KeyPrefix: "reg:"}
-		if err := h.Provision(ctx); err != nil {
-			t.Fatalf("provision (a reload re-registers): %v", err)
-		}
-		h.now = func() time.Time { return testNow }
-		serve(h, signedRequest(bodyA, ""), &countingNext{})
-		regs = append(regs, &ctx)
-	}
-	for i, ctx := range regs {
-		families, err := ctx.GetMetricsRegistry().Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		found := false
-		for _, f := range families {
-			if f.GetName() == "caddy_sangho_dedup_events_total" {
-				found = true
-				for _, m := range f.GetMetric() {
-					for _, l := range m.GetLabel() {
-						if l.GetName() != "outcome" {
-							t.Errorf("unexpected label %q", l.GetName())
-						}
-					}
-				}
-			}
-		}
-		if !found {
-			t.Errorf("config %d: caddy_sangho_dedup_events_total not in Caddy's metrics registry", i)
-		}
-	}
-}
-
 // TestPayloadMismatch: an event processed with one body and delivered
 // again with another is not a duplicate: 422 (reject, the default) or
 // 200 duplicate and a warning (log); never the backend. The same body
@@ -874,32 +612,6 @@ func TestPayloadMismatch(t *testing.T) {
 			t.Fatalf("record %q: fingerprint %q, want the first 16 bytes of the body's SHA-256", e.Value, rec.Fingerprint)
 		}
 	})
-}
-
-// TestNames: a handler's name defaults to its key_prefix; two handlers
-// of one config with one name need the same store and prefix.
-func TestNames(t *testing.T) {
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	a := &Handler{Secrets: []string{secret1}, KeyPrefix: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
-	if err := a.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if a.Name != "a:" {
-		t.Fatalf("default name %q, want the key_prefix", a.Name)
-	}
-	same := &Handler{Secrets: []string{secret1}, KeyPrefix: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
-	if err := same.Provision(ctx); err != nil {
-		t.Fatalf("the same endpoint on a second route: %v", err)
-	}
-	clash := &Handler{Secrets: []string{secret2}, KeyPrefix: "b:", Name: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
-	err := clash.Provision(ctx)
-	if err == nil || !strings.Contains(err.Error(), `named "a:"`) || !strings.Contains(err.Error(), "own name") {
-		t.Fatalf("a name on two endpoints: %v", err)
-	}
-	if got := currentEndpoints(); got["a:"] != a {
-		t.Fatalf("current endpoints %v", got)
-	}
 }
 
 // TestCommitRetriesAtExit: at process exit, background commit retries
