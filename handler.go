@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -415,8 +416,14 @@ func (h *Handler) leave() {
 func (h *Handler) reject(r *http.Request, repl *caddy.Replacer, outcome string, status int, err error, id string) error {
 	h.outcome(repl, outcome)
 	if ce := h.logger.Check(zapcore.DebugLevel, "delivery rejected"); ce != nil {
+		// As Caddy's access log names the client: the address alone,
+		// then the port (none for a Unix socket).
+		ip, port, splitErr := net.SplitHostPort(r.RemoteAddr)
+		if splitErr != nil {
+			ip, port = r.RemoteAddr, ""
+		}
 		ce.Write(zap.String("outcome", outcome), zap.Int("status", status), zap.String("event_id", id),
-			zap.String("remote_ip", r.RemoteAddr), zap.Error(err))
+			zap.String("remote_ip", ip), zap.String("remote_port", port), zap.Error(err))
 	}
 	return caddyhttp.Error(status, err)
 }

@@ -662,3 +662,33 @@ func TestCommitRetriesAtExit(t *testing.T) {
 	}
 	_ = rc.Do(context.Background(), "CLIENT", "UNPAUSE").Err()
 }
+
+// TestRejectionLogsRemoteAddress: a rejection's debug line names the
+// client as Caddy's access log does, remote_ip (the address alone) and
+// remote_port, so that it can be matched with the access log and with
+// Caddy's remote_ip matcher.
+func TestRejectionLogsRemoteAddress(t *testing.T) {
+	h, logs := newTestHandler(t, nil)
+	for remote, want := range map[string][2]string{
+		"192.0.2.1:1234":    {"192.0.2.1", "1234"},
+		"[2001:db8::1]:443": {"2001:db8::1", "443"},
+		"@":                 {"@", ""}, // a Unix socket: no port to split off
+	} {
+		r := signedRequest(bodyA, "", secret2) // a wrong secret: 401
+		r.RemoteAddr = remote
+		serve(h, r, &countingNext{})
+		var e []observer.LoggedEntry
+		for _, l := range logs.TakeAll() {
+			if l.Message == "delivery rejected" {
+				e = append(e, l)
+			}
+		}
+		if len(e) != 1 {
+			t.Fatalf("%s: %d rejection lines", remote, len(e))
+		}
+		f := e[0].ContextMap()
+		if f["remote_ip"] != want[0] || want[1] != "" && f["remote_port"] != want[1] {
+			t.Errorf("%s: remote_ip %q, remote_port %q; want %q, %q", remote, f["remote_ip"], f["remote_port"], want[0], want[1])
+		}
+	}
+}
