@@ -120,8 +120,8 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &m.OnStoreError); err != nil {
 				return err
 			}
-			if m.OnStoreError != "reject" && m.OnStoreError != "pass" {
-				return d.Errf("on_store_error: must be reject or pass, not %q", m.OnStoreError)
+			if m.OnStoreError != storeErrorReject && m.OnStoreError != storeErrorPass {
+				return d.Errf("on_store_error: must be %s or %s, not %q", storeErrorReject, storeErrorPass, m.OnStoreError)
 			}
 		case "require_body_id":
 			var v string
@@ -147,8 +147,8 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &m.OnPayloadMismatch); err != nil {
 				return err
 			}
-			if m.OnPayloadMismatch != "reject" && m.OnPayloadMismatch != "log" {
-				return d.Errf("on_payload_mismatch: must be reject or log, not %q", m.OnPayloadMismatch)
+			if m.OnPayloadMismatch != mismatchReject && m.OnPayloadMismatch != mismatchLog {
+				return d.Errf("on_payload_mismatch: must be %s or %s, not %q", mismatchReject, mismatchLog, m.OnPayloadMismatch)
 			}
 		case "provider":
 			if !d.NextArg() {

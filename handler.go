@@ -91,7 +91,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 				h.logger.Warn("processed event delivered again with another body",
 					zap.String("event_id", id), zap.String("fingerprint", fp), zap.String("processed_fingerprint", other),
 					zap.String("on_payload_mismatch", h.OnPayloadMismatch))
-				if h.OnPayloadMismatch != "log" {
+				if h.OnPayloadMismatch != mismatchLog {
 					w.Header().Set("Sangho-Dedup", "payload_mismatch")
 					return h.reject(r, repl, outcomePayloadMismatch, http.StatusUnprocessableEntity, errPayloadMismatch, id)
 				}

@@ -50,6 +50,15 @@ const (
 	minLockTTL = 30 * time.Millisecond
 )
 
+// Values of on_store_error and on_payload_mismatch.
+const (
+	storeErrorReject = "reject" // on_store_error: answer 503
+	storeErrorPass   = "pass"   // on_store_error: pass the event on unchecked
+
+	mismatchReject = "reject" // on_payload_mismatch: answer 422
+	mismatchLog    = "log"    // on_payload_mismatch: answer the duplicate, log a warning
+)
+
 // Handler verifies and deduplicates webhook deliveries in front of any
 // backend: Sangho's by default, another sender's with "verifier" (a
 // scheme of http.sangho_dedup.verifiers: stripe, standard_webhooks,
@@ -198,15 +207,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.RetryAfter = caddy.Duration(DefaultRetryAfter)
 	}
 	if h.OnStoreError == "" {
-		h.OnStoreError = "reject"
+		h.OnStoreError = storeErrorReject
 	}
 	if h.OnPayloadMismatch == "" {
-		h.OnPayloadMismatch = "reject"
+		h.OnPayloadMismatch = mismatchReject
 	}
 	if h.KeyPrefix == "" {
 		h.KeyPrefix = DefaultKeyPrefix
 	}
-	h.pass = h.OnStoreError == "pass"
+	h.pass = h.OnStoreError == storeErrorPass
 	h.renewEvery = time.Duration(h.LockTTL) / 3
 	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
 	secs := (time.Duration(h.RetryAfter) + time.Second - 1) / time.Second
@@ -318,10 +327,10 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("lock_ttl must be at least %v", minLockTTL)
 	case h.RetryAfter <= 0:
 		return errors.New("retry_after must be positive")
-	case h.OnStoreError != "reject" && h.OnStoreError != "pass":
-		return fmt.Errorf(`on_store_error must be "reject" or "pass", not %q`, h.OnStoreError)
-	case h.OnPayloadMismatch != "reject" && h.OnPayloadMismatch != "log":
-		return fmt.Errorf(`on_payload_mismatch must be "reject" or "log", not %q`, h.OnPayloadMismatch)
+	case h.OnStoreError != storeErrorReject && h.OnStoreError != storeErrorPass:
+		return fmt.Errorf("on_store_error must be %q or %q, not %q", storeErrorReject, storeErrorPass, h.OnStoreError)
+	case h.OnPayloadMismatch != mismatchReject && h.OnPayloadMismatch != mismatchLog:
+		return fmt.Errorf("on_payload_mismatch must be %q or %q, not %q", mismatchReject, mismatchLog, h.OnPayloadMismatch)
 	case h.EventIDHeader != "" && !validHeaderName(h.EventIDHeader):
 		return fmt.Errorf("event_id_header %q is not a valid header name", h.EventIDHeader)
 	case !validHeaderName(h.SignatureHeader):
