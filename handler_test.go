@@ -32,11 +32,15 @@ import (
 // vectors, so that they verify as they are.
 var testNow = time.Unix(1733140800, 0)
 
+// testClock reads testNow. A test sets a handler's clock (the unexported
+// field now) before Provision, which hands it to the signature scheme.
+func testClock() time.Time { return testNow }
+
 // newTestHandler provisions a handler (memory store unless changed) with
 // a fixed clock and a log observer.
 func newTestHandler(t testing.TB, configure func(*Handler)) (*Handler, *observer.ObservedLogs) {
 	t.Helper()
-	h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`), now: testClock}
 	if configure != nil {
 		configure(h)
 	}
@@ -50,7 +54,6 @@ func newTestHandler(t testing.TB, configure func(*Handler)) (*Handler, *observer
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
 	h.logger = zap.New(core)
-	h.now = func() time.Time { return testNow }
 	return h, logs
 }
 

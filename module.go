@@ -169,7 +169,7 @@ type Handler struct {
 	scheme     scheme    // the signature scheme, settled at provision
 	verifier   *verifier // the Sangho-format engine of the sangho and stripe schemes, else nil
 	logger     *zap.Logger
-	now        func() time.Time
+	now        func() time.Time // the clock; a test sets its own before Provision
 	pass       bool
 	retryAfter string
 	renewEvery time.Duration
@@ -191,7 +191,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // registers the metrics.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	if h.now == nil {
+	if h.now == nil { // tests set their clock before Provision
 		h.now = time.Now
 	}
 	if h.MaxBodySize == 0 {

@@ -60,11 +60,10 @@ func TestProvisionErrors(t *testing.T) {
 		}
 	}
 	t.Setenv("SANGHO_TEST_SECRET", secret1)
-	h := &Handler{Secrets: []string{"{env.SANGHO_TEST_SECRET}"}, KeyPrefix: "env_secret:"}
+	h := &Handler{Secrets: []string{"{env.SANGHO_TEST_SECRET}"}, KeyPrefix: "env_secret:", now: testClock}
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	h.now = func() time.Time { return testNow }
 	if err := h.verifier.verify("t=1733140800,v1="+vectors[0].v1, []byte(bodyA)); err != nil {
 		t.Fatalf("secret from {env.X} not resolved: %v", err)
 	}
@@ -102,12 +101,11 @@ func TestSecretPlaceholders(t *testing.T) {
 		// may not share a store and prefix
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		defer cancel()
-		h := &Handler{Secrets: []string{c.secret}, StoreRaw: []byte(`{"type":"memory"}`)}
+		h := &Handler{Secrets: []string{c.secret}, StoreRaw: []byte(`{"type":"memory"}`), now: testClock}
 		if err := h.Provision(ctx); err != nil {
 			t.Errorf("%q: %v", c.secret, err)
 			continue
 		}
-		h.now = func() time.Time { return testNow }
 		if err := h.verifier.verify(signedWith(c.accepts), body); err != nil {
 			t.Errorf("secret %q: a request signed with %q is refused: %v", c.secret, c.accepts, err)
 		}
@@ -147,11 +145,10 @@ func TestMetricsRegisteredWithCaddy(t *testing.T) {
 	for range 2 {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		t.Cleanup(cancel)
-		h := &Handler{Secrets: []string{secret1}, StoreRaw: []byte(`{"type":"memory"}`), KeyPrefix: "reg:"}
+		h := &Handler{Secrets: []string{secret1}, StoreRaw: []byte(`{"type":"memory"}`), KeyPrefix: "reg:", now: testClock}
 		if err := h.Provision(ctx); err != nil {
 			t.Fatalf("provision (a reload re-registers): %v", err)
 		}
-		h.now = func() time.Time { return testNow }
 		serve(h, signedRequest(bodyA, ""), &countingNext{})
 		regs = append(regs, &ctx)
 	}

@@ -288,7 +288,7 @@ func (h *Handler) setupScheme(v Verifier, name string, secrets []string) error {
 		EventIDHeaders:  s.idHeaders,
 		Tolerance:       time.Duration(h.Tolerance),
 		SignedContent:   unsignedID,
-		Now:             func() time.Time { return h.now() },
+		Now:             h.now,
 	})
 }
 
