@@ -85,11 +85,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if res != Claimed {
 		if other := recordFingerprint(found); other != "" && other != fp {
 			if res == InFlight {
-				h.logger.Warn("delivery in flight with another body under the same event ID",
-					zap.String("event_id", id), zap.String("fingerprint", fp), zap.String("in_flight_fingerprint", other))
+				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", "in_flight"),
+					zap.String("fingerprint", fp), zap.String("stored_fingerprint", other))
 			} else {
-				h.logger.Warn("processed event delivered again with another body",
-					zap.String("event_id", id), zap.String("fingerprint", fp), zap.String("processed_fingerprint", other),
+				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", "done"),
+					zap.String("fingerprint", fp), zap.String("stored_fingerprint", other),
 					zap.String("on_payload_mismatch", h.OnPayloadMismatch))
 				if h.OnPayloadMismatch != mismatchLog {
 					w.Header().Set("Sangho-Dedup", "payload_mismatch")
@@ -103,7 +103,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch res {
 	case AlreadyDone:
 		h.outcome(repl, outcomeDuplicate)
-		h.debug("duplicate delivery answered without the backend", id, typ)
+		h.debug("duplicate answered", id, typ)
 		return h.answerDuplicate(w, r, body)
 	case InFlight:
 		w.Header().Set("Retry-After", h.retryAfter)
@@ -125,7 +125,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 
-	h.debug("new event: passing it on", id, typ)
+	h.debug("event passed on", id, typ)
 	return d.process(w, r, next)
 }
 
@@ -157,12 +157,10 @@ func fingerprint(body []byte) string {
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, id string, err error) error {
 	if h.pass {
 		h.outcome(repl, outcomeUnchecked)
-		h.logger.Warn("dedup store failed; passing the event on unchecked (on_store_error pass)",
-			zap.String("event_id", id), zap.Error(err))
+		h.logger.Warn("store failed", zap.String("event_id", id), zap.String("on_store_error", h.OnStoreError), zap.Error(err))
 		return next.ServeHTTP(w, r)
 	}
-	h.logger.Error("dedup store failed; answering 503 so that Sangho retries",
-		zap.String("event_id", id), zap.Error(err))
+	h.logger.Error("store failed", zap.String("event_id", id), zap.String("on_store_error", h.OnStoreError), zap.Error(err))
 	w.Header().Set("Retry-After", h.retryAfter)
 	return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
 }
@@ -276,8 +274,7 @@ func (d *delivery) settle(err error) {
 		}
 		switch {
 		case cerr != nil:
-			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying in the background",
-				zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
+			h.logger.Warn("commit failed", zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
 			h.enter()
 			pendingCommits.Add(1)
 			go func() {
@@ -287,29 +284,26 @@ func (d *delivery) settle(err error) {
 			}()
 		case !held:
 			metrics.leaseLost.Inc()
-			h.logger.Warn("lease was lost before commit (expired or taken over); recorded as done anyway",
-				zap.String("event_id", d.id))
+			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "commit"), zap.Int("status", status))
 		default:
-			h.debug("processed and recorded", d.id, d.typ)
+			h.debug("event processed", d.id, d.typ)
 		}
 	case release:
 		released, rerr := d.release(d.ctx)
 		h.outcome(d.repl, outcomeReleased)
 		switch {
 		case rerr != nil:
-			h.logger.Error("releasing the event failed; Sangho's retry is accepted once the lease expires (lock_ttl)",
-				zap.String("event_id", d.id), zap.Int("status", status), zap.Error(rerr))
+			h.logger.Error("release failed", zap.String("event_id", d.id), zap.Int("status", status),
+				zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.Error(rerr))
 		case !released:
 			metrics.leaseLost.Inc()
-			h.logger.Warn("lease was lost before release (expired or taken over)", zap.String("event_id", d.id), zap.Int("status", status))
+			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "release"), zap.Int("status", status))
 		default:
-			h.logger.Info("backend did not process the event: released for Sangho's retry",
-				zap.String("event_id", d.id), zap.Int("status", status), zap.NamedError("cause", err))
+			h.logger.Info("event released", zap.String("event_id", d.id), zap.Int("status", status), zap.NamedError("cause", err))
 		}
 	case hold:
 		h.outcome(d.repl, outcomeHeld)
-		h.logger.Warn("unknown whether the backend got the event: its lease is held until it expires (lock_ttl), then Sangho's retry is processed",
-			zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
+		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
 	}
 }
 
@@ -359,16 +353,14 @@ func (d *delivery) retryCommit(rec DoneRecord) {
 			cancel()
 		}
 		if time.Now().After(d.lease.expiry()) {
-			h.logger.Error("done record written after the lease had expired: a redelivery in between may have been processed again",
-				zap.String("event_id", d.id), zap.Int("retries", tries))
+			h.logger.Error("commit retried after lease expired", zap.String("event_id", d.id), zap.Int("retries", tries))
 		} else {
-			h.logger.Info("done record written after a retry", zap.String("event_id", d.id), zap.Int("retries", tries))
+			h.logger.Info("commit retried", zap.String("event_id", d.id), zap.Int("retries", tries))
 		}
 		return
 	}
 	metrics.commitErr.Inc()
-	h.logger.Error("backend processed the event but its done record could not be written: a later redelivery of this event would be processed again",
-		zap.String("event_id", d.id), zap.Duration("tried_for", commitRetryFor))
+	h.logger.Error("commit abandoned", zap.String("event_id", d.id), zap.Duration("tried_for", commitRetryFor))
 }
 
 // commitRetryFor bounds the background retries of a failed commit.

@@ -434,9 +434,9 @@ http://127.0.0.1:%d {
 		}
 		msg, _ := e["msg"].(string)
 		switch {
-		case strings.HasPrefix(msg, "retention is shorter than Sangho's redelivery window"):
+		case msg == "retention shorter than redelivery window":
 			retention = e["level"] == "warn" && e["retention"] == float64(24*3600) && e["redelivery_window"] == float64(48*3600) // seconds, as Caddy encodes durations
-		case strings.HasPrefix(msg, "a secret holds a placeholder inside other text"):
+		case msg == "secret taken literally":
 			literal = e["level"] == "warn" && e["secret"] == float64(2)
 		}
 	}

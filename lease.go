@@ -52,11 +52,10 @@ func (d *delivery) renew() {
 	}
 	switch {
 	case err != nil:
-		h.logger.Warn("renewing the lease failed; will retry", zap.String("event_id", d.id), zap.Error(err))
+		h.logger.Warn("renewal failed", zap.String("event_id", d.id), zap.Error(err))
 	case !ok:
 		metrics.leaseLost.Inc()
-		h.logger.Warn("lease lost while the backend was still working (expired or taken over): another delivery may be processed concurrently",
-			zap.String("event_id", d.id))
+		h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "renewal"))
 		return
 	}
 	l.timer.Reset(h.renewEvery)

@@ -229,8 +229,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		if secret == s && (strings.Contains(s, "{env.") || strings.Contains(s, "{file.")) {
-			h.logger.Warn("a secret holds a placeholder inside other text: it is taken literally, braces included (only a secret that is one whole placeholder is resolved)",
-				zap.Int("secret", i+1))
+			h.logger.Warn("secret taken literally", zap.Int("secret", i+1))
 		}
 		secrets = append(secrets, secret)
 	}
@@ -256,8 +255,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.verifier = e.sigEngine()
 	}
 	if r := time.Duration(h.Retention); name == "sangho" && r > 0 && r < RedeliveryWindow {
-		h.logger.Warn("retention is shorter than Sangho's redelivery window: a redelivery that comes after an event's done record expired is processed again",
-			zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
+		h.logger.Warn("retention shorter than redelivery window", zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
 	}
 
 	if h.StoreRaw == nil {

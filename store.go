@@ -310,7 +310,7 @@ func (u *poolUsers) release(key string, logger *zap.Logger) error {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if _, err := storePool.Delete(key); err != nil && logger != nil {
-			logger.Error("releasing the store's shared resource", zap.String("resource", key), zap.Error(err))
+			logger.Error("shared store close failed", zap.String("resource", key), zap.Error(err))
 		}
 	}()
 	return nil

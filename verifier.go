@@ -353,8 +353,8 @@ func (d *delivery) bindSignature() error {
 		err = errSigReplayed
 	}
 	if _, rerr := d.release(d.ctx); rerr != nil {
-		h.logger.Warn("releasing the event after its signature was refused failed; its lease expires after lock_ttl",
-			zap.String("event_id", d.id), zap.Error(rerr))
+		h.logger.Warn("release failed", zap.String("event_id", d.id), zap.NamedError("cause", err),
+			zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.Error(rerr))
 	}
 	return err
 }
@@ -372,7 +372,6 @@ func (d *delivery) commitSignature(ctx context.Context, rec DoneRecord) {
 	_, err := d.h.store.Commit(ctx, d.sigKey, d.id, rec, d.h.sigMemory)
 	observe(opCommit, start, err)
 	if err != nil {
-		d.h.logger.Warn("the signature record of a processed event could not be made durable; it still refuses replays under another ID until it expires",
-			zap.String("event_id", d.id), zap.Error(err))
+		d.h.logger.Warn("signature record commit failed", zap.String("event_id", d.id), zap.Error(err))
 	}
 }
