@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
@@ -22,9 +23,9 @@ import (
 // a few on a loaded machine). The backend takes 200 ms, so that few
 // events are in that window at any instant.
 func TestDefaultStoreKilledAndRestarted(t *testing.T) {
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 200 * time.Millisecond} }
-	site := siteConfig("", l.addr, "")
+	l := ledger.New(t)
+	l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 200 * time.Millisecond} })
+	site := siteConfig("", l.Addr, "")
 	p := startCaddy(t, site)
 	s := newSender([]string{p.url}, 2)
 	n := 200 * scale
@@ -57,8 +58,8 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 // and the first one keeps serving; `caddy validate` of the running
 // config, in the same data directory, succeeds.
 func TestFileStoreOneProcessPerFile(t *testing.T) {
-	l := newLedger(t)
-	site := siteConfig("", l.addr, "")
+	l := ledger.New(t)
+	site := siteConfig("", l.Addr, "")
 	first := startCaddy(t, site)
 	s := newSender([]string{first.url}, 1)
 	ids, acked := s.run("file_lock_before", 5, nil)
