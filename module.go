@@ -60,13 +60,68 @@ const (
 )
 
 // Handler verifies and deduplicates webhook deliveries in front of any
-// backend: Sangho's by default, another sender's with "verifier" (a
-// scheme of http.sangho_dedup.verifiers: stripe, standard_webhooks,
-// github, shopify, hmac). A bad signature is answered 401, a missing or
-// bad event ID 400, a duplicate 200 {"received":true} with
-// Sangho-Dedup: duplicate, an event in flight 409 with Sangho-Dedup:
-// in_flight; placeholders {http.sangho_dedup.event_id}, .event_type and
-// .outcome. See the README for the whole request flow.
+// backend: Sangho's by default, another sender's with `verifier` (a
+// scheme of http.sangho_dedup.verifiers: `stripe`, `standard_webhooks`,
+// `github`, `shopify`, `hmac`). It reads the body (at most
+// `max_body_size`), verifies the signature, takes the event ID (from the
+// signed body, or from a header), claims the ID in the `store`, passes a
+// new event to the next handler while holding a lease on it (`lock_ttl`),
+// and records the event as done once the next handler has answered 2xx.
+// A duplicate is answered without the next handler. Rejections are
+// returned as Caddy errors, so that `handle_errors` can shape them; no
+// rejected request reaches the next handler or leaves a key in the store.
+//
+// Answers, checked in this order:
+//
+// Case | Status | Headers, body
+// -----|--------|--------------
+// method other than POST | 405 | `Allow: POST`
+// body longer than `max_body_size` (declared or counted, chunked too) | 413 |
+// body cannot be read (truncated, client gone) | 400 |
+// signature missing, malformed or sent twice, matching no `secret`, or its timestamp outside `tolerance` | 401 |
+// no valid event ID (missing, not 1-255 characters of `[A-Za-z0-9_-]`, body and header IDs differ, two ID headers, a body without `"id"` with `require_body_id` on, an ambiguous body) | 400 |
+// a signed message replayed under another event ID, where the signature does not cover the ID | 401 |
+// event already processed | 200 | `Sangho-Dedup: duplicate`, `Content-Type: application/json`, body `{"received":true}`
+// event processed with another body, `on_payload_mismatch` `reject` (the default) | 422 | `Sangho-Dedup: payload_mismatch`
+// the same, `on_payload_mismatch` `log` | 200 | as a duplicate
+// another delivery of the event in flight | 409 | `Sangho-Dedup: in_flight`, `Retry-After` (`retry_after`)
+// store unreachable or failing, `on_store_error` `reject` (the default) | 503 | `Retry-After` (`retry_after`)
+// store unreachable or failing, `on_store_error` `pass` | the next handler's | the next handler's, unchecked
+// new event | the next handler's | the next handler's, untouched
+//
+// A new event ends as the next handler's answer says: a 2xx status (or
+// none written, without an error) commits it, so that every later
+// delivery is a duplicate; a non-2xx status, or an error showing that the
+// request never left Caddy (a dial error, no upstreams available),
+// releases it, so that the sender's retry is processed; any other error
+// (a timeout, a connection lost, a panic) leaves unknown whether the
+// backend got it: the lease is held until it expires (`lock_ttl`), then
+// the retry is processed.
+//
+// This handler sets the following placeholders:
+//
+// Placeholder | Description
+// ------------|-------------
+// `{http.sangho_dedup.event_id}` | the event ID, once known
+// `{http.sangho_dedup.event_type}` | the event type: the body's top-level `type` (`github`: the X-GitHub-Event header; `shopify`: X-Shopify-Topic)
+// `{http.sangho_dedup.outcome}` | how the delivery ended, one of the outcomes below
+//
+// Outcomes, also the values of the `outcome` label of the metric
+// caddy_sangho_dedup_events_total:
+//
+// Outcome | Meaning
+// --------|--------
+// `processed` | the next handler answered 2xx: the event is recorded as done
+// `duplicate` | already processed: answered 200 without the next handler
+// `payload_mismatch` | already processed with another body: answered 422, or 200 with `on_payload_mismatch` `log`
+// `in_flight` | another delivery of the event is in flight: answered 409
+// `invalid_signature` | answered 401
+// `bad_request` | answered 400 or 405
+// `too_large` | answered 413
+// `store_error` | the store failed: answered 503
+// `unchecked` | the store failed, `on_store_error` `pass`: passed on without deduplication
+// `released` | the next handler answered non-2xx or never reached the backend: the sender's retry is processed
+// `held` | unknown whether the backend got the event: its retry is processed after `lock_ttl`
 type Handler struct {
 	// Signing secrets, used as bytes, whole (whsec_ included; for
 	// standard_webhooks, whsec_<base64> or a whpk_ public key). A request
@@ -161,8 +216,8 @@ type Handler struct {
 	VerifierRaw json.RawMessage `json:"verifier,omitempty" caddy:"namespace=http.sangho_dedup.verifiers inline_key=scheme"`
 
 	// The store module (http.sangho_dedup.stores). Default: file, a
-	// durable database file in Caddy's data directory, for one instance
-	// (see FileStore); redis for several instances; memory for tests.
+	// durable database file in Caddy's data directory, for one instance;
+	// redis for several instances; memory for tests.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      Store

@@ -56,7 +56,7 @@ const (
 	// cover (the first of SchemeDefaults.EventIDHeaders that is present).
 	// A captured delivery could be replayed under another ID: the
 	// handler remembers each accepted signed message with the ID it came
-	// with (see Handler.RequireBodyID and the README).
+	// with (see the handler's require_body_id).
 	IDFromHeader
 )
 
