@@ -284,6 +284,7 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 		}
 	}()
 	fallback := ledger.New(t)
+	fallback.RecordBodies()
 	s := startCaddy(t, `	sangho_dedup {
 		secret `+secret1+`
 		max_body_size 64MiB

@@ -238,6 +238,7 @@ func TestServerStatusTable(t *testing.T) {
 
 func TestServerBodyReachesBackendByteForByte(t *testing.T) {
 	l := ledger.New(t)
+	l.RecordBodies()
 	s := startCaddy(t, dedupSite(l.Addr, ""))
 	if a := send(t, s.url, bodyB, "evt_unicode_body"); a.status != 200 {
 		t.Fatalf("%d", a.status)

@@ -36,7 +36,7 @@ type Ledger struct {
 	behave   func(id string, n int) Action
 	received map[string]int    // deliveries that reached the backend
 	done     map[string]int    // deliveries it processed
-	bodies   map[string][]byte // the last body of each ID
+	bodies   map[string][]byte // the last body of each ID, with RecordBodies
 	srv      *http.Server
 	faults   atomic.Int64 // crashes, hangs and non-2xx answers
 }
@@ -44,7 +44,7 @@ type Ledger struct {
 // New starts a ledger on a free loopback port, stopped at cleanup.
 func New(t testing.TB) *Ledger {
 	t.Helper()
-	l := &Ledger{Addr: "127.0.0.1:0", received: map[string]int{}, done: map[string]int{}, bodies: map[string][]byte{}}
+	l := &Ledger{Addr: "127.0.0.1:0", received: map[string]int{}, done: map[string]int{}}
 	l.Start(t)
 	t.Cleanup(l.Stop)
 	return l
@@ -130,10 +130,24 @@ func (l *Ledger) Received() map[string]int {
 	return maps.Clone(l.received)
 }
 
-// Body returns the last body received with id.
+// RecordBodies makes the ledger keep the last body of each ID, for Body.
+// Off by default: a long run would keep every body.
+func (l *Ledger) RecordBodies() {
+	l.mu.Lock()
+	if l.bodies == nil {
+		l.bodies = map[string][]byte{}
+	}
+	l.mu.Unlock()
+}
+
+// Body returns the last body received with id. It panics without
+// RecordBodies, so that a test cannot read "no body" by mistake.
 func (l *Ledger) Body(id string) []byte {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.bodies == nil {
+		panic("ledger: Body without RecordBodies")
+	}
 	return l.bodies[id]
 }
 
@@ -147,7 +161,9 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 	l.mu.Lock()
 	l.received[id]++
 	n := l.received[id]
-	l.bodies[id] = body
+	if l.bodies != nil {
+		l.bodies[id] = body
+	}
 	behave := l.behave
 	l.mu.Unlock()
 	var a Action

@@ -12,6 +12,7 @@ import (
 // answers as told, and comes back on the same address after Down.
 func TestLedger(t *testing.T) {
 	l := New(t)
+	l.RecordBodies()
 	l.Behave(func(id string, n int) Action {
 		switch {
 		case id == "evt_fail" && n == 1:
