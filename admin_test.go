@@ -16,6 +16,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 )
 
 // adminServer is an in-process Caddy with its admin API on a free
@@ -81,16 +83,16 @@ func (a *adminServer) cli(t *testing.T, verb, id string, flags ...string) (int, 
 // API and the caddy sangho-dedup command, on every store.
 func TestAdminAPIAndCommand(t *testing.T) {
 	forStores(t, func(t *testing.T, store string) {
-		l := newLedger(t)
+		l := ledger.New(t)
 		release := make(chan struct{})
-		l.behave = func(id string, n int) (int, time.Duration) {
+		l.Behave(func(id string, n int) ledger.Action {
 			if id == "evt_slow" {
 				<-release
 			}
-			return 200, 0
-		}
+			return ledger.Action{}
+		})
 		name := "ops_" + strings.ReplaceAll(t.Name(), "/", "_")
-		s := startAdminCaddy(t, dedupSite(l.addr(), store+"\n\t\tname "+name))
+		s := startAdminCaddy(t, dedupSite(l.Addr, store+"\n\t\tname "+name))
 		body := func(id string) string { return fmt.Sprintf(`{"id":%q,"type":"invoice.paid"}`, id) }
 		if a := send(t, s.url, body("evt_ops"), "evt_ops"); a.status != 200 {
 			t.Fatalf("delivery: %d", a.status)
@@ -148,7 +150,7 @@ func TestAdminAPIAndCommand(t *testing.T) {
 		if a := send(t, s.url, body("evt_ops"), "evt_ops"); a.status != 200 || a.dedup != "" {
 			t.Fatalf("redelivery after forget: %d %q", a.status, a.dedup)
 		}
-		if received, _ := l.counts("evt_ops"); received != 2 {
+		if received, _ := l.Counts("evt_ops"); received != 2 {
 			t.Fatalf("the backend got the event %d times, want 2 (once more after forget)", received)
 		}
 		if status, v := s.api(t, http.MethodDelete, path+"evt_never"); status != 404 || v["state"] != "absent" {
@@ -187,12 +189,12 @@ func TestAdminAPIAndCommand(t *testing.T) {
 // TestCommandPicksTheOnlyEndpoint: --name may be left out when the
 // config has one endpoint, and not when it has two.
 func TestCommandPicksTheOnlyEndpoint(t *testing.T) {
-	l := newLedger(t)
-	s := startAdminCaddy(t, dedupSite(l.addr(), "store memory\n\t\tkey_prefix only_one:"))
+	l := ledger.New(t)
+	s := startAdminCaddy(t, dedupSite(l.Addr, "store memory\n\t\tkey_prefix only_one:"))
 	if code, out, err := s.cli(t, "get", "evt_x"); code != 1 || err != nil || !strings.Contains(out, "only_one:") {
 		t.Fatalf("get without --name: %d %v\n%s", code, err, out)
 	}
-	s2 := startAdminCaddy(t, twoEndpoints(l.addr(), l.addr(), "store memory\n\t\t\tkey_prefix two_a:", "store memory\n\t\t\tkey_prefix two_b:"))
+	s2 := startAdminCaddy(t, twoEndpoints(l.Addr, l.Addr, "store memory\n\t\t\tkey_prefix two_a:", "store memory\n\t\t\tkey_prefix two_b:"))
 	code, _, err := s2.cli(t, "get", "evt_x")
 	if code != 2 || err == nil || !strings.Contains(err.Error(), "two_a:") || !strings.Contains(err.Error(), "--name") {
 		t.Fatalf("get without --name on two endpoints: %d %v", code, err)

@@ -84,7 +84,7 @@ func benchServe(b *testing.B, configure func(*Handler), duplicates bool) {
 		events[i] = signed{body, sangho.Sign(testNow, []byte(body), secret1)}
 	}
 	if duplicates {
-		serve(h, delivery(events[0].body, ""), next)
+		serve(h, signedRequest(events[0].body, ""), next)
 	}
 	w := httptest.NewRecorder()
 	webhookURL, _ := url.Parse("/webhook")

@@ -2,7 +2,9 @@ package sanghodedup
 
 import (
 	"fmt"
+	"strconv"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
@@ -118,8 +120,8 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &m.OnStoreError); err != nil {
 				return err
 			}
-			if m.OnStoreError != "reject" && m.OnStoreError != "pass" {
-				return d.Errf("on_store_error: must be reject or pass, not %q", m.OnStoreError)
+			if m.OnStoreError != storeErrorReject && m.OnStoreError != storeErrorPass {
+				return d.Errf("on_store_error: must be %s or %s, not %q", storeErrorReject, storeErrorPass, m.OnStoreError)
 			}
 		case "require_body_id":
 			var v string
@@ -145,8 +147,8 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &m.OnPayloadMismatch); err != nil {
 				return err
 			}
-			if m.OnPayloadMismatch != "reject" && m.OnPayloadMismatch != "log" {
-				return d.Errf("on_payload_mismatch: must be reject or log, not %q", m.OnPayloadMismatch)
+			if m.OnPayloadMismatch != mismatchReject && m.OnPayloadMismatch != mismatchLog {
+				return d.Errf("on_payload_mismatch: must be %s or %s, not %q", mismatchReject, mismatchLog, m.OnPayloadMismatch)
 			}
 		case "provider":
 			if !d.NextArg() {
@@ -178,6 +180,9 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
+// The helpers below are shared by the Caddyfile parsers of the handler,
+// the stores and the verifiers; their errors name the option.
+
 // once refuses a subdirective given a second time, except the
 // repeatable one (whose values accumulate).
 func once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) error {
@@ -189,6 +194,61 @@ func once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) 
 		return d.Errf("%s: %s given more than once", who, opt)
 	}
 	seen[opt] = true
+	return nil
+}
+
+// noArg refuses an argument after a flag.
+func noArg(d *caddyfile.Dispenser) error {
+	name := d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: takes no argument, got %q", name, d.Val())
+	}
+	return nil
+}
+
+// oneArg reads the one argument of the option in d.Val().
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	name := d.Val()
+	if !d.NextArg() {
+		return d.Errf("%s: needs a value", name)
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: takes one value, got more", name)
+	}
+	return nil
+}
+
+// intArg reads the one argument of the option in d.Val() as a
+// non-negative whole number.
+func intArg(d *caddyfile.Dispenser, dst *int) error {
+	name, s := d.Val(), ""
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return d.Errf("%s: %q is not a non-negative whole number", name, s)
+	}
+	*dst = n
+	return nil
+}
+
+// durationArg reads the one argument of the option in d.Val() as a
+// positive duration (caddy.ParseDuration: 30s, 1h, 2d).
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name, s := d.Val(), ""
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("%s: invalid duration %q: %v", name, s, err)
+	}
+	if dur <= 0 {
+		return d.Errf("%s: duration must be positive, got %q", name, s)
+	}
+	*dst = caddy.Duration(dur)
 	return nil
 }
 

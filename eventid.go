@@ -8,7 +8,8 @@ import (
 	"fmt"
 )
 
-// Errors of event ID extraction; each is answered 400.
+// Errors of event ID extraction; each is answered 400. Two event ID
+// headers are errIDHeaders, beside the other header errors (verifier.go).
 var (
 	errIDMissing   = errors.New("no event ID: the body has no top-level \"id\" and the event ID header is absent")
 	errIDNotInBody = errors.New("the body has no top-level \"id\" (require_body_id is on: the event ID header is not signed)")
@@ -16,7 +17,6 @@ var (
 	errIDMismatch  = errors.New("the body's \"id\" and the event ID header differ")
 	errIDDupKey    = errors.New("the body has more than one top-level \"id\"")
 	errIDNotString = errors.New("the body's top-level \"id\" is not a string")
-	errIDHeaders   = errors.New("more than one event ID header")
 	errBodyJSON    = errors.New("the body starts as a JSON object but is malformed")
 	errIDCaseKey   = errors.New("the body has a top-level key that is \"id\" in another case (e.g. \"ID\"), which Go's encoding/json would read as the ID")
 	errBodyBOM     = errors.New("the body starts with a UTF-8 byte order mark, which JSON sent over a network must not have (RFC 8259)")

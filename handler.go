@@ -1,12 +1,12 @@
 package sanghodedup
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -22,10 +22,8 @@ import (
 
 var (
 	errMethod   = errors.New("method not allowed: Sangho delivers webhooks with POST")
-	errTooLarge = errors.New("request body larger than max_body_size")
 	errInFlight = errors.New("another delivery of this event is being processed")
 	errStore    = errors.New("dedup store unavailable")
-	errSigCount = errors.New("more than one signature header")
 	// errPayloadMismatch: the event ID was processed with another body.
 	errPayloadMismatch = errors.New("this event ID was processed with another body")
 )
@@ -87,13 +85,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if res != Claimed {
 		if other := recordFingerprint(found); other != "" && other != fp {
 			if res == InFlight {
-				h.logger.Warn("delivery in flight with another body under the same event ID",
-					zap.String("event_id", id), zap.String("fingerprint", fp), zap.String("in_flight_fingerprint", other))
+				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", "in_flight"),
+					zap.String("fingerprint", fp), zap.String("stored_fingerprint", other))
 			} else {
-				h.logger.Warn("processed event delivered again with another body",
-					zap.String("event_id", id), zap.String("fingerprint", fp), zap.String("processed_fingerprint", other),
+				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", "done"),
+					zap.String("fingerprint", fp), zap.String("stored_fingerprint", other),
 					zap.String("on_payload_mismatch", h.OnPayloadMismatch))
-				if h.OnPayloadMismatch != "log" {
+				if h.OnPayloadMismatch != mismatchLog {
 					w.Header().Set("Sangho-Dedup", "payload_mismatch")
 					return h.reject(r, repl, outcomePayloadMismatch, http.StatusUnprocessableEntity, errPayloadMismatch, id)
 				}
@@ -105,7 +103,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	switch res {
 	case AlreadyDone:
 		h.outcome(repl, outcomeDuplicate)
-		h.debug("duplicate delivery answered without the backend", id, typ)
+		h.debug("duplicate answered", id, typ)
 		return h.answerDuplicate(w, r, body)
 	case InFlight:
 		w.Header().Set("Retry-After", h.retryAfter)
@@ -113,12 +111,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
 	}
 
-	var sigKey string
+	// Claimed: from here on the delivery is one value, settled once.
+	d := &delivery{h: h, ctx: sctx, repl: repl, key: key, token: token, id: id, typ: typ, fingerprint: fp, claimed: start}
 	if ev.fromHeader {
 		// The ID is not signed: bind this signed message to its ID, so
 		// that a replay under another ID is refused (see bindSignature).
-		sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
-		if err := h.bindSignature(sctx, key, token, sigKey, id); err != nil {
+		d.sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
+		if err := d.bindSignature(); err != nil {
 			if errors.Is(err, errSigReplayed) {
 				return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, id)
 			}
@@ -126,8 +125,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 
-	h.debug("new event: passing it on", id, typ)
-	return h.process(w, r, next, repl, sctx, key, token, id, typ, start, sigKey)
+	h.debug("event passed on", id, typ)
+	return d.process(w, r, next)
 }
 
 // answerDuplicate answers 200 {"received":true} with Sangho-Dedup:
@@ -158,24 +157,38 @@ func fingerprint(body []byte) string {
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, id string, err error) error {
 	if h.pass {
 		h.outcome(repl, outcomeUnchecked)
-		h.logger.Warn("dedup store failed; passing the event on unchecked (on_store_error pass)",
-			zap.String("event_id", id), zap.Error(err))
+		h.logger.Warn("store failed", zap.String("event_id", id), zap.String("on_store_error", h.OnStoreError), zap.Error(err))
 		return next.ServeHTTP(w, r)
 	}
-	h.logger.Error("dedup store failed; answering 503 so that Sangho retries",
-		zap.String("event_id", id), zap.Error(err))
+	h.logger.Error("store failed", zap.String("event_id", id), zap.String("on_store_error", h.OnStoreError), zap.Error(err))
 	w.Header().Set("Retry-After", h.retryAfter)
 	return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
 }
 
-// process runs the next handler while holding the lease on key, then
-// settles the event: commit, release or hold (see settle).
-func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler,
-	repl *caddy.Replacer, sctx context.Context, key, token, id, typ string, claimed time.Time, sigKey string,
-) error {
-	l := h.startLease(sctx, key, token, id, claimed)
-	l.sigKey = sigKey
-	sw := &statusWriter{ResponseWriterWrapper: caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
+// delivery is one delivery past its claim: which event it is, the lease
+// it holds on it, and what the next handler answered. It is settled once:
+// committed, released or held (see settle).
+type delivery struct {
+	h    *Handler
+	ctx  context.Context // the request's, detached from the client: store operations run to completion
+	repl *caddy.Replacer
+
+	key         string    // the event's store key, key_prefix + id
+	token       string    // the lease token: unique, then "." and the fingerprint
+	id, typ     string    // the event ID and type
+	fingerprint string    // of the body (see fingerprint)
+	claimed     time.Time // when the claim was sent: the lease runs from then
+	sigKey      string    // the signature record, when the ID is not signed (see bindSignature)
+
+	lease lease        // renewed while the next handler runs
+	sw    statusWriter // records the status line the next handler wrote
+}
+
+// process runs the next handler while holding the lease, then settles
+// the event: commit, release or hold (see settle).
+func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	d.startLease()
+	d.sw.ResponseWriter = w
 	finished := false
 	defer func() {
 		if finished {
@@ -183,13 +196,13 @@ func (h *Handler) process(w http.ResponseWriter, r *http.Request, next caddyhttp
 		}
 		// The next handler panicked: settle the event (a panic is an
 		// unknown fate), then let the panic go on to Caddy's recovery.
-		l.stop()
-		h.settle(sctx, repl, sw, l, errPanic, typ)
+		d.lease.stop()
+		d.settle(errPanic)
 	}()
-	err := next.ServeHTTP(sw, r)
+	err := next.ServeHTTP(&d.sw, r)
 	finished = true
-	l.stop()
-	h.settle(sctx, repl, sw, l, err, typ)
+	d.lease.stop()
+	d.settle(err)
 	return err
 }
 
@@ -246,64 +259,69 @@ func neverForwarded(err error) bool {
 		he.Err != nil && he.Err.Error() == "no upstreams available"
 }
 
-// settle commits, releases or holds the event (see judge).
-func (h *Handler) settle(ctx context.Context, repl *caddy.Replacer, sw *statusWriter, l *lease, err error, typ string) {
-	status := int(sw.status.Load())
-	key, token, id := l.key, l.token, l.id
+// settle commits, releases or holds the event, given the error the next
+// handler returned and the status it wrote (see judge).
+func (d *delivery) settle(err error) {
+	h := d.h
+	status := int(d.sw.status.Load())
 	switch judge(status, err) {
 	case commit:
-		h.outcome(repl, outcomeProcessed)
-		rec := DoneRecord{ProcessedAt: h.now(), EventType: typ, Fingerprint: tokenFingerprint(token)}
-		held, err := h.commit(ctx, key, token, rec)
-		if err == nil && l.sigKey != "" {
-			h.commitSignature(ctx, l, rec)
+		h.outcome(d.repl, outcomeProcessed)
+		rec := DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
+		held, cerr := d.commit(d.ctx, rec)
+		if cerr == nil && d.sigKey != "" {
+			d.commitSignature(d.ctx, rec)
 		}
 		switch {
-		case err != nil:
-			h.logger.Warn("backend processed the event but its done record could not be written yet; retrying in the background",
-				zap.String("event_id", id), zap.Int("status", status), zap.Error(err))
+		case cerr != nil:
+			h.logger.Warn("commit failed", zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
 			h.enter()
 			pendingCommits.Add(1)
 			go func() {
 				defer h.leave()
 				defer pendingCommits.Add(-1)
-				h.retryCommit(l, rec)
+				d.retryCommit(rec)
 			}()
 		case !held:
 			metrics.leaseLost.Inc()
-			h.logger.Warn("lease was lost before commit (expired or taken over); recorded as done anyway",
-				zap.String("event_id", id))
+			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "commit"), zap.Int("status", status))
 		default:
-			h.debug("processed and recorded", id, typ)
+			h.debug("event processed", d.id, d.typ)
 		}
 	case release:
-		start := time.Now()
-		released, rerr := h.store.Release(ctx, key, token)
-		observe(opRelease, start, rerr)
-		h.outcome(repl, outcomeReleased)
+		released, rerr := d.release(d.ctx)
+		h.outcome(d.repl, outcomeReleased)
 		switch {
 		case rerr != nil:
-			h.logger.Error("releasing the event failed; Sangho's retry is accepted once the lease expires (lock_ttl)",
-				zap.String("event_id", id), zap.Int("status", status), zap.Error(rerr))
+			h.logger.Error("release failed", zap.String("event_id", d.id), zap.Int("status", status),
+				zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.Error(rerr))
 		case !released:
 			metrics.leaseLost.Inc()
-			h.logger.Warn("lease was lost before release (expired or taken over)", zap.String("event_id", id), zap.Int("status", status))
+			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "release"), zap.Int("status", status))
 		default:
-			h.logger.Info("backend did not process the event: released for Sangho's retry",
-				zap.String("event_id", id), zap.Int("status", status), zap.NamedError("cause", err))
+			h.logger.Info("event released", zap.String("event_id", d.id), zap.Int("status", status), zap.NamedError("cause", err))
 		}
 	case hold:
-		h.outcome(repl, outcomeHeld)
-		h.logger.Warn("unknown whether the backend got the event: its lease is held until it expires (lock_ttl), then Sangho's retry is processed",
-			zap.String("event_id", id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
+		h.outcome(d.repl, outcomeHeld)
+		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
 	}
 }
 
-func (h *Handler) commit(ctx context.Context, key, token string, rec DoneRecord) (bool, error) {
+// commit turns the lease into the done record rec.
+func (d *delivery) commit(ctx context.Context, rec DoneRecord) (bool, error) {
 	start := time.Now()
-	held, err := h.store.Commit(ctx, key, token, rec, time.Duration(h.Retention))
+	held, err := d.h.store.Commit(ctx, d.key, d.token, rec, time.Duration(d.h.Retention))
 	observe(opCommit, start, err)
 	return held, err
+}
+
+// release deletes the lease, so that the next delivery of the event is
+// processed.
+func (d *delivery) release(ctx context.Context) (bool, error) {
+	start := time.Now()
+	released, err := d.h.store.Release(ctx, d.key, d.token)
+	observe(opRelease, start, err)
+	return released, err
 }
 
 // retryCommit keeps trying to write the done record of an event the
@@ -316,34 +334,33 @@ func (h *Handler) commit(ctx context.Context, key, token string, rec DoneRecord)
 // after commitRetryFor. A record written after the lease expired, or
 // never, is logged at error level; never is counted in
 // caddy_sangho_dedup_commit_errors_total.
-func (h *Handler) retryCommit(l *lease, rec DoneRecord) {
+func (d *delivery) retryCommit(rec DoneRecord) {
+	h := d.h
 	deadline := time.Now().Add(commitRetryFor)
 	backoff := 50 * time.Millisecond
 	for tries := 1; time.Now().Before(deadline); tries++ {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, 250*time.Millisecond)
-		ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
-		_, err := h.commit(ctx, l.key, l.token, rec)
+		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+		_, err := d.commit(ctx, rec)
 		cancel()
 		if err != nil {
 			continue
 		}
-		if l.sigKey != "" {
-			ctx, cancel := context.WithTimeout(l.ctx, 5*time.Second)
-			h.commitSignature(ctx, l, rec)
+		if d.sigKey != "" {
+			ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+			d.commitSignature(ctx, rec)
 			cancel()
 		}
-		if time.Now().After(l.expiry()) {
-			h.logger.Error("done record written after the lease had expired: a redelivery in between may have been processed again",
-				zap.String("event_id", l.id), zap.Int("retries", tries))
+		if time.Now().After(d.lease.expiry()) {
+			h.logger.Error("commit retried after lease expired", zap.String("event_id", d.id), zap.Int("retries", tries))
 		} else {
-			h.logger.Info("done record written after a retry", zap.String("event_id", l.id), zap.Int("retries", tries))
+			h.logger.Info("commit retried", zap.String("event_id", d.id), zap.Int("retries", tries))
 		}
 		return
 	}
 	metrics.commitErr.Inc()
-	h.logger.Error("backend processed the event but its done record could not be written: a later redelivery of this event would be processed again",
-		zap.String("event_id", l.id), zap.Duration("tried_for", commitRetryFor))
+	h.logger.Error("commit abandoned", zap.String("event_id", d.id), zap.Duration("tried_for", commitRetryFor))
 }
 
 // commitRetryFor bounds the background retries of a failed commit.
@@ -373,16 +390,6 @@ func drainCommitRetries(context.Context) {
 	}
 }
 
-// storeUser is a store whose Cleanup releases a resource shared through
-// storePool (a Redis client) that deliveries may still need after
-// Caddy has cleaned their config up: on a reload, Caddy starts the new
-// config, then cleans the old one up without waiting for its requests
-// in flight. enter marks the store as in use, leave undoes one enter.
-type storeUser interface {
-	enter()
-	leave()
-}
-
 // enter marks h's store as in use by a delivery or a commit retry.
 func (h *Handler) enter() {
 	if u, ok := h.store.(storeUser); ok {
@@ -401,8 +408,14 @@ func (h *Handler) leave() {
 func (h *Handler) reject(r *http.Request, repl *caddy.Replacer, outcome string, status int, err error, id string) error {
 	h.outcome(repl, outcome)
 	if ce := h.logger.Check(zapcore.DebugLevel, "delivery rejected"); ce != nil {
+		// As Caddy's access log names the client: the address alone,
+		// then the port (none for a Unix socket).
+		ip, port, splitErr := net.SplitHostPort(r.RemoteAddr)
+		if splitErr != nil {
+			ip, port = r.RemoteAddr, ""
+		}
 		ce.Write(zap.String("outcome", outcome), zap.Int("status", status), zap.String("event_id", id),
-			zap.String("remote_ip", r.RemoteAddr), zap.Error(err))
+			zap.String("remote_ip", ip), zap.String("remote_port", port), zap.Error(err))
 	}
 	return caddyhttp.Error(status, err)
 }
@@ -449,174 +462,4 @@ func (sw *statusWriter) Write(b []byte) (int, error) {
 func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 	sw.status.CompareAndSwap(0, http.StatusOK)
 	return io.Copy(&sw.ResponseWriterWrapper, r)
-}
-
-// lease renews the claim on key every lock_ttl/3 while the next handler
-// runs. No goroutine is started: a timer fires only for events still in
-// flight after lock_ttl/3.
-type lease struct {
-	h          *Handler
-	ctx        context.Context
-	key, token string
-	id         string
-	sigKey     string // the signature record, when the ID is not signed (see bindSignature)
-
-	mu      sync.Mutex
-	stopped bool
-	timer   *time.Timer
-	expires time.Time // when the lease ends in the store, as far as we know
-}
-
-func (l *lease) expiry() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.expires
-}
-
-func (h *Handler) startLease(ctx context.Context, key, token, id string, start time.Time) *lease {
-	l := &lease{h: h, ctx: ctx, key: key, token: token, id: id, expires: start.Add(time.Duration(h.LockTTL))}
-	l.mu.Lock()
-	l.timer = time.AfterFunc(h.renewEvery, l.renew)
-	l.mu.Unlock()
-	return l
-}
-
-func (l *lease) renew() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopped {
-		return
-	}
-	ctx, cancel := context.WithTimeout(l.ctx, l.h.renewEvery)
-	defer cancel()
-	start := time.Now()
-	ok, err := l.h.store.Renew(ctx, l.key, l.token, time.Duration(l.h.LockTTL))
-	observe(opRenew, start, err)
-	if ok {
-		l.expires = start.Add(time.Duration(l.h.LockTTL))
-	}
-	switch {
-	case err != nil:
-		l.h.logger.Warn("renewing the lease failed; will retry", zap.String("event_id", l.id), zap.Error(err))
-	case !ok:
-		metrics.leaseLost.Inc()
-		l.h.logger.Warn("lease lost while the backend was still working (expired or taken over): another delivery may be processed concurrently",
-			zap.String("event_id", l.id))
-		return
-	}
-	l.timer.Reset(l.h.renewEvery)
-}
-
-// stop ends renewals and waits for one under way to finish, so that no
-// renewal runs after the commit or release.
-func (l *lease) stop() {
-	l.timer.Stop()
-	l.mu.Lock()
-	l.stopped = true
-	l.mu.Unlock()
-}
-
-// Request bodies are read into pooled buffers. A buffer goes back to
-// the pool only when both the handler is done and whoever read the body
-// (reverse_proxy's transport, possibly after ServeHTTP returned) has
-// closed it; a body nobody closes is left to the garbage collector.
-var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// maxPooledBuffer is the largest buffer kept for reuse.
-const maxPooledBuffer = 2 << 20
-
-type pooledBody struct {
-	buf  *bytes.Buffer
-	refs atomic.Int32
-
-	mu   sync.Mutex // orders Read and Close: no Read runs once the buffer may be recycled
-	rd   bytes.Reader
-	shut bool
-}
-
-func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
-
-// Read reads the body; after Close it fails with
-// http.ErrBodyReadAfterClose, as net/http's own request bodies do: the
-// buffer may already be back in the pool and hold another request (a
-// later reader, e.g. reverse_proxy in handle_errors after a backend that
-// read part of the body and failed).
-func (b *pooledBody) Read(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.shut {
-		return 0, http.ErrBodyReadAfterClose
-	}
-	return b.rd.Read(p)
-}
-
-// Close is called by the reader of the body; idempotent.
-func (b *pooledBody) Close() error {
-	b.mu.Lock()
-	first := !b.shut
-	b.shut = true
-	b.mu.Unlock()
-	if first {
-		b.unref()
-	}
-	return nil
-}
-
-// done is called by the handler when it is finished with the body.
-func (b *pooledBody) done() { b.unref() }
-
-func (b *pooledBody) unref() {
-	if b.refs.Add(-1) == 0 {
-		recycle(b.buf)
-	}
-}
-
-// recycle puts buf back into the pool unless it grew too large.
-func recycle(buf *bytes.Buffer) {
-	if buf.Cap() <= maxPooledBuffer {
-		buf.Reset()
-		bufPool.Put(buf)
-	}
-}
-
-// readBody reads the whole body, at most max_body_size bytes, and
-// replaces r.Body with a re-readable copy for the next handler. It
-// returns the status to answer when it fails: 413 past the limit
-// (declared or counted, chunked too), 400 when the body cannot be read
-// (truncated, client gone).
-func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
-	limit := h.MaxBodySize
-	if r.ContentLength > limit {
-		return nil, http.StatusRequestEntityTooLarge, errTooLarge
-	}
-	// The buffer grows with the bytes that arrive (bytes.Buffer.ReadFrom
-	// at most doubles it), never with Content-Length: a declared length
-	// costs nothing until the body is sent, so connections that announce
-	// large bodies and send none hold no memory for them. A pooled buffer
-	// keeps its capacity from earlier requests.
-	buf := bufPool.Get().(*bytes.Buffer)
-	var err error
-	if r.Body != nil {
-		_, err = buf.ReadFrom(io.LimitReader(r.Body, limit+1))
-		_ = r.Body.Close()
-	}
-	if err == nil && int64(buf.Len()) > limit {
-		err = errTooLarge
-	}
-	if err != nil {
-		recycle(buf)
-		var mbe *http.MaxBytesError
-		if errors.Is(err, errTooLarge) || errors.As(err, &mbe) {
-			return nil, http.StatusRequestEntityTooLarge, errTooLarge
-		}
-		return nil, http.StatusBadRequest, errors.New("reading request body: " + err.Error())
-	}
-	b := &pooledBody{buf: buf}
-	b.rd.Reset(buf.Bytes())
-	b.refs.Store(2)
-	r.Body = b
-	r.ContentLength = int64(buf.Len())
-	r.TransferEncoding = nil
-	r.GetBody = nil
-	return b, 0, nil
 }

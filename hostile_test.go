@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
@@ -27,13 +28,13 @@ import (
 func TestHostileRequests(t *testing.T) {
 	r := startRedis(t)
 	rc := r.Client(t)
-	l := newLedger(t)
+	l := ledger.New(t)
 	s := startCaddy(t, `	sangho_dedup {
 		secret `+secret1+`
 		max_body_size 4KiB
 		`+redisStoreLine(r.Addr)+`
 	}
-	reverse_proxy `+l.addr())
+	reverse_proxy `+l.Addr)
 	// (Caddy's server timeouts bound slow bodies; see TestSlowBody.)
 	now := time.Now()
 	sig := func(body string) string { return sangho.Sign(now, []byte(body), secret1) }
@@ -91,12 +92,7 @@ func TestHostileRequests(t *testing.T) {
 			passed++
 		}
 	}
-	l.mu.Lock()
-	reached := 0
-	for _, n := range l.received {
-		reached += n
-	}
-	l.mu.Unlock()
+	reached, _ := l.Totals()
 	if reached != passed {
 		t.Errorf("%d requests reached the backend, want %d (the valid ones)", reached, passed)
 	}
@@ -117,7 +113,7 @@ func TestHostileRequests(t *testing.T) {
 func TestTruncatedAndSlowBodies(t *testing.T) {
 	r := startRedis(t)
 	rc := r.Client(t)
-	l := newLedger(t)
+	l := ledger.New(t)
 	port := freePort(t)
 	cfg, _ := adaptCaddyfile(t, fmt.Sprintf(`{
 	admin off
@@ -139,7 +135,7 @@ http://127.0.0.1:%d {
 		%s
 	}
 	reverse_proxy %s
-}`, port, secret1, redisStoreLine(r.Addr), l.addr()))
+}`, port, secret1, redisStoreLine(r.Addr), l.Addr))
 	if err := caddyLoad(cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +187,7 @@ http://127.0.0.1:%d {
 		t.Errorf("slow body answered %q, want 400 (or the connection closed)", line)
 	}
 	time.Sleep(100 * time.Millisecond)
-	if n, _ := l.counts("evt_slow_body"); n != 0 {
+	if n, _ := l.Counts("evt_slow_body"); n != 0 {
 		t.Error("a truncated or slow body reached the backend")
 	}
 	if n := rc.DBSize(context.Background()).Val(); n != 0 {
@@ -211,8 +207,8 @@ http://127.0.0.1:%d {
 // connections wait inside sangho_dedup's body read.
 func TestHeaderOnlyConnectionsCostNoBody(t *testing.T) {
 	const conns = 200
-	l := newLedger(t)
-	s := startCaddy(t, "\troute {\n\t\ttest_body_probe\n"+dedupSite(l.addr(), "")+"\n\t}")
+	l := ledger.New(t)
+	s := startCaddy(t, "\troute {\n\t\ttest_body_probe\n"+dedupSite(l.Addr, "")+"\n\t}")
 	addr := "127.0.0.1:" + strconv.Itoa(s.port)
 	// One real event first, so that what a request needs anyway (pools,
 	// lazily built state) is in the baseline.
@@ -287,14 +283,15 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 			c.Close()
 		}
 	}()
-	fallback := newLedger(t)
+	fallback := ledger.New(t)
+	fallback.RecordBodies()
 	s := startCaddy(t, `	sangho_dedup {
 		secret `+secret1+`
 		max_body_size 64MiB
 	}
 	reverse_proxy `+ln.Addr().String()+`
 	handle_errors {
-		reverse_proxy `+fallback.addr()+`
+		reverse_proxy `+fallback.Addr+`
 	}`)
 	// Larger than what loopback socket buffers hold, so that the reset
 	// comes while reverse_proxy is still sending.
@@ -303,10 +300,9 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 	if a.status >= 200 && a.status <= 299 {
 		t.Fatalf("answered %d", a.status)
 	}
-	fallback.srv.Close() // waits for the fallback's handlers to finish
-	fallback.mu.Lock()
-	got, reached := fallback.bodies["evt_recycled"], fallback.received["evt_recycled"]
-	fallback.mu.Unlock()
+	fallback.Down() // waits (at most 10 s) for the fallback's handlers to finish
+	got := fallback.Body("evt_recycled")
+	reached, _ := fallback.Counts("evt_recycled")
 	t.Logf("answer %d; the fallback was reached %d times with %d body bytes", a.status, reached, len(got))
 	if len(got) != 0 {
 		t.Fatalf("the error route sent %d bytes read from the recycled body buffer", len(got))
@@ -328,21 +324,21 @@ func TestServerHeaderIDReplay(t *testing.T) {
 		return do(t, req).status
 	}
 	t.Run("default", func(t *testing.T) {
-		l := newLedger(t)
-		s := startCaddy(t, dedupSite(l.addr(), ""))
+		l := ledger.New(t)
+		s := startCaddy(t, dedupSite(l.Addr, ""))
 		sig := sangho.Sign(time.Now(), []byte(body), secret1)
 		for _, id := range []string{"evt_r1", "evt_r2", "evt_r3"} {
 			if st := post(s.url, sig, id); st != 400 {
 				t.Errorf("%s: %d, want 400", id, st)
 			}
 		}
-		if n, _ := l.counts(""); n != 0 {
+		if n, _ := l.Counts(""); n != 0 {
 			t.Errorf("the backend was reached")
 		}
 	})
 	forStores(t, func(t *testing.T, store string) {
-		l := newLedger(t)
-		s := startCaddy(t, dedupSite(l.addr(), store+"\n\t\trequire_body_id off"))
+		l := ledger.New(t)
+		s := startCaddy(t, dedupSite(l.Addr, store+"\n\t\trequire_body_id off"))
 		sig := sangho.Sign(time.Now(), []byte(body), secret1)
 		for i, id := range []string{"evt_r1", "evt_r2", "evt_r3", "evt_r4"} {
 			want := 401
@@ -353,9 +349,7 @@ func TestServerHeaderIDReplay(t *testing.T) {
 				t.Errorf("%s: %d, want %d", id, st, want)
 			}
 		}
-		l.mu.Lock()
-		reached := len(l.received)
-		l.mu.Unlock()
+		reached := len(l.Received())
 		if reached != 1 {
 			t.Errorf("%d events reached the backend, want 1", reached)
 		}
@@ -434,9 +428,9 @@ http://127.0.0.1:%d {
 		}
 		msg, _ := e["msg"].(string)
 		switch {
-		case strings.HasPrefix(msg, "retention is shorter than Sangho's redelivery window"):
+		case msg == "retention shorter than redelivery window":
 			retention = e["level"] == "warn" && e["retention"] == float64(24*3600) && e["redelivery_window"] == float64(48*3600) // seconds, as Caddy encodes durations
-		case strings.HasPrefix(msg, "a secret holds a placeholder inside other text"):
+		case msg == "secret taken literally":
 			literal = e["level"] == "warn" && e["secret"] == float64(2)
 		}
 	}

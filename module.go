@@ -27,10 +27,6 @@ func init() {
 	caddy.RegisterModule(Handler{})
 }
 
-// storePool shares store state (Redis clients, the memory map) across
-// config reloads.
-var storePool = caddy.NewUsagePool()
-
 // Defaults.
 const (
 	DefaultTolerance       = 5 * time.Minute
@@ -54,14 +50,78 @@ const (
 	minLockTTL = 30 * time.Millisecond
 )
 
+// Values of on_store_error and on_payload_mismatch.
+const (
+	storeErrorReject = "reject" // on_store_error: answer 503
+	storeErrorPass   = "pass"   // on_store_error: pass the event on unchecked
+
+	mismatchReject = "reject" // on_payload_mismatch: answer 422
+	mismatchLog    = "log"    // on_payload_mismatch: answer the duplicate, log a warning
+)
+
 // Handler verifies and deduplicates webhook deliveries in front of any
-// backend: Sangho's by default, another sender's with "verifier" (a
-// scheme of http.sangho_dedup.verifiers: stripe, standard_webhooks,
-// github, shopify, hmac). A bad signature is answered 401, a missing or
-// bad event ID 400, a duplicate 200 {"received":true} with
-// Sangho-Dedup: duplicate, an event in flight 409 with Sangho-Dedup:
-// in_flight; placeholders {http.sangho_dedup.event_id}, .event_type and
-// .outcome. See the README for the whole request flow.
+// backend: Sangho's by default, another sender's with `verifier` (a
+// scheme of http.sangho_dedup.verifiers: `stripe`, `standard_webhooks`,
+// `github`, `shopify`, `hmac`). It reads the body (at most
+// `max_body_size`), verifies the signature, takes the event ID (from the
+// signed body, or from a header), claims the ID in the `store`, passes a
+// new event to the next handler while holding a lease on it (`lock_ttl`),
+// and records the event as done once the next handler has answered 2xx.
+// A duplicate is answered without the next handler. Rejections are
+// returned as Caddy errors, so that `handle_errors` can shape them; no
+// rejected request reaches the next handler or leaves a key in the store.
+//
+// Answers, checked in this order:
+//
+// Case | Status | Headers, body
+// -----|--------|--------------
+// method other than POST | 405 | `Allow: POST`
+// body longer than `max_body_size` (declared or counted, chunked too) | 413 |
+// body cannot be read (truncated, client gone) | 400 |
+// signature missing, malformed or sent twice, matching no `secret`, or its timestamp outside `tolerance` | 401 |
+// no valid event ID (missing, not 1-255 characters of `[A-Za-z0-9_-]`, body and header IDs differ, two ID headers, a body without `"id"` with `require_body_id` on, an ambiguous body) | 400 |
+// a signed message replayed under another event ID, where the signature does not cover the ID | 401 |
+// event already processed | 200 | `Sangho-Dedup: duplicate`, `Content-Type: application/json`, body `{"received":true}`
+// event processed with another body, `on_payload_mismatch` `reject` (the default) | 422 | `Sangho-Dedup: payload_mismatch`
+// the same, `on_payload_mismatch` `log` | 200 | as a duplicate
+// another delivery of the event in flight | 409 | `Sangho-Dedup: in_flight`, `Retry-After` (`retry_after`)
+// store unreachable or failing, `on_store_error` `reject` (the default) | 503 | `Retry-After` (`retry_after`)
+// store unreachable or failing, `on_store_error` `pass` | the next handler's | the next handler's, unchecked
+// new event | the next handler's | the next handler's, untouched
+//
+// A new event ends as the next handler's answer says: a 2xx status (or
+// none written, without an error) commits it, so that every later
+// delivery is a duplicate; a non-2xx status, or an error showing that the
+// request never left Caddy (a dial error, no upstreams available),
+// releases it, so that the sender's retry is processed; any other error
+// (a timeout, a connection lost, a panic) leaves unknown whether the
+// backend got it: the lease is held until it expires (`lock_ttl`), then
+// the retry is processed.
+//
+// This handler sets the following placeholders:
+//
+// Placeholder | Description
+// ------------|-------------
+// `{http.sangho_dedup.event_id}` | the event ID, once known
+// `{http.sangho_dedup.event_type}` | the event type: the body's top-level `type` (`github`: the X-GitHub-Event header; `shopify`: X-Shopify-Topic)
+// `{http.sangho_dedup.outcome}` | how the delivery ended, one of the outcomes below
+//
+// Outcomes, also the values of the `outcome` label of the metric
+// caddy_sangho_dedup_events_total:
+//
+// Outcome | Meaning
+// --------|--------
+// `processed` | the next handler answered 2xx: the event is recorded as done
+// `duplicate` | already processed: answered 200 without the next handler
+// `payload_mismatch` | already processed with another body: answered 422, or 200 with `on_payload_mismatch` `log`
+// `in_flight` | another delivery of the event is in flight: answered 409
+// `invalid_signature` | answered 401
+// `bad_request` | answered 400 or 405
+// `too_large` | answered 413
+// `store_error` | the store failed: answered 503
+// `unchecked` | the store failed, `on_store_error` `pass`: passed on without deduplication
+// `released` | the next handler answered non-2xx or never reached the backend: the sender's retry is processed
+// `held` | unknown whether the backend got the event: its retry is processed after `lock_ttl`
 type Handler struct {
 	// Signing secrets, used as bytes, whole (whsec_ included; for
 	// standard_webhooks, whsec_<base64> or a whpk_ public key). A request
@@ -156,15 +216,15 @@ type Handler struct {
 	VerifierRaw json.RawMessage `json:"verifier,omitempty" caddy:"namespace=http.sangho_dedup.verifiers inline_key=scheme"`
 
 	// The store module (http.sangho_dedup.stores). Default: file, a
-	// durable database file in Caddy's data directory, for one instance
-	// (see FileStore); redis for several instances; memory for tests.
+	// durable database file in Caddy's data directory, for one instance;
+	// redis for several instances; memory for tests.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      Store
 	scheme     scheme    // the signature scheme, settled at provision
 	verifier   *verifier // the Sangho-format engine of the sangho and stripe schemes, else nil
 	logger     *zap.Logger
-	now        func() time.Time
+	now        func() time.Time // the clock; a test sets its own before Provision
 	pass       bool
 	retryAfter string
 	renewEvery time.Duration
@@ -186,7 +246,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // registers the metrics.
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
-	if h.now == nil {
+	if h.now == nil { // tests set their clock before Provision
 		h.now = time.Now
 	}
 	if h.MaxBodySize == 0 {
@@ -202,15 +262,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.RetryAfter = caddy.Duration(DefaultRetryAfter)
 	}
 	if h.OnStoreError == "" {
-		h.OnStoreError = "reject"
+		h.OnStoreError = storeErrorReject
 	}
 	if h.OnPayloadMismatch == "" {
-		h.OnPayloadMismatch = "reject"
+		h.OnPayloadMismatch = mismatchReject
 	}
 	if h.KeyPrefix == "" {
 		h.KeyPrefix = DefaultKeyPrefix
 	}
-	h.pass = h.OnStoreError == "pass"
+	h.pass = h.OnStoreError == storeErrorPass
 	h.renewEvery = time.Duration(h.LockTTL) / 3
 	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
 	secs := (time.Duration(h.RetryAfter) + time.Second - 1) / time.Second
@@ -224,8 +284,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			return err
 		}
 		if secret == s && (strings.Contains(s, "{env.") || strings.Contains(s, "{file.")) {
-			h.logger.Warn("a secret holds a placeholder inside other text: it is taken literally, braces included (only a secret that is one whole placeholder is resolved)",
-				zap.Int("secret", i+1))
+			h.logger.Warn("secret taken literally", zap.Int("secret", i+1))
 		}
 		secrets = append(secrets, secret)
 	}
@@ -251,8 +310,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.verifier = e.sigEngine()
 	}
 	if r := time.Duration(h.Retention); name == "sangho" && r > 0 && r < RedeliveryWindow {
-		h.logger.Warn("retention is shorter than Sangho's redelivery window: a redelivery that comes after an event's done record expired is processed again",
-			zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
+		h.logger.Warn("retention shorter than redelivery window", zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
 	}
 
 	if h.StoreRaw == nil {
@@ -322,10 +380,10 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("lock_ttl must be at least %v", minLockTTL)
 	case h.RetryAfter <= 0:
 		return errors.New("retry_after must be positive")
-	case h.OnStoreError != "reject" && h.OnStoreError != "pass":
-		return fmt.Errorf(`on_store_error must be "reject" or "pass", not %q`, h.OnStoreError)
-	case h.OnPayloadMismatch != "reject" && h.OnPayloadMismatch != "log":
-		return fmt.Errorf(`on_payload_mismatch must be "reject" or "log", not %q`, h.OnPayloadMismatch)
+	case h.OnStoreError != storeErrorReject && h.OnStoreError != storeErrorPass:
+		return fmt.Errorf("on_store_error must be %q or %q, not %q", storeErrorReject, storeErrorPass, h.OnStoreError)
+	case h.OnPayloadMismatch != mismatchReject && h.OnPayloadMismatch != mismatchLog:
+		return fmt.Errorf("on_payload_mismatch must be %q or %q, not %q", mismatchReject, mismatchLog, h.OnPayloadMismatch)
 	case h.EventIDHeader != "" && !validHeaderName(h.EventIDHeader):
 		return fmt.Errorf("event_id_header %q is not a valid header name", h.EventIDHeader)
 	case !validHeaderName(h.SignatureHeader):

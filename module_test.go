@@ -1,9 +1,17 @@
 package sanghodedup
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // TestMain keeps the tests away from the user's Caddy data directory:
@@ -22,4 +30,174 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+func TestProvisionErrors(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	t.Setenv("SANGHO_EMPTY_SECRET", "")
+	for name, h := range map[string]*Handler{
+		"no secret":    {},
+		"empty secret": {Secrets: []string{"{env.SANGHO_EMPTY_SECRET}"}},
+	} {
+		if err := h.Provision(ctx); err == nil {
+			t.Errorf("%s: provisioned", name)
+		}
+	}
+	for name, h := range map[string]*Handler{
+		"bad on_store_error":        {Secrets: []string{"s"}, OnStoreError: "maybe"},
+		"tiny lock_ttl":             {Secrets: []string{"s"}, LockTTL: caddy.Duration(time.Millisecond)},
+		"negative tolerance":        {Secrets: []string{"s"}, Tolerance: -1},
+		"max_body_size over 64 MiB": {Secrets: []string{"s"}, MaxBodySize: 64<<20 + 1},
+		"bad header":                {Secrets: []string{"s"}, EventIDHeader: "a b"},
+	} {
+		if err := h.Provision(ctx); err != nil {
+			t.Errorf("%s: provision: %v", name, err)
+			continue
+		}
+		if err := h.Validate(); err == nil {
+			t.Errorf("%s: validated", name)
+		}
+	}
+	t.Setenv("SANGHO_TEST_SECRET", secret1)
+	h := &Handler{Secrets: []string{"{env.SANGHO_TEST_SECRET}"}, KeyPrefix: "env_secret:", now: testClock}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.verifier.verify("t=1733140800,v1="+vectors[0].v1, []byte(bodyA)); err != nil {
+		t.Fatalf("secret from {env.X} not resolved: %v", err)
+	}
+}
+
+// TestSecretPlaceholders: only a secret that is one whole placeholder
+// ({env.X}, {file./path}) is resolved; any other value is the secret
+// itself, braces included. A whole placeholder that is unset or empty is
+// a config error naming the secret's number and the placeholder, never a
+// secret.
+func TestSecretPlaceholders(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	t.Setenv("SANGHO_TEST_SECRET", secret1)
+	t.Setenv("SANGHO_EMPTY_SECRET", "")
+	file := t.TempDir() + "/secret"
+	if err := os.WriteFile(file, []byte(secret2+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(bodyA)
+	signedWith := func(secret string) string { return sangho.Sign(testNow, body, secret) }
+	for _, c := range []struct {
+		secret  string
+		accepts string // a request signed with this secret verifies
+		refuses string // and one signed with this does not
+	}{
+		{"whsec_ab{cd}ef", "whsec_ab{cd}ef", "whsec_abef"},
+		{"whsec_{env.SANGHO_TEST_SECRET}", "whsec_{env.SANGHO_TEST_SECRET}", "whsec_" + secret1},
+		{"whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_{env.SANGHO_UNSET_SECRET_X}", "whsec_"},
+		{"{env.SANGHO_TEST_SECRET}", secret1, "{env.SANGHO_TEST_SECRET}"},
+		{"{file." + file + "}", secret2, secret2 + "\n"},
+		{"{env.SANGHO_TEST_SECRET} ", "{env.SANGHO_TEST_SECRET} ", secret1},
+	} {
+		// one config each: handlers of one config with different secrets
+		// may not share a store and prefix
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		h := &Handler{Secrets: []string{c.secret}, StoreRaw: []byte(`{"type":"memory"}`), now: testClock}
+		if err := h.Provision(ctx); err != nil {
+			t.Errorf("%q: %v", c.secret, err)
+			continue
+		}
+		if err := h.verifier.verify(signedWith(c.accepts), body); err != nil {
+			t.Errorf("secret %q: a request signed with %q is refused: %v", c.secret, c.accepts, err)
+		}
+		if err := h.verifier.verify(signedWith(c.refuses), body); err == nil {
+			t.Errorf("secret %q: a request signed with %q is accepted", c.secret, c.refuses)
+		}
+	}
+	for _, c := range []struct {
+		secrets []string
+		want    string
+	}{
+		{[]string{secret2, "{env.SANGHO_UNSET_SECRET_X}"}, "secret #2: placeholder {env.SANGHO_UNSET_SECRET_X} is unset or empty"},
+		{[]string{"{env.SANGHO_EMPTY_SECRET}"}, "secret #1: placeholder {env.SANGHO_EMPTY_SECRET} is unset or empty"},
+		{[]string{secret2, secret1, "{file." + file + ".missing}"}, "secret #3: placeholder {file." + file + ".missing} is unset or empty"},
+		{[]string{"{" + secret1 + "}"}, "secret #1 is a placeholder that Caddy does not know"},
+		{[]string{secret1, ""}, "secret #2 is empty"},
+	} {
+		h := &Handler{Secrets: c.secrets, StoreRaw: []byte(`{"type":"memory"}`)}
+		err := h.Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want it to contain %q", c.secrets, err, c.want)
+			continue
+		}
+		for _, s := range []string{secret1, secret2} {
+			if strings.Contains(err.Error(), s) {
+				t.Errorf("the error prints a secret: %v", err)
+			}
+		}
+	}
+}
+
+// TestMetricsRegisteredWithCaddy: the collectors are in the registry of
+// every config that provisions the handler (a reload registers them again
+// without error) and keep their counts across configs.
+func TestMetricsRegisteredWithCaddy(t *testing.T) {
+	var regs []*caddy.Context
+	for range 2 {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		t.Cleanup(cancel)
+		h := &Handler{Secrets: []string{secret1}, StoreRaw: []byte(`{"type":"memory"}`), KeyPrefix: "reg:", now: testClock}
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("provision (a reload re-registers): %v", err)
+		}
+		serve(h, signedRequest(bodyA, ""), &countingNext{})
+		regs = append(regs, &ctx)
+	}
+	for i, ctx := range regs {
+		families, err := ctx.GetMetricsRegistry().Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, f := range families {
+			if f.GetName() == "caddy_sangho_dedup_events_total" {
+				found = true
+				for _, m := range f.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() != "outcome" {
+							t.Errorf("unexpected label %q", l.GetName())
+						}
+					}
+				}
+			}
+		}
+		if !found {
+			t.Errorf("config %d: caddy_sangho_dedup_events_total not in Caddy's metrics registry", i)
+		}
+	}
+}
+
+// TestNames: a handler's name defaults to its key_prefix; two handlers
+// of one config with one name need the same store and prefix.
+func TestNames(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a := &Handler{Secrets: []string{secret1}, KeyPrefix: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	if err := a.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if a.Name != "a:" {
+		t.Fatalf("default name %q, want the key_prefix", a.Name)
+	}
+	same := &Handler{Secrets: []string{secret1}, KeyPrefix: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	if err := same.Provision(ctx); err != nil {
+		t.Fatalf("the same endpoint on a second route: %v", err)
+	}
+	clash := &Handler{Secrets: []string{secret2}, KeyPrefix: "b:", Name: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	err := clash.Provision(ctx)
+	if err == nil || !strings.Contains(err.Error(), `named "a:"`) || !strings.Contains(err.Error(), "own name") {
+		t.Fatalf("a name on two endpoints: %v", err)
+	}
+	if got := currentEndpoints(); got["a:"] != a {
+		t.Fatalf("current endpoints %v", got)
+	}
 }

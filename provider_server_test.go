@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 )
 
 // Per provider, through a real Caddy (in this process) in front of
@@ -144,8 +146,8 @@ func resend(t *testing.T, r *http.Request, edit func(h http.Header, body []byte)
 func TestServerProviders(t *testing.T) {
 	for _, p := range providerCases {
 		t.Run(p.name, func(t *testing.T) {
-			l := newLedger(t)
-			s := startCaddy(t, providerSite(p, l.addr(), "key_prefix "+p.name+":"))
+			l := ledger.New(t)
+			s := startCaddy(t, providerSite(p, l.Addr, "key_prefix "+p.name+":"))
 			now := time.Now()
 			check := func(step string, r *http.Request, status int, dedup string) {
 				t.Helper()
@@ -194,7 +196,7 @@ func TestServerProviders(t *testing.T) {
 				if n == 1 || n == 2 || n == 3 && p.rolls {
 					want = 1
 				}
-				if got, ok := l.counts(p.id(n)); got != want || ok != want {
+				if got, ok := l.Counts(p.id(n)); got != want || ok != want {
 					t.Errorf("%s reached the backend %d times (%d 2xx), want %d", p.id(n), got, ok, want)
 				}
 			}
@@ -212,8 +214,8 @@ func TestServerUnsignedIDReplayOnEachStore(t *testing.T) {
 		}
 		t.Run(p.name, func(t *testing.T) {
 			forStores(t, func(t *testing.T, store string) {
-				l := newLedger(t)
-				s := startCaddy(t, providerSite(p, l.addr(), store))
+				l := ledger.New(t)
+				s := startCaddy(t, providerSite(p, l.Addr, store))
 				first := p.delivery(t, s.url, p.id(1), time.Now(), p.secrets[0])
 				for i, want := range []int{200, 401, 401, 200} {
 					r := resend(t, first, nil)
@@ -224,9 +226,7 @@ func TestServerUnsignedIDReplayOnEachStore(t *testing.T) {
 						t.Errorf("delivery %d: %d, want %d", i+1, a.status, want)
 					}
 				}
-				l.mu.Lock()
-				reached := len(l.received)
-				l.mu.Unlock()
+				reached := len(l.Received())
 				if reached != 1 {
 					t.Errorf("%d event IDs reached the backend, want 1", reached)
 				}
@@ -247,8 +247,8 @@ func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 		}
 	}
 	forStores(t, func(t *testing.T, store string) {
-		l := newLedger(t)
-		s := startAdminCaddy(t, providerSite(gh, l.addr(), store+"\n\t\tname gh"))
+		l := ledger.New(t)
+		s := startAdminCaddy(t, providerSite(gh, l.Addr, store+"\n\t\tname gh"))
 		first := gh.delivery(t, s.url, gh.id(7), time.Now(), gh.secrets[0])
 		if a := do(t, resend(t, first, nil)); a.status != 200 || a.dedup != "" {
 			t.Fatalf("first delivery: %d %q", a.status, a.dedup)
@@ -262,7 +262,7 @@ func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 		if a := do(t, resend(t, first, nil)); a.status != 200 || a.dedup != "" {
 			t.Fatalf("redelivery after forget: %d %q, want processed", a.status, a.dedup)
 		}
-		if n, _ := l.counts(gh.id(7)); n != 2 {
+		if n, _ := l.Counts(gh.id(7)); n != 2 {
 			t.Fatalf("the backend got the delivery %d times, want 2 (once more after forget)", n)
 		}
 		replay := resend(t, first, nil)

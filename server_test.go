@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -18,62 +17,13 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // Whole-server tests: a real Caddy (in this process) with sangho_dedup
 // in front of reverse_proxy, and a backend that keeps a ledger of what it
-// receives. Everything listens on 127.0.0.1.
-
-// ledger is a backend that records every event ID it receives.
-type ledger struct {
-	srv      *httptest.Server
-	mu       sync.Mutex
-	received map[string]int // deliveries that reached the backend
-	ok       map[string]int // deliveries the backend answered 2xx
-	bodies   map[string][]byte
-	// behave decides the answer to the n-th delivery (1-based) of id.
-	behave func(id string, n int) (status int, delay time.Duration)
-}
-
-func newLedger(t testing.TB) *ledger {
-	l := &ledger{received: map[string]int{}, ok: map[string]int{}, bodies: map[string][]byte{}}
-	l.srv = httptest.NewServer(http.HandlerFunc(l.serve))
-	t.Cleanup(l.srv.Close)
-	return l
-}
-
-func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
-	body, _ := io.ReadAll(r.Body)
-	id := r.Header.Get("Sangho-Event-ID")
-	l.mu.Lock()
-	l.received[id]++
-	n := l.received[id]
-	l.bodies[id] = body
-	behave := l.behave
-	l.mu.Unlock()
-	status, delay := http.StatusOK, time.Duration(0)
-	if behave != nil {
-		status, delay = behave(id, n)
-	}
-	time.Sleep(delay)
-	if status >= 200 && status < 300 {
-		l.mu.Lock()
-		l.ok[id]++
-		l.mu.Unlock()
-	}
-	w.Header().Set("X-Backend", "ledger")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"app":"%s"}`, id)
-}
-
-func (l *ledger) counts(id string) (received, ok int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.received[id], l.ok[id]
-}
-
-func (l *ledger) addr() string { return strings.TrimPrefix(l.srv.URL, "http://") }
+// receives (internal/ledger). Everything listens on 127.0.0.1.
 
 // caddyServer runs one Caddy config in this process.
 type caddyServer struct {
@@ -195,17 +145,17 @@ func redisStoreLine(addr string) string {
 }
 
 func TestServerStatusTable(t *testing.T) {
-	l := newLedger(t)
-	l.behave = func(id string, n int) (int, time.Duration) {
+	l := ledger.New(t)
+	l.Behave(func(id string, n int) ledger.Action {
 		if id == "evt_slow" {
-			return 200, 400 * time.Millisecond
+			return ledger.Action{Delay: 400 * time.Millisecond}
 		}
 		if id == "evt_created" {
-			return 201, 0
+			return ledger.Action{Status: 201}
 		}
-		return 200, 0
-	}
-	s := startCaddy(t, dedupSite(l.addr(), "max_body_size 2KiB\n\t\tretry_after 7s"))
+		return ledger.Action{}
+	})
+	s := startCaddy(t, dedupSite(l.Addr, "max_body_size 2KiB\n\t\tretry_after 7s"))
 
 	post := func(body string, mutate func(*http.Request)) answer {
 		req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(body))
@@ -260,7 +210,7 @@ func TestServerStatusTable(t *testing.T) {
 	done := make(chan answer)
 	go func() { done <- send(t, s.url, eventBody("evt_slow"), "evt_slow") }()
 	deadline := time.Now().Add(5 * time.Second)
-	for n, _ := l.counts("evt_slow"); n == 0; n, _ = l.counts("evt_slow") {
+	for n, _ := l.Counts("evt_slow"); n == 0; n, _ = l.Counts("evt_slow") {
 		if time.Now().After(deadline) {
 			t.Fatal("the slow event never reached the backend")
 		}
@@ -275,26 +225,25 @@ func TestServerStatusTable(t *testing.T) {
 	}
 
 	for _, id := range []string{"evt_get", "evt_big", "evt_nosig", "evt_badsig", "evt_old", "evt_future", "evt_body", "evt_header"} {
-		if n, _ := l.counts(id); n != 0 {
+		if n, _ := l.Counts(id); n != 0 {
 			t.Errorf("%s reached the backend %d times", id, n)
 		}
 	}
 	for id, want := range map[string]int{"evt_created": 1, "evt_slow": 1} {
-		if n, _ := l.counts(id); n != want {
+		if n, _ := l.Counts(id); n != want {
 			t.Errorf("%s reached the backend %d times, want %d", id, n, want)
 		}
 	}
 }
 
 func TestServerBodyReachesBackendByteForByte(t *testing.T) {
-	l := newLedger(t)
-	s := startCaddy(t, dedupSite(l.addr(), ""))
+	l := ledger.New(t)
+	l.RecordBodies()
+	s := startCaddy(t, dedupSite(l.Addr, ""))
 	if a := send(t, s.url, bodyB, "evt_unicode_body"); a.status != 200 {
 		t.Fatalf("%d", a.status)
 	}
-	l.mu.Lock()
-	got := l.bodies["evt_unicode_body"]
-	l.mu.Unlock()
+	got := l.Body("evt_unicode_body")
 	if !bytes.Equal(got, []byte(bodyB)) {
 		t.Fatalf("backend got %q, want %q", got, bodyB)
 	}
@@ -314,8 +263,8 @@ func forStores(t *testing.T, test func(t *testing.T, store string)) {
 
 func TestServerSequentialDeliveriesProcessedOnce(t *testing.T) {
 	forStores(t, func(t *testing.T, store string) {
-		l := newLedger(t)
-		s := startCaddy(t, dedupSite(l.addr(), store))
+		l := ledger.New(t)
+		s := startCaddy(t, dedupSite(l.Addr, store))
 		for i := range 10 {
 			a := send(t, s.url, bodyA, "evt_1QZtest000000000001")
 			if a.status != 200 {
@@ -325,7 +274,7 @@ func TestServerSequentialDeliveriesProcessedOnce(t *testing.T) {
 				t.Fatalf("delivery %d not answered as a duplicate", i+1)
 			}
 		}
-		if rec, ok := l.counts("evt_1QZtest000000000001"); rec != 1 || ok != 1 {
+		if rec, ok := l.Counts("evt_1QZtest000000000001"); rec != 1 || ok != 1 {
 			t.Fatalf("backend received %d, processed %d; want 1 and 1", rec, ok)
 		}
 	})
@@ -333,9 +282,9 @@ func TestServerSequentialDeliveriesProcessedOnce(t *testing.T) {
 
 func TestServerConcurrentDeliveriesProcessedOnce(t *testing.T) {
 	forStores(t, func(t *testing.T, store string) {
-		l := newLedger(t)
-		l.behave = func(string, int) (int, time.Duration) { return 200, 50 * time.Millisecond }
-		s := startCaddy(t, dedupSite(l.addr(), store))
+		l := ledger.New(t)
+		l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 50 * time.Millisecond} })
+		s := startCaddy(t, dedupSite(l.Addr, store))
 		const n = 50
 		var wg sync.WaitGroup
 		var acked, conflicts, other atomic.Int32
@@ -364,7 +313,7 @@ func TestServerConcurrentDeliveriesProcessedOnce(t *testing.T) {
 		}
 		close(start)
 		wg.Wait()
-		rec, ok := l.counts("")
+		rec, ok := l.Counts("")
 		t.Logf("%d deliveries acknowledged, %d answered 409 and retried, backend received %d", acked.Load(), conflicts.Load(), rec)
 		if acked.Load() != n || other.Load() != 0 {
 			t.Fatalf("acknowledged %d of %d, %d unexpected answers", acked.Load(), n, other.Load())
@@ -377,14 +326,14 @@ func TestServerConcurrentDeliveriesProcessedOnce(t *testing.T) {
 
 func TestServerFailedAttemptIsRetried(t *testing.T) {
 	forStores(t, func(t *testing.T, store string) {
-		l := newLedger(t)
-		l.behave = func(id string, n int) (int, time.Duration) {
+		l := ledger.New(t)
+		l.Behave(func(id string, n int) ledger.Action {
 			if n == 1 {
-				return 500, 0
+				return ledger.Action{Status: 500}
 			}
-			return 200, 0
-		}
-		s := startCaddy(t, dedupSite(l.addr(), store))
+			return ledger.Action{}
+		})
+		s := startCaddy(t, dedupSite(l.Addr, store))
 		if a := send(t, s.url, bodyA, ""); a.status != 500 {
 			t.Fatalf("first attempt: %d, want the backend's 500", a.status)
 		}
@@ -394,7 +343,7 @@ func TestServerFailedAttemptIsRetried(t *testing.T) {
 		if a := send(t, s.url, bodyA, ""); a.dedup != "duplicate" {
 			t.Fatalf("third: %d %q, want duplicate", a.status, a.dedup)
 		}
-		if rec, ok := l.counts(""); rec != 2 || ok != 1 {
+		if rec, ok := l.Counts(""); rec != 2 || ok != 1 {
 			t.Fatalf("backend received %d, processed %d; want 2 and 1", rec, ok)
 		}
 	})
@@ -408,12 +357,12 @@ func TestServerBackendDownIsReleased(t *testing.T) {
 		if a := send(t, s.url, bodyA, ""); a.status != 502 {
 			t.Fatalf("backend down: %d, want 502", a.status)
 		}
-		l := newLedger(t)
-		s.load(t, dedupSite(l.addr(), store))
+		l := ledger.New(t)
+		s.load(t, dedupSite(l.Addr, store))
 		if a := send(t, s.url, bodyA, ""); a.status != 200 || a.dedup != "" {
 			t.Fatalf("after the backend came back: %d %q", a.status, a.dedup)
 		}
-		if rec, ok := l.counts(""); rec != 1 || ok != 1 {
+		if rec, ok := l.Counts(""); rec != 1 || ok != 1 {
 			t.Fatalf("backend received %d, processed %d", rec, ok)
 		}
 	})
@@ -421,8 +370,8 @@ func TestServerBackendDownIsReleased(t *testing.T) {
 
 func TestServerRedisOutage(t *testing.T) {
 	r := startRedis(t)
-	l := newLedger(t)
-	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)))
+	l := ledger.New(t)
+	s := startCaddy(t, dedupSite(l.Addr, redisStoreLine(r.Addr)))
 	if a := send(t, s.url, eventBody("evt_before"), ""); a.status != 200 {
 		t.Fatalf("before the outage: %d", a.status)
 	}
@@ -433,7 +382,7 @@ func TestServerRedisOutage(t *testing.T) {
 			t.Fatalf("Redis down, attempt %d: %d Retry-After %q; want 503 and 10", i, a.status, a.header.Get("Retry-After"))
 		}
 	}
-	if n, _ := l.counts(""); n != 1 {
+	if n, _ := l.Counts(""); n != 1 {
 		t.Fatalf("something reached the backend while Redis was down (%d deliveries in all)", n)
 	}
 	r.Restart(t) // same port, empty data: no restart of Caddy
@@ -449,8 +398,8 @@ func TestServerRedisOutage(t *testing.T) {
 func TestServerStartsWithRedisDown(t *testing.T) {
 	r := startRedis(t)
 	r.Kill()
-	l := newLedger(t)
-	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)))
+	l := ledger.New(t)
+	s := startCaddy(t, dedupSite(l.Addr, redisStoreLine(r.Addr)))
 	if a := send(t, s.url, bodyA, ""); a.status != 503 {
 		t.Fatalf("Redis down at start: %d, want 503", a.status)
 	}
@@ -463,37 +412,37 @@ func TestServerStartsWithRedisDown(t *testing.T) {
 func TestServerStoreErrorPass(t *testing.T) {
 	r := startRedis(t)
 	r.Kill()
-	l := newLedger(t)
-	s := startCaddy(t, dedupSite(l.addr(), redisStoreLine(r.Addr)+"\n\t\ton_store_error pass"))
+	l := ledger.New(t)
+	s := startCaddy(t, dedupSite(l.Addr, redisStoreLine(r.Addr)+"\n\t\ton_store_error pass"))
 	if a := send(t, s.url, bodyA, "evt_1QZtest000000000001"); a.status != 200 || a.body != `{"app":"evt_1QZtest000000000001"}` {
 		t.Fatalf("pass: %d %q, want the backend's answer", a.status, a.body)
 	}
-	if n, _ := l.counts("evt_1QZtest000000000001"); n != 1 {
+	if n, _ := l.Counts("evt_1QZtest000000000001"); n != 1 {
 		t.Fatalf("backend received %d, want 1 (unchecked)", n)
 	}
 }
 
 func TestServerReloadKeepsProcessedIDs(t *testing.T) {
 	forStores(t, func(t *testing.T, store string) {
-		l := newLedger(t)
-		s := startCaddy(t, dedupSite(l.addr(), store))
+		l := ledger.New(t)
+		s := startCaddy(t, dedupSite(l.Addr, store))
 		if a := send(t, s.url, bodyA, ""); a.status != 200 {
 			t.Fatalf("%d", a.status)
 		}
 		// A real change, so that Caddy does reload: another tolerance.
-		s.load(t, dedupSite(l.addr(), store+"\n\t\ttolerance 4m"))
+		s.load(t, dedupSite(l.Addr, store+"\n\t\ttolerance 4m"))
 		if a := send(t, s.url, bodyA, ""); a.dedup != "duplicate" {
 			t.Fatalf("after a reload: %d %q, want duplicate", a.status, a.dedup)
 		}
-		if rec, _ := l.counts(""); rec != 1 {
+		if rec, _ := l.Counts(""); rec != 1 {
 			t.Fatalf("backend received %d", rec)
 		}
 	})
 }
 
 func TestServerHandleErrorsShapesRejections(t *testing.T) {
-	l := newLedger(t)
-	s := startCaddy(t, dedupSite(l.addr(), "")+`
+	l := ledger.New(t)
+	s := startCaddy(t, dedupSite(l.Addr, "")+`
 	handle_errors {
 		header Content-Type application/json
 		respond `+"`"+`{"error":{http.error.status_code},"outcome":"{http.sangho_dedup.outcome}"}`+"`"+` {http.error.status_code}
@@ -506,11 +455,11 @@ func TestServerHandleErrorsShapesRejections(t *testing.T) {
 }
 
 func TestServerPlaceholdersInLogsAndHeaders(t *testing.T) {
-	l := newLedger(t)
+	l := ledger.New(t)
 	s := startCaddy(t, `	header >X-Event {http.sangho_dedup.event_id}
 	header >X-Type {http.sangho_dedup.event_type}
 	header >X-Outcome {http.sangho_dedup.outcome}
-`+dedupSite(l.addr(), ""))
+`+dedupSite(l.Addr, ""))
 	a := send(t, s.url, bodyA, "")
 	if a.header.Get("X-Event") != "evt_1QZtest000000000001" || a.header.Get("X-Type") != "payment_intent.succeeded" {
 		t.Fatalf("placeholders: %v", a.header)
@@ -526,7 +475,7 @@ func TestServerPlaceholdersInLogsAndHeaders(t *testing.T) {
 // within each.
 func TestServerKeyPrefixSeparatesRoutes(t *testing.T) {
 	r := startRedis(t)
-	la, lb := newLedger(t), newLedger(t)
+	la, lb := ledger.New(t), ledger.New(t)
 	store := redisStoreLine(r.Addr)
 	s := startCaddy(t, fmt.Sprintf(`	handle /a {
 		sangho_dedup {
@@ -543,16 +492,16 @@ func TestServerKeyPrefixSeparatesRoutes(t *testing.T) {
 			%s
 		}
 		reverse_proxy %s
-	}`, secret1, store, la.addr(), secret1, store, lb.addr()))
+	}`, secret1, store, la.Addr, secret1, store, lb.Addr))
 	base := strings.TrimSuffix(s.url, "/webhook")
 	for range 3 {
 		send(t, base+"/a", bodyA, "")
 		send(t, base+"/b", bodyA, "")
 	}
-	if ra, _ := la.counts(""); ra != 1 {
+	if ra, _ := la.Counts(""); ra != 1 {
 		t.Errorf("tenant a's backend got the event %d times, want 1", ra)
 	}
-	if rb, _ := lb.counts(""); rb != 1 {
+	if rb, _ := lb.Counts(""); rb != 1 {
 		t.Errorf("tenant b's backend got the event %d times, want 1", rb)
 	}
 	keys, _ := r.Client(t).Keys(context.Background(), "*").Result()
@@ -621,12 +570,12 @@ func TestServerEndpointsSharingStateNeedDistinctPrefixes(t *testing.T) {
 // Caddy, each with its own key_prefix, reaches each backend once.
 func TestServerOneEventTwoEndpoints(t *testing.T) {
 	forStores(t, func(t *testing.T, store string) {
-		la, lb := newLedger(t), newLedger(t)
+		la, lb := ledger.New(t), ledger.New(t)
 		prefix := strings.ReplaceAll(t.Name(), "/", "_")
 		if strings.Contains(store, "key_prefix") {
 			store = store[:strings.Index(store, "key_prefix")]
 		}
-		s := startCaddy(t, twoEndpoints(la.addr(), lb.addr(),
+		s := startCaddy(t, twoEndpoints(la.Addr, lb.Addr,
 			store+"\n\t\t\tkey_prefix "+prefix+"_a:", store+"\n\t\t\tkey_prefix "+prefix+"_b:"))
 		base := strings.TrimSuffix(s.url, "/webhook")
 		for range 3 {
@@ -637,10 +586,10 @@ func TestServerOneEventTwoEndpoints(t *testing.T) {
 				t.Fatalf("endpoint b: %d %s", a.status, a.body)
 			}
 		}
-		if n, _ := la.counts(""); n != 1 {
+		if n, _ := la.Counts(""); n != 1 {
 			t.Errorf("endpoint a's backend got the event %d times, want 1", n)
 		}
-		if n, _ := lb.counts(""); n != 1 {
+		if n, _ := lb.Counts(""); n != 1 {
 			t.Errorf("endpoint b's backend got the event %d times, want 1", n)
 		}
 	})

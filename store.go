@@ -272,6 +272,21 @@ func (s *RedisStore) stateID() string {
 	return id
 }
 
+// storePool shares store state across config reloads: Redis clients,
+// the memory store's map, the file store's open database.
+var storePool = caddy.NewUsagePool()
+
+// storeUser is a store whose Cleanup releases a resource shared through
+// storePool (a Redis client, an open file) that deliveries may still
+// need after Caddy has cleaned their config up: on a reload, Caddy
+// starts the new config, then cleans the old one up without waiting for
+// its requests in flight. enter marks the store as in use, leave undoes
+// one enter.
+type storeUser interface {
+	enter()
+	leave()
+}
+
 // poolUsers counts the deliveries and commit retries that may still
 // need a resource shared through storePool (a Redis client, an open
 // file). On a reload Caddy starts the new config, then cleans the old one
@@ -295,7 +310,7 @@ func (u *poolUsers) release(key string, logger *zap.Logger) error {
 			time.Sleep(50 * time.Millisecond)
 		}
 		if _, err := storePool.Delete(key); err != nil && logger != nil {
-			logger.Error("releasing the store's shared resource", zap.String("resource", key), zap.Error(err))
+			logger.Error("shared store close failed", zap.String("resource", key), zap.Error(err))
 		}
 	}()
 	return nil

@@ -97,8 +97,7 @@ func (s *FileStore) Provision(ctx caddy.Context) error {
 	if errors.Is(err, errFileLocked) && validating() {
 		// `caddy validate` of the config that a running Caddy serves:
 		// the file is that Caddy's. Everything else was checked.
-		s.logger.Info("file store: the database file is in use by another process (the running Caddy); not opened for validation",
-			zap.String("path", abs))
+		s.logger.Info("database file in use, not opened for validation", zap.String("path", abs))
 		s.lockErr = err
 		return nil
 	}
@@ -674,7 +673,7 @@ func (st *fileState) sweeper(every time.Duration) {
 			return
 		case <-t.C:
 			if _, err := st.sweep(); err != nil && !errors.Is(err, errFileClosed) {
-				st.logger.Error("file store: sweeping expired entries failed", zap.String("path", st.path), zap.Error(err))
+				st.logger.Error("sweep failed", zap.String("path", st.path), zap.Error(err))
 			}
 		}
 	}

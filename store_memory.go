@@ -39,7 +39,9 @@ const memPoolKey = "sangho_dedup.memory"
 
 // Provision attaches the store to the process-wide memory state.
 func (m *MemoryStore) Provision(ctx caddy.Context) error {
-	ctx.Logger().Warn("memory store: dedup state is neither durable (a restart forgets processed events) nor shared between Caddy instances; use it for tests and trials only (the default file store is durable)")
+	// Not durable (a restart forgets processed events), not shared
+	// between Caddy instances: for tests and trials only.
+	ctx.Logger().Warn("memory store is neither durable nor shared")
 	v, _, err := storePool.LoadOrNew(memPoolKey, func() (caddy.Destructor, error) {
 		return newMemState(time.Now, time.Minute), nil
 	})

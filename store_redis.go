@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -629,57 +628,6 @@ func (s *RedisStore) Release(ctx context.Context, key, token string) (bool, erro
 		return false, s.failed(err)
 	}
 	return n == 1, nil
-}
-
-// noArg refuses an argument after a flag.
-func noArg(d *caddyfile.Dispenser) error {
-	name := d.Val()
-	if d.NextArg() {
-		return d.Errf("%s: takes no argument, got %q", name, d.Val())
-	}
-	return nil
-}
-
-// oneArg reads the one argument of the option in d.Val().
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	name := d.Val()
-	if !d.NextArg() {
-		return d.Errf("%s: needs a value", name)
-	}
-	*dst = d.Val()
-	if d.NextArg() {
-		return d.Errf("%s: takes one value, got more", name)
-	}
-	return nil
-}
-
-func intArg(d *caddyfile.Dispenser, dst *int) error {
-	name, s := d.Val(), ""
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return d.Errf("%s: %q is not a non-negative whole number", name, s)
-	}
-	*dst = n
-	return nil
-}
-
-func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	name, s := d.Val(), ""
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	dur, err := caddy.ParseDuration(s)
-	if err != nil {
-		return d.Errf("%s: invalid duration %q: %v", name, s, err)
-	}
-	if dur <= 0 {
-		return d.Errf("%s: duration must be positive, got %q", name, s)
-	}
-	*dst = caddy.Duration(dur)
-	return nil
 }
 
 // Interface guards

@@ -189,7 +189,7 @@ func TestPermissionCheckAnswers503(t *testing.T) {
 		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"username":"caddy","password":"` + pw + `"}`)
 	})
 	next := &countingNext{}
-	w, repl, _ := serve(h, delivery(bodyA, ""), next)
+	w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
 	if w.Code != 503 || outcomeOf(repl) != outcomeStoreError || next.calls.Load() != 0 {
 		t.Fatalf("with GET, PEXPIRE and DEL refused: %d %q, backend called %d times; want 503 and no call", w.Code, outcomeOf(repl), next.calls.Load())
 	}
@@ -200,7 +200,7 @@ func TestPermissionCheckAnswers503(t *testing.T) {
 	st.check.mu.Lock()
 	st.check.retryEvery = 0
 	st.check.mu.Unlock()
-	w, _, _ = serve(h, delivery(bodyA, ""), next)
+	w, _, _ = serve(h, signedRequest(bodyA, ""), next)
 	if w.Code != 200 || next.calls.Load() != 1 {
 		t.Fatalf("after the ACL was fixed: %d, backend called %d times", w.Code, next.calls.Load())
 	}

@@ -74,6 +74,12 @@ func memoryHarness(t *testing.T) storeHarness {
 	}
 }
 
+// startRedis starts a real redis-server on a free loopback port for one
+// test (stopped at cleanup), or fails the test if there is none.
+func startRedis(t testing.TB) *redistest.Server { return redistest.Start(t) }
+
+func freePort(t testing.TB) int { return redistest.FreePort(t) }
+
 func provisionRedisStore(t testing.TB, s *RedisStore) *RedisStore {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
@@ -589,4 +595,24 @@ func memEntries(s *memState) int {
 		sh.mu.Unlock()
 	}
 	return n
+}
+
+func TestRedisStoreProvisionErrorsHideThePassword(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, s := range []*RedisStore{
+		{URL: "redis://user:hunter2secret@host:6379/x"},
+		{URL: "redis://user:hunter2secret@ho st:6379"},
+		{URL: "http://user:hunter2secret@host"},
+		{URL: "redis://user:hunter2secret@host", Address: []string{"a:1"}},
+	} {
+		err := s.Provision(ctx)
+		if err == nil {
+			t.Errorf("%q provisioned", s.URL)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2secret") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
 }

@@ -56,7 +56,7 @@ const (
 	// cover (the first of SchemeDefaults.EventIDHeaders that is present).
 	// A captured delivery could be replayed under another ID: the
 	// handler remembers each accepted signed message with the ID it came
-	// with (see Handler.RequireBodyID and the README).
+	// with (see the handler's require_body_id).
 	IDFromHeader
 )
 
@@ -142,6 +142,28 @@ var (
 	errSigEncoding = errors.New("signature is not valid for the expected encoding and hash length")
 )
 
+// scheme is the handler's view of its signature scheme, settled at
+// provision.
+type scheme struct {
+	Verifier
+	name       string // the module's name, e.g. "github"
+	defaults   SchemeDefaults
+	idSource   IDSource
+	idField    string   // IDFromBody
+	idHeaders  []string // canonical; IDFromHeader: the ID's; IDFromBody: the first must agree
+	typeHeader string   // canonical, or ""
+	timestamp  bool     // the scheme signs a timestamp
+}
+
+// Errors of the headers a delivery is read from. A header sent more
+// than once is refused (which value would a backend read?): the
+// signature's is answered 401, the event ID's 400.
+var (
+	errSigCount        = errors.New("more than one signature header")
+	errIDHeaders       = errors.New("more than one event ID header")
+	errIDHeaderMissing = errors.New("no event ID: the event ID header is absent")
+)
+
 // headerValue returns the one value of header name: "" and no error
 // when it is absent, errSigCount when it is sent more than once (which
 // one would a backend read?).
@@ -165,24 +187,6 @@ func requireHeader(h http.Header, name string) (string, error) {
 	}
 	return v, err
 }
-
-// scheme is the handler's view of its signature scheme, settled at
-// provision.
-type scheme struct {
-	Verifier
-	name       string // the module's name, e.g. "github"
-	defaults   SchemeDefaults
-	idSource   IDSource
-	idField    string   // IDFromBody
-	idHeaders  []string // canonical; IDFromHeader: the ID's; IDFromBody: the first must agree
-	typeHeader string   // canonical, or ""
-	timestamp  bool     // the scheme signs a timestamp
-}
-
-// Errors of the event ID from a header.
-var (
-	errIDHeaderMissing = errors.New("no event ID: the event ID header is absent")
-)
 
 // eventOf returns the event ID and type of a verified delivery, from
 // where the scheme says.
@@ -284,7 +288,7 @@ func (h *Handler) setupScheme(v Verifier, name string, secrets []string) error {
 		EventIDHeaders:  s.idHeaders,
 		Tolerance:       time.Duration(h.Tolerance),
 		SignedContent:   unsignedID,
-		Now:             func() time.Time { return h.now() },
+		Now:             h.now,
 	})
 }
 
@@ -331,9 +335,10 @@ func signatureKey(prefix string, before, body, after []byte) string {
 // it becomes a durable done record when the event is processed (see
 // commitSignature). On a refusal or a store error the event's own lease
 // is released before returning.
-func (h *Handler) bindSignature(ctx context.Context, key, token, sigKey, id string) error {
+func (d *delivery) bindSignature() error {
+	h := d.h
 	start := time.Now()
-	res, found, err := h.store.Claim(ctx, sigKey, id, h.sigMemory)
+	res, found, err := h.store.Claim(d.ctx, d.sigKey, d.id, h.sigMemory)
 	observe(opClaim, start, err)
 	if err == nil && res == Claimed {
 		return nil
@@ -341,18 +346,15 @@ func (h *Handler) bindSignature(ctx context.Context, key, token, sigKey, id stri
 	// A done record of this same ID: the event was processed, then
 	// forgotten by an operator (GitHub's manual redelivery reuses the
 	// delivery ID), and is let through again.
-	if rec, ok := decodeDone(found); err == nil && res == AlreadyDone && ok && rec.EventType == id {
+	if rec, ok := decodeDone(found); err == nil && res == AlreadyDone && ok && rec.EventType == d.id {
 		return nil
 	}
 	if err == nil {
 		err = errSigReplayed
 	}
-	start = time.Now()
-	_, rerr := h.store.Release(ctx, key, token)
-	observe(opRelease, start, rerr)
-	if rerr != nil {
-		h.logger.Warn("releasing the event after its signature was refused failed; its lease expires after lock_ttl",
-			zap.String("event_id", id), zap.Error(rerr))
+	if _, rerr := d.release(d.ctx); rerr != nil {
+		h.logger.Warn("release failed", zap.String("event_id", d.id), zap.NamedError("cause", err),
+			zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.Error(rerr))
 	}
 	return err
 }
@@ -362,15 +364,14 @@ func (h *Handler) bindSignature(ctx context.Context, key, token, sigKey, id stri
 // file store keeps leases in memory), owned by the event ID, for
 // sigMemory. A failure leaves the lease, which keeps refusing replays
 // until it expires, and is logged.
-func (h *Handler) commitSignature(ctx context.Context, l *lease, rec DoneRecord) {
+func (d *delivery) commitSignature(ctx context.Context, rec DoneRecord) {
 	// The record names the event ID that owns the signature, where an
 	// event's record names its type.
-	rec.EventType = l.id
+	rec.EventType = d.id
 	start := time.Now()
-	_, err := h.store.Commit(ctx, l.sigKey, l.id, rec, h.sigMemory)
+	_, err := d.h.store.Commit(ctx, d.sigKey, d.id, rec, d.h.sigMemory)
 	observe(opCommit, start, err)
 	if err != nil {
-		h.logger.Warn("the signature record of a processed event could not be made durable; it still refuses replays under another ID until it expires",
-			zap.String("event_id", l.id), zap.Error(err))
+		d.h.logger.Warn("signature record commit failed", zap.String("event_id", d.id), zap.Error(err))
 	}
 }

@@ -17,8 +17,9 @@ func init() {
 // keyed with the webhook's secret taken as bytes. The event ID is the
 // X-GitHub-Delivery header (a GUID), which the signature does not cover;
 // the event type is X-GitHub-Event. GitHub signs no timestamp, so a
-// signature never expires: see the README (providers) for what the
-// handler does about replays. No options.
+// signature never expires: the handler remembers each accepted signed
+// body with the delivery ID it came with, for retention, and answers its
+// replay under another ID 401. No options.
 type GitHubScheme struct{ mac macScheme }
 
 // ShopifyScheme verifies Shopify's webhook signatures: header
@@ -26,7 +27,9 @@ type GitHubScheme struct{ mac macScheme }
 // with the app's client secret taken as bytes. The event ID is the
 // X-Shopify-Event-Id header (Shopify's own advice for deduplication),
 // else X-Shopify-Webhook-Id; neither is signed. The event type is
-// X-Shopify-Topic. No signed timestamp. No options.
+// X-Shopify-Topic. No signed timestamp: as for github, each accepted
+// signed body is remembered with its event ID, for retention, and its
+// replay under another ID is answered 401. No options.
 type ShopifyScheme struct{ mac macScheme }
 
 // CaddyModule returns the Caddy module information.

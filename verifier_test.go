@@ -175,8 +175,8 @@ func TestProviderVectors(t *testing.T) {
 	}
 	for _, v := range vectors {
 		t.Run(v.name, func(t *testing.T) {
-			h := schemeHandler(t, v.verifier, []string{v.secret}, nil)
-			h.now = func() time.Time { return v.at }
+			at := func(h *Handler) { h.now = func() time.Time { return v.at } }
+			h := schemeHandler(t, v.verifier, []string{v.secret}, at)
 			vd, err := h.scheme.Verify(post(v.body, v.headers), []byte(v.body))
 			if err != nil || vd.ID != v.wantID {
 				t.Fatalf("Verify: %q, %v; want %q, nil", vd.ID, err, v.wantID)
@@ -188,8 +188,7 @@ func TestProviderVectors(t *testing.T) {
 			if v.secret == swSecret1 {
 				otherSecret = swSecret2
 			}
-			other := schemeHandler(t, v.verifier, []string{otherSecret}, nil)
-			other.now = func() time.Time { return v.at }
+			other := schemeHandler(t, v.verifier, []string{otherSecret}, at)
 			if _, err := other.scheme.Verify(post(v.body, v.headers), []byte(v.body)); !errors.Is(err, errSigMismatch) {
 				t.Errorf("another secret: %v, want a mismatch", err)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
@@ -34,9 +35,9 @@ func instances(t *testing.T, n int, site string) []string {
 // every event is delivered four times at once, to random instances.
 func TestStormAcrossThreeInstances(t *testing.T) {
 	r := redistest.Start(t)
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 20 * time.Millisecond} }
-	s := newSender(instances(t, 3, siteConfig(redisStore(r.Addr), l.addr, "")), 4)
+	l := ledger.New(t)
+	l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 20 * time.Millisecond} })
+	s := newSender(instances(t, 3, siteConfig(redisStore(r.Addr), l.Addr, "")), 4)
 	ids, acked := s.run("storm", 150*scale, nil)
 	f := check(t, "duplicate storm, 3 instances, one Redis", s, l, ids, acked, false)
 	if f.duplicates.Load()+f.conflicts.Load() == 0 {
@@ -62,17 +63,17 @@ func TestRedisKilledAndRestarted(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := redistest.Start(t, c.args...)
-			l := newLedger(t)
-			s := newSender(instances(t, 2, siteConfig(redisStore(r.Addr), l.addr, "lock_ttl 5s")), 3)
+			l := ledger.New(t)
+			s := newSender(instances(t, 2, siteConfig(redisStore(r.Addr), l.Addr, "lock_ttl 5s")), 3)
 			n := 150 * scale
 			var down atomic.Bool
 			var forwardedWhileDown atomic.Int64
-			l.behave = func(string, int) action {
+			l.Behave(func(string, int) ledger.Action {
 				if down.Load() {
 					forwardedWhileDown.Add(1)
 				}
-				return action{delay: 10 * time.Millisecond}
-			}
+				return ledger.Action{Delay: 10 * time.Millisecond}
+			})
 			ids, acked := s.run("redis_kill", n, func(p *atomic.Int64) {
 				at(p, int64(n), func() {
 					r.Kill()
@@ -108,9 +109,9 @@ func TestRedisSlow(t *testing.T) {
 	} {
 		t.Run(stall.name, func(t *testing.T) {
 			r := redistest.Start(t, "--enable-debug-command", "local")
-			l := newLedger(t)
-			l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
-			s := newSender(instances(t, 2, siteConfig(redisStore(r.Addr), l.addr, "")), 3)
+			l := ledger.New(t)
+			l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 10 * time.Millisecond} })
+			s := newSender(instances(t, 2, siteConfig(redisStore(r.Addr), l.Addr, "")), 3)
 			n := 150 * scale
 			ids, acked := s.run("redis_slow", n, func(p *atomic.Int64) {
 				at(p, int64(n), func() {
@@ -132,32 +133,32 @@ func TestRedisSlow(t *testing.T) {
 // the backend is down for a while (connection refused).
 func TestBackendFaults(t *testing.T) {
 	r := redistest.Start(t)
-	l := newLedger(t)
-	l.behave = func(id string, n int) action {
+	l := ledger.New(t)
+	l.Behave(func(id string, n int) ledger.Action {
 		if n > 1 {
-			return action{}
+			return ledger.Action{}
 		}
 		switch rand.IntN(10) {
 		case 0, 1:
-			return action{status: 500}
+			return ledger.Action{Status: 500}
 		case 2:
-			return action{status: 404}
+			return ledger.Action{Status: 404}
 		case 3:
-			return action{crash: true}
+			return ledger.Action{Crash: true}
 		}
-		return action{}
-	}
-	s := newSender(instances(t, 2, siteConfig(redisStore(r.Addr), l.addr, "")), 2)
+		return ledger.Action{}
+	})
+	s := newSender(instances(t, 2, siteConfig(redisStore(r.Addr), l.Addr, "")), 2)
 	n := 150 * scale
 	ids, acked := s.run("backend_faults", n, func(p *atomic.Int64) {
 		at(p, int64(n/2), func() {
 			// Down for 1 s: new connections refused. (Dropping requests in
 			// flight after their work is done would be a crash after the
 			// work, a double by nature: see the Caddy SIGKILL test.)
-			l.down()
+			l.Down()
 			s.fig.faults.Add(1)
 			time.Sleep(time.Second)
-			l.start(t)
+			l.Start(t)
 		})
 	})
 	check(t, "backend 500/404/crash/down", s, l, ids, acked, false)
@@ -172,16 +173,16 @@ func TestBackendFaults(t *testing.T) {
 // says to keep reverse_proxy's timeouts above the backend's worst case.
 func TestBackendHangsPastProxyTimeout(t *testing.T) {
 	r := redistest.Start(t)
-	l := newLedger(t)
+	l := ledger.New(t)
 	var hangs atomic.Int64
-	l.behave = func(id string, n int) action {
+	l.Behave(func(id string, n int) ledger.Action {
 		if n == 1 && strings.HasSuffix(id, "0") {
 			hangs.Add(1)
-			return action{hang: 1500 * time.Millisecond}
+			return ledger.Action{Hang: 1500 * time.Millisecond}
 		}
-		return action{}
-	}
-	s := newSender(instances(t, 1, siteConfig(redisStore(r.Addr), l.addr, "")), 1)
+		return ledger.Action{}
+	})
+	s := newSender(instances(t, 1, siteConfig(redisStore(r.Addr), l.Addr, "")), 1)
 	ids, acked := s.run("hang", 50*scale, nil)
 	f := check(t, "backend hangs past reverse_proxy's timeout", s, l, ids, acked, true)
 	if int64(f.twice) > hangs.Load() {
@@ -193,9 +194,9 @@ func TestBackendHangsPastProxyTimeout(t *testing.T) {
 // the lease is renewed, and the duplicates sent meanwhile get 409.
 func TestBackendSlowerThanLockTTL(t *testing.T) {
 	r := redistest.Start(t)
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 3 * time.Second} }
-	s := newSender(instances(t, 2, siteConfigTimeout(redisStore(r.Addr), l.addr, "", 10*time.Second)), 3)
+	l := ledger.New(t)
+	l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 3 * time.Second} })
+	s := newSender(instances(t, 2, siteConfigTimeout(redisStore(r.Addr), l.Addr, "", 10*time.Second)), 3)
 	ids, acked := s.run("slow_backend", 20*scale, nil)
 	f := check(t, "backend slower than lock_ttl", s, l, ids, acked, false)
 	if f.conflicts.Load() == 0 {
@@ -208,14 +209,14 @@ func TestBackendSlowerThanLockTTL(t *testing.T) {
 // request goes away); the event is processed once, on a later attempt.
 func TestClientDisconnects(t *testing.T) {
 	r := redistest.Start(t)
-	l := newLedger(t)
-	l.behave = func(id string, n int) action {
+	l := ledger.New(t)
+	l.Behave(func(id string, n int) ledger.Action {
 		if n == 1 {
-			return action{delay: 600 * time.Millisecond}
+			return ledger.Action{Delay: 600 * time.Millisecond}
 		}
-		return action{}
-	}
-	s := newSender(instances(t, 1, siteConfigTimeout(redisStore(r.Addr), l.addr, "", 10*time.Second)), 1)
+		return ledger.Action{}
+	})
+	s := newSender(instances(t, 1, siteConfigTimeout(redisStore(r.Addr), l.Addr, "", 10*time.Second)), 1)
 	s.client.Timeout = 300 * time.Millisecond
 	ids, acked := s.run("disconnect", 40*scale, nil)
 	f := check(t, "client disconnects mid-request", s, l, ids, acked, false)
@@ -234,9 +235,9 @@ func TestClientDisconnects(t *testing.T) {
 // than a handful would mean a bug.
 func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 	r := redistest.Start(t)
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 300 * time.Millisecond} }
-	site := siteConfigTimeout(redisStore(r.Addr), l.addr, "", 10*time.Second)
+	l := ledger.New(t)
+	l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 300 * time.Millisecond} })
+	site := siteConfigTimeout(redisStore(r.Addr), l.Addr, "", 10*time.Second)
 	victim := startCaddy(t, site)
 	other := startCaddy(t, site)
 	s := newSender([]string{victim.url, other.url}, 2)
@@ -259,14 +260,14 @@ func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 func TestReloadUnderLoad(t *testing.T) {
 	for _, store := range []string{"redis", "default (file)"} {
 		t.Run(store, func(t *testing.T) {
-			l := newLedger(t)
-			l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+			l := ledger.New(t)
+			l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 10 * time.Millisecond} })
 			storeLine := ""
 			if store == "redis" {
 				storeLine = redisStore(redistest.Start(t).Addr)
 			}
 			site := func(tol string) string {
-				return siteConfig(storeLine, l.addr, "tolerance "+tol)
+				return siteConfig(storeLine, l.Addr, "tolerance "+tol)
 			}
 			p := startCaddy(t, site("5m"))
 			s := newSender([]string{p.url}, 3)
@@ -304,10 +305,10 @@ func TestRedisCluster(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			c := redistest.StartCluster(t)
-			l := newLedger(t)
-			l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+			l := ledger.New(t)
+			l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 10 * time.Millisecond} })
 			store := strings.Replace(redisStore(c.Addrs()...), "\n\t\t}", "\n\t\t\t"+wait+"\n\t\t}", 1)
-			s := newSender(instances(t, 3, siteConfig(store, l.addr, "")), 3)
+			s := newSender(instances(t, 3, siteConfig(store, l.Addr, "")), 3)
 			n := 200 * scale
 			ids, acked := s.run("cluster", n, func(p *atomic.Int64) {
 				at(p, int64(n), func() {
@@ -345,10 +346,10 @@ func TestSentinelFailover(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			st := redistest.StartSentinel(t, c.args...)
-			l := newLedger(t)
-			l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+			l := ledger.New(t)
+			l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 10 * time.Millisecond} })
 			store := "store redis {\n\t\t\taddress " + strings.Join(st.SentinelAddrs(), " ") + "\n\t\t\tmaster_name " + redistest.MasterName + "\n\t\t\tdial_timeout 300ms\n\t\t\tread_timeout 300ms\n\t\t}"
-			s := newSender(instances(t, 2, siteConfig(store, l.addr, "")), 3)
+			s := newSender(instances(t, 2, siteConfig(store, l.Addr, "")), 3)
 			n := 200 * scale
 			ids, acked := s.run("sentinel", n, func(p *atomic.Int64) {
 				at(p, int64(n), func() {
@@ -371,9 +372,9 @@ func TestSentinelFailover(t *testing.T) {
 // redirections.
 func TestRedisClusterSlotMigration(t *testing.T) {
 	c := redistest.StartCluster(t)
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
-	s := newSender(instances(t, 3, siteConfig(redisStore(c.Addrs()...), l.addr, "")), 3)
+	l := ledger.New(t)
+	l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 10 * time.Millisecond} })
+	s := newSender(instances(t, 3, siteConfig(redisStore(c.Addrs()...), l.Addr, "")), 3)
 	var masters []string
 	for _, node := range c.Nodes {
 		rc := redis.NewClient(&redis.Options{Addr: node.Addr})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
@@ -31,14 +32,14 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 	var mu sync.Mutex
 	started := map[string][]time.Time{} // when the backend began each processing of an event
 	var kills []time.Time
-	l := newLedger(t)
-	l.behave = func(id string, _ int) action {
+	l := ledger.New(t)
+	l.Behave(func(id string, _ int) ledger.Action {
 		mu.Lock()
 		started[id] = append(started[id], time.Now())
 		mu.Unlock()
-		return action{delay: work}
-	}
-	site := siteConfig("", l.addr, "")
+		return ledger.Action{Delay: work}
+	})
+	site := siteConfig("", l.Addr, "")
 	p := startCaddy(t, site)
 	s := newSender([]string{p.url}, 2)
 	n := 200 * scale
@@ -65,12 +66,11 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 	})
 	check(t, "default (file) store: Caddy SIGKILLed and restarted 5 times", s, l, ids, acked, true)
 	// Every double: its first processing ended just before a kill.
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	mu.Lock()
 	defer mu.Unlock()
-	for id, done := range l.done {
-		if done < 2 {
+	for _, id := range ids {
+		done := 0
+		if _, done = l.Counts(id); done < 2 {
 			continue
 		}
 		byNature := false
@@ -93,8 +93,8 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 // and the first one keeps serving; `caddy validate` of the running
 // config, in the same data directory, succeeds.
 func TestFileStoreOneProcessPerFile(t *testing.T) {
-	l := newLedger(t)
-	site := siteConfig("", l.addr, "")
+	l := ledger.New(t)
+	site := siteConfig("", l.Addr, "")
 	first := startCaddy(t, site)
 	s := newSender([]string{first.url}, 1)
 	ids, acked := s.run("file_lock_before", 5, nil)

@@ -11,7 +11,6 @@ package reliability
 
 import (
 	"bytes"
-	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -30,6 +29,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
@@ -64,106 +64,6 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
-}
-
-// ---- the backend and its ledger ----
-
-type action struct {
-	status int           // answer (default 200)
-	delay  time.Duration // work time; the work is abandoned if the request goes away
-	hang   time.Duration // work time that goes on even if nobody waits
-	crash  bool          // drop the connection without an answer, work not done
-}
-
-// ledger is the backend: it records every event ID it receives and every
-// one it processes (answers 2xx for, having done the work).
-type ledger struct {
-	addr     string
-	mu       sync.Mutex
-	received map[string]int
-	done     map[string]int
-	behave   func(id string, n int) action
-	srv      *http.Server
-	faults   atomic.Int64
-}
-
-func newLedger(t *testing.T) *ledger {
-	l := &ledger{received: map[string]int{}, done: map[string]int{}, addr: "127.0.0.1:" + strconv.Itoa(redistest.FreePort(t))}
-	l.start(t)
-	t.Cleanup(l.stop)
-	return l
-}
-
-func (l *ledger) start(t *testing.T) {
-	var ln net.Listener
-	var err error
-	for i := 0; i < 50; i++ { // the port may linger for a moment after stop
-		if ln, err = net.Listen("tcp", l.addr); err == nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err != nil {
-		t.Fatalf("backend listen: %v", err)
-	}
-	l.srv = &http.Server{Handler: http.HandlerFunc(l.serve), ReadHeaderTimeout: 10 * time.Second}
-	go l.srv.Serve(ln)
-}
-
-func (l *ledger) stop() { _ = l.srv.Close() }
-
-// down stops accepting connections (new ones are refused) but lets the
-// requests in flight finish: the backend is down, not crashing mid-work.
-func (l *ledger) down() {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	_ = l.srv.Shutdown(ctx)
-}
-
-func (l *ledger) serve(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
-	id := r.Header.Get("Sangho-Event-ID")
-	l.mu.Lock()
-	l.received[id]++
-	n := l.received[id]
-	behave := l.behave
-	l.mu.Unlock()
-	a := action{status: 200}
-	if behave != nil {
-		a = behave(id, n)
-		if a.status == 0 {
-			a.status = 200
-		}
-	}
-	if a.crash {
-		l.faults.Add(1)
-		if hj, ok := w.(http.Hijacker); ok {
-			if c, _, err := hj.Hijack(); err == nil {
-				c.Close()
-				return
-			}
-		}
-		panic(http.ErrAbortHandler)
-	}
-	if a.delay > 0 {
-		select {
-		case <-time.After(a.delay):
-		case <-r.Context().Done():
-			return // the request went away: the work is rolled back
-		}
-	}
-	if a.hang > 0 {
-		l.faults.Add(1)
-		time.Sleep(a.hang)
-	}
-	if a.status >= 200 && a.status < 300 {
-		l.mu.Lock()
-		l.done[id]++
-		l.mu.Unlock()
-	} else {
-		l.faults.Add(1)
-	}
-	w.WriteHeader(a.status)
 }
 
 // ---- Caddy processes ----
@@ -537,26 +437,25 @@ func (s *sender) run(prefix string, n int, during func(progress *atomic.Int64)) 
 // and fails the test if an event was lost, or processed twice unless
 // doublesAllowed (a fault that breaks the promise by nature: then the
 // figure is reported, not asserted).
-func check(t *testing.T, name string, s *sender, l *ledger, ids []string, acked map[string]bool, doublesAllowed bool) *figures {
+func check(t *testing.T, name string, s *sender, l *ledger.Ledger, ids []string, acked map[string]bool, doublesAllowed bool) *figures {
 	t.Helper()
 	f := s.fig
-	f.faults.Add(l.faults.Load())
-	l.mu.Lock()
+	f.faults.Add(l.Faults())
 	var twiceIDs, lostIDs []string
 	for _, id := range ids {
-		switch n := l.done[id]; {
+		_, done := l.Counts(id)
+		switch n := done; {
 		case n == 1:
 			f.once++
 		case n > 1:
 			f.twice++
 			twiceIDs = append(twiceIDs, id)
 		}
-		if !acked[id] || l.done[id] == 0 {
+		if !acked[id] || done == 0 {
 			f.lost++
 			lostIDs = append(lostIDs, id)
 		}
 	}
-	l.mu.Unlock()
 	t.Logf("%s: %s", name, f)
 	fmt.Printf("FIGURES %s: %s\n", name, f)
 	if f.lost > 0 {

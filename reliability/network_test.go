@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
@@ -29,7 +30,7 @@ import (
 // netRig is Redis, the ledger, and three instances behind proxies.
 type netRig struct {
 	r       *redistest.Server
-	l       *ledger
+	l       *ledger.Ledger
 	proxies []*faultproxy.Proxy
 	urls    []string
 	s       *sender
@@ -37,15 +38,15 @@ type netRig struct {
 }
 
 func newNetRig(t *testing.T, extra string) *netRig {
-	g := &netRig{r: redistest.Start(t), l: newLedger(t)}
-	g.l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+	g := &netRig{r: redistest.Start(t), l: ledger.New(t)}
+	g.l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 10 * time.Millisecond} })
 	for range 3 {
 		px := startProxy(t, g.r.Addr)
 		g.proxies = append(g.proxies, px)
 		// reverse_proxy waits up to 10 s for the backend, so that a
 		// loaded machine cannot turn a slow answer into the by-nature
 		// double of TestBackendHangsPastProxyTimeout.
-		g.urls = append(g.urls, startCaddy(t, siteConfigTimeout(redisStore(px.Addr()), g.l.addr, extra, 10*time.Second)).url)
+		g.urls = append(g.urls, startCaddy(t, siteConfigTimeout(redisStore(px.Addr()), g.l.Addr, extra, 10*time.Second)).url)
 	}
 	g.s = newSender(g.urls, 3)
 	g.s.pace = 12 * time.Millisecond
@@ -245,10 +246,11 @@ func TestNetworkPartitionOneInstance(t *testing.T) {
 	g := newNetRig(t, "lock_ttl 5s")
 	var during int
 	f := g.run(t, "one of 3 instances partitioned from Redis for 3 s", 3*time.Second, g.urls[:1], func() func() {
-		before := g.l.doneTotal()
+		_, before := g.l.Totals()
 		g.proxies[0].BlackHole(true)
 		return func() {
-			during = g.l.doneTotal() - before
+			_, done := g.l.Totals()
+			during = done - before
 			g.proxies[0].BlackHole(false)
 		}
 	})
@@ -274,16 +276,6 @@ func TestNetworkBandwidthTrickle(t *testing.T) {
 		g.each(func(px *faultproxy.Proxy) { px.SetBandwidth(1000) })
 		return func() { g.each(func(px *faultproxy.Proxy) { px.SetBandwidth(0) }) }
 	})
-}
-
-func (l *ledger) doneTotal() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, c := range l.done {
-		n += c
-	}
-	return n
 }
 
 // TestNetworkClusterMaster: the same faults in front of one master of a
@@ -312,10 +304,10 @@ func TestNetworkClusterMaster(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			cl := redistest.StartCluster(t)
 			px, seeds := proxyClusterMaster(t, cl)
-			g := &netRig{l: newLedger(t), proxies: []*faultproxy.Proxy{px}}
-			g.l.behave = func(string, int) action { return action{delay: 10 * time.Millisecond} }
+			g := &netRig{l: ledger.New(t), proxies: []*faultproxy.Proxy{px}}
+			g.l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 10 * time.Millisecond} })
 			for range 3 {
-				g.urls = append(g.urls, startCaddy(t, siteConfigTimeout(redisStore(seeds...), g.l.addr, "lock_ttl 5s", 10*time.Second)).url)
+				g.urls = append(g.urls, startCaddy(t, siteConfigTimeout(redisStore(seeds...), g.l.Addr, "lock_ttl 5s", 10*time.Second)).url)
 			}
 			g.s = newSender(g.urls, 3)
 			g.s.pace = 12 * time.Millisecond

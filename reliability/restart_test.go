@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
@@ -73,17 +74,17 @@ func TestGracefulStop(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r := redistest.Start(t)
-			l := newLedger(t)
-			l.behave = func(id string, n int) action {
+			l := ledger.New(t)
+			l.Behave(func(id string, n int) ledger.Action {
 				switch {
 				case n > 1:
-					return action{}
+					return ledger.Action{}
 				case strings.ContainsAny(id[len(id)-1:], "036"): // a third of the events fail
-					return action{status: 500, delay: 800 * time.Millisecond}
+					return ledger.Action{Status: 500, Delay: 800 * time.Millisecond}
 				}
-				return action{delay: 800 * time.Millisecond}
-			}
-			p := startCaddyGlobal(t, c.global, siteConfigTimeout(redisStore(r.Addr), l.addr, "lock_ttl 30s", 10*time.Second))
+				return ledger.Action{Delay: 800 * time.Millisecond}
+			})
+			p := startCaddyGlobal(t, c.global, siteConfigTimeout(redisStore(r.Addr), l.Addr, "lock_ttl 30s", 10*time.Second))
 			client := &http.Client{Timeout: 30 * time.Second}
 			m := 24 * scale
 			ids := make([]string, m)
@@ -96,9 +97,9 @@ func TestGracefulStop(t *testing.T) {
 			}
 			// Stop once every event is at the backend.
 			deadline := time.Now().Add(30 * time.Second)
-			for l.receivedTotal() < m {
+			for received, _ := l.Totals(); received < m; received, _ = l.Totals() {
 				if time.Now().After(deadline) {
-					t.Fatalf("only %d of %d events reached the backend within 30s", l.receivedTotal(), m)
+					t.Fatalf("only %d of %d events reached the backend within 30s", received, m)
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
@@ -150,11 +151,9 @@ func TestGracefulStop(t *testing.T) {
 			if non2xx == 0 || ok2xx == 0 {
 				t.Errorf("the batch did not mix outcomes (%d 2xx, %d non-2xx)", ok2xx, non2xx)
 			}
-			l.mu.Lock()
-			defer l.mu.Unlock()
 			for _, id := range ids {
-				if l.done[id] != 1 {
-					t.Errorf("%s processed %d times", id, l.done[id])
+				if _, done := l.Counts(id); done != 1 {
+					t.Errorf("%s processed %d times", id, done)
 				}
 			}
 		})
@@ -166,9 +165,9 @@ func TestGracefulStop(t *testing.T) {
 // stream through them.
 func TestRollingRestart(t *testing.T) {
 	r := redistest.Start(t)
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 50 * time.Millisecond} }
-	site := siteConfigTimeout(redisStore(r.Addr), l.addr, "", 10*time.Second)
+	l := ledger.New(t)
+	l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 50 * time.Millisecond} })
+	site := siteConfigTimeout(redisStore(r.Addr), l.Addr, "", 10*time.Second)
 	var procs []*caddyProc
 	var urls []string
 	for range 3 {
@@ -206,10 +205,10 @@ func TestRollingRestart(t *testing.T) {
 func TestReloadStoreConfigUnderLoad(t *testing.T) {
 	r := redistest.Start(t)
 	via := startProxy(t, r.Addr)
-	l := newLedger(t)
-	l.behave = func(string, int) action { return action{delay: 200 * time.Millisecond} }
+	l := ledger.New(t)
+	l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: 200 * time.Millisecond} })
 	site := func(store string) string {
-		return siteConfigTimeout(store, l.addr, "", 10*time.Second)
+		return siteConfigTimeout(store, l.Addr, "", 10*time.Second)
 	}
 	stores := []string{
 		strings.Replace(redisStore(r.Addr), "\n\t\t}", "\n\t\t\tpool_size 7\n\t\t}", 1),
@@ -232,14 +231,4 @@ func TestReloadStoreConfigUnderLoad(t *testing.T) {
 		}
 	})
 	check(t, "store config reloaded 5 times under load (pool_size, address and back)", s, l, ids, acked, false)
-}
-
-func (l *ledger) receivedTotal() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, c := range l.received {
-		n += c
-	}
-	return n
 }

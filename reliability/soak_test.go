@@ -24,6 +24,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
@@ -32,7 +33,7 @@ type soakTarget struct {
 	name   string
 	site   string
 	p      *caddyProc
-	l      *ledger
+	l      *ledger.Ledger
 	s      *sender
 	redis  *redis.Client // Redis target only
 	dbFile string        // file target only
@@ -70,12 +71,12 @@ func TestSoak(t *testing.T) {
 		{name: "file"},
 	}
 	for _, tg := range targets {
-		tg.l = newLedger(t)
+		tg.l = ledger.New(t)
 		store := ""
 		if tg.name == "redis" {
 			store = redisStore(r.Addr)
 		}
-		tg.site = siteConfig(store, tg.l.addr, extra)
+		tg.site = siteConfig(store, tg.l.Addr, extra)
 		tg.p = startCaddy(t, tg.site)
 		tg.s = newSender([]string{tg.p.url}, 1)
 		tg.acked = map[string]bool{}
@@ -170,15 +171,11 @@ func soakFaults(ctx context.Context, t *testing.T, r *redistest.Server, targets 
 		switch n % 3 {
 		case 0:
 			for _, tg := range targets {
-				tg.l.mu.Lock()
-				tg.l.behave = func(string, int) action { return action{status: 500} }
-				tg.l.mu.Unlock()
+				tg.l.Behave(func(string, int) ledger.Action { return ledger.Action{Status: 500} })
 			}
 			time.Sleep(time.Second)
 			for _, tg := range targets {
-				tg.l.mu.Lock()
-				tg.l.behave = nil
-				tg.l.mu.Unlock()
+				tg.l.Behave(nil)
 			}
 		case 1:
 			rc.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL")

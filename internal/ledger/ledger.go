@@ -1,0 +1,207 @@
+// Package ledger is the backend of the whole-server tests: an HTTP server
+// on a loopback port that records every event ID it receives and every
+// one it processes (answers 2xx for, having done the work), and answers
+// as the test tells it to. The event ID is the Sangho-Event-ID header's
+// ("" without one). The root package's server tests and the reliability
+// suite share it.
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Action is how the ledger answers one delivery.
+type Action struct {
+	Status int           // the answer; 0 is 200
+	Delay  time.Duration // work time; the work is abandoned if the request goes away
+	Hang   time.Duration // work time that goes on even if nobody waits (a fault)
+	Crash  bool          // drop the connection without an answer, the work not done (a fault)
+}
+
+// Ledger is the backend. Its answers carry X-Backend: ledger and the
+// body {"app":"<event ID>"}.
+type Ledger struct {
+	Addr string // host:port, kept across Down and Start
+
+	mu       sync.Mutex
+	behave   func(id string, n int) Action
+	received map[string]int    // deliveries that reached the backend
+	done     map[string]int    // deliveries it processed
+	bodies   map[string][]byte // the last body of each ID, with RecordBodies
+	srv      *http.Server
+	faults   atomic.Int64 // crashes, hangs and non-2xx answers
+}
+
+// New starts a ledger on a free loopback port, stopped at cleanup.
+func New(t testing.TB) *Ledger {
+	t.Helper()
+	l := &Ledger{Addr: "127.0.0.1:0", received: map[string]int{}, done: map[string]int{}}
+	l.Start(t)
+	t.Cleanup(l.Stop)
+	return l
+}
+
+// Behave sets how the ledger answers the n-th delivery (1-based) of id;
+// nil answers 200 at once.
+func (l *Ledger) Behave(f func(id string, n int) Action) {
+	l.mu.Lock()
+	l.behave = f
+	l.mu.Unlock()
+}
+
+// Start listens (again, after Stop or Down) on the ledger's address.
+func (l *Ledger) Start(t testing.TB) {
+	t.Helper()
+	var ln net.Listener
+	var err error
+	for i := 0; i < 50; i++ { // the port may linger for a moment after a stop
+		if ln, err = net.Listen("tcp", l.Addr); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("ledger: listen: %v", err)
+	}
+	if a := ln.Addr().String(); a != l.Addr { // the first start, on port 0
+		l.Addr = a
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(l.serve), ReadHeaderTimeout: 10 * time.Second}
+	l.mu.Lock()
+	l.srv = srv
+	l.mu.Unlock()
+	go srv.Serve(ln)
+}
+
+// Stop closes the ledger and every connection at once.
+func (l *Ledger) Stop() {
+	l.mu.Lock()
+	srv := l.srv
+	l.mu.Unlock()
+	_ = srv.Close()
+}
+
+// Down stops accepting connections (new ones are refused) but lets the
+// requests in flight finish: the backend is down, not crashing mid-work.
+func (l *Ledger) Down() {
+	l.mu.Lock()
+	srv := l.srv
+	l.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+}
+
+// Counts returns how many deliveries of id reached the ledger and how
+// many it processed.
+func (l *Ledger) Counts(id string) (received, done int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.received[id], l.done[id]
+}
+
+// Totals returns how many deliveries reached the ledger and how many it
+// processed, all IDs together.
+func (l *Ledger) Totals() (received, done int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, n := range l.received {
+		received += n
+	}
+	for _, n := range l.done {
+		done += n
+	}
+	return received, done
+}
+
+// Received returns a copy of the deliveries received, by ID.
+func (l *Ledger) Received() map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return maps.Clone(l.received)
+}
+
+// RecordBodies makes the ledger keep the last body of each ID, for Body.
+// Off by default: a long run would keep every body.
+func (l *Ledger) RecordBodies() {
+	l.mu.Lock()
+	if l.bodies == nil {
+		l.bodies = map[string][]byte{}
+	}
+	l.mu.Unlock()
+}
+
+// Body returns the last body received with id. It panics without
+// RecordBodies, so that a test cannot read "no body" by mistake.
+func (l *Ledger) Body(id string) []byte {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.bodies == nil {
+		panic("ledger: Body without RecordBodies")
+	}
+	return l.bodies[id]
+}
+
+// Faults returns how many crashes, hangs and non-2xx answers the ledger
+// gave.
+func (l *Ledger) Faults() int64 { return l.faults.Load() }
+
+func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	id := r.Header.Get("Sangho-Event-ID")
+	l.mu.Lock()
+	l.received[id]++
+	n := l.received[id]
+	if l.bodies != nil {
+		l.bodies[id] = body
+	}
+	behave := l.behave
+	l.mu.Unlock()
+	var a Action
+	if behave != nil {
+		a = behave(id, n)
+	}
+	if a.Status == 0 {
+		a.Status = http.StatusOK
+	}
+	if a.Crash {
+		l.faults.Add(1)
+		if hj, ok := w.(http.Hijacker); ok {
+			if c, _, err := hj.Hijack(); err == nil {
+				c.Close()
+				return
+			}
+		}
+		panic(http.ErrAbortHandler)
+	}
+	if a.Delay > 0 {
+		select {
+		case <-time.After(a.Delay):
+		case <-r.Context().Done():
+			return // the request went away: the work is rolled back
+		}
+	}
+	if a.Hang > 0 {
+		l.faults.Add(1)
+		time.Sleep(a.Hang)
+	}
+	if a.Status >= 200 && a.Status <= 299 {
+		l.mu.Lock()
+		l.done[id]++
+		l.mu.Unlock()
+	} else {
+		l.faults.Add(1)
+	}
+	w.Header().Set("X-Backend", "ledger")
+	w.WriteHeader(a.Status)
+	fmt.Fprintf(w, `{"app":"%s"}`, id)
+}
