@@ -54,7 +54,6 @@ type FileStore struct {
 	path    string
 	logger  *zap.Logger
 	pooled  bool
-	lockErr error
 	users   *poolUsers // deliveries and commit retries that may still need the file
 }
 
@@ -79,8 +78,14 @@ func (s *FileStore) Provision(ctx caddy.Context) error {
 	p := s.Path
 	if p == "" {
 		p = DefaultFilePath()
-	} else if p = caddy.NewReplacer().ReplaceKnown(p, ""); p == "" {
-		return fmt.Errorf("file store: path %q is empty once its placeholders are resolved", s.Path)
+	} else {
+		// An unset placeholder is an error, not an empty piece of the
+		// path: {env.BASE}/{env.SUB}/dedup.db must not quietly become
+		// another, empty database.
+		var err error
+		if p, err = caddy.NewReplacer().ReplaceOrErr(p, true, true); err != nil {
+			return fmt.Errorf("file store: path %q: %v", s.Path, err)
+		}
 	}
 	abs, err := filepath.Abs(p)
 	if err != nil {
@@ -91,16 +96,15 @@ func (s *FileStore) Provision(ctx caddy.Context) error {
 		abs = filepath.Join(dir, filepath.Base(abs))
 	}
 	s.path = abs
+	if validating() {
+		// `caddy validate` checks the file without creating, locking or
+		// writing anything: the file may be the running Caddy's, or
+		// belong to the user Caddy runs as.
+		return s.checkForValidation()
+	}
 	v, _, err := storePool.LoadOrNew(filePoolKey(abs), func() (caddy.Destructor, error) {
 		return openFileState(abs, time.Now, fileSweepEvery, s.logger)
 	})
-	if errors.Is(err, errFileLocked) && validating() {
-		// `caddy validate` of the config that a running Caddy serves:
-		// the file is that Caddy's. Everything else was checked.
-		s.logger.Info("database file in use, not opened for validation", zap.String("path", abs))
-		s.lockErr = err
-		return nil
-	}
 	if err != nil {
 		return err
 	}
@@ -132,6 +136,28 @@ func (s *FileStore) leave() {
 }
 
 func filePoolKey(abs string) string { return "sangho_dedup.file." + abs }
+
+// checkForValidation checks an existing file read-only (a shared lock,
+// tried once): damage is an error; a file that the running Caddy holds
+// is fine. A file that does not exist yet is created by `caddy run`.
+func (s *FileStore) checkForValidation() error {
+	if _, err := os.Stat(s.path); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err := checkFileSize(s.path); err != nil {
+		return err
+	}
+	db, err := bolt.Open(s.path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Nanosecond})
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		s.logger.Info("database file in use, not opened for validation", zap.String("path", s.path))
+		return nil
+	}
+	if err != nil {
+		return fileOpenError(s.path, err)
+	}
+	defer db.Close()
+	return checkFileDB(db, s.path)
+}
 
 // validating reports whether this process is `caddy validate` (or
 // `caddy adapt --validate`), which provisions a config without running
@@ -184,14 +210,12 @@ func (s *FileStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// errStoreNotOpen is what a store opened only for validation answers.
-var errStoreNotOpen = errors.New("file store: the database file is not open (locked by another process)")
+// errStoreNotOpen is what a store that was only validated, or not
+// provisioned, answers.
+var errStoreNotOpen = errors.New("file store: the database file is not open")
 
 func (s *FileStore) st() (*fileState, error) {
 	if s.state == nil {
-		if s.lockErr != nil {
-			return nil, s.lockErr
-		}
 		return nil, errStoreNotOpen
 	}
 	return s.state, nil
@@ -239,6 +263,11 @@ func (s *FileStore) Commit(_ context.Context, key, token string, rec DoneRecord,
 		return false, err
 	}
 	enc := rec.encode()
+	// Until the record is on disk the event stays leased, however long
+	// the disk takes (the lease is dropped once the record lands, or
+	// expires after the commit retries give up): a redelivery meanwhile
+	// gets 409, never a second processing.
+	st.leases.renew(key, token, commitRetryFor+time.Minute)
 	var again bool
 	err = st.write(func(tx *fileTx) error {
 		old, live := tx.get(key)
@@ -603,19 +632,39 @@ var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan stru
 
 var errFileClosed = errors.New("file store: the database file is closed (Caddy is stopping)")
 
+// fileWriteTimeout bounds how long a write waits for the disk, so that a
+// stalled fsync never holds a backend's answer back from the sender: the
+// commit fails, the answer goes out, and the commit is retried.
+var (
+	fileWriteTimeout = 5 * time.Second
+	errFileStalled   = errors.New("the disk did not complete the write in time")
+)
+
 // write runs fn in a write transaction and returns once the transaction
 // is on disk. Concurrent writes share one transaction.
 func (st *fileState) write(fn func(*fileTx) error) error {
 	op := fileOpPool.Get().(*fileOp)
 	op.fn, op.err = fn, nil
+	timer := time.NewTimer(fileWriteTimeout)
+	defer timer.Stop()
 	select {
 	case st.ops <- op:
 	case <-st.stop:
 		op.fn = nil
 		fileOpPool.Put(op)
 		return errFileClosed
+	case <-timer.C:
+		op.fn = nil
+		fileOpPool.Put(op)
+		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
 	}
-	<-op.done
+	select {
+	case <-op.done:
+	case <-timer.C:
+		// The writer still holds op and may yet write it: it is not
+		// reused. A commit's caller retries; the write is idempotent.
+		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
+	}
 	err := op.err
 	op.fn, op.err = nil, nil
 	fileOpPool.Put(op)

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -614,13 +615,71 @@ func BenchmarkFileStoreSweepBatch(b *testing.B) {
 	}
 }
 
-// A path that resolves to nothing is a config error, not the working
-// directory.
+// A path with an unset placeholder is a config error, not the working
+// directory or another, empty database.
 func TestFileStoreEmptyPath(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	err := (&FileStore{Path: "{env.SANGHO_DEDUP_UNSET_PATH_X}"}).Provision(ctx)
-	if err == nil || !strings.Contains(err.Error(), "SANGHO_DEDUP_UNSET_PATH_X") {
-		t.Fatalf("provision with an unset path placeholder: %v", err)
+	t.Setenv("SANGHO_DEDUP_BASE_X", t.TempDir())
+	for _, p := range []string{"{env.SANGHO_DEDUP_UNSET_PATH_X}", "{env.SANGHO_DEDUP_BASE_X}/{env.SANGHO_DEDUP_UNSET_PATH_X}/dedup.db"} {
+		err := (&FileStore{Path: p}).Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), "SANGHO_DEDUP_UNSET_PATH_X") {
+			t.Fatalf("provision with an unset placeholder in the path %s: %v", p, err)
+		}
+	}
+	if left, _ := filepath.Glob(filepath.Join(os.Getenv("SANGHO_DEDUP_BASE_X"), "*")); len(left) != 0 {
+		t.Fatalf("created %v", left)
+	}
+}
+
+// TestFileStoreStalledDisk: while the disk does not complete a write,
+// the backend's answer still goes out (the commit gives up after
+// fileWriteTimeout and is retried in the background), and a redelivery
+// meanwhile, later than lock_ttl, gets 409: the event stays leased until
+// its record is on disk, never processed twice. (Found by review: the
+// commit waited without bound and the lease ran out.)
+func TestFileStoreStalledDisk(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = 300 * time.Millisecond
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	h, _ := newTestHandler(t, func(h *Handler) {
+		h.LockTTL = caddy.Duration(200 * time.Millisecond)
+		h.StoreRaw = []byte(`{"type":"file","path":"` + path + `"}`)
+	})
+	st := h.store.(*FileStore).state
+	block, stalled := make(chan struct{}), make(chan struct{})
+	go st.write(func(*fileTx) error { close(stalled); <-block; return nil }) // an fsync that hangs
+	<-stalled
+	next := &countingNext{}
+	first := make(chan int, 1)
+	go func() { w, _, _ := serve(h, signedRequest(bodyA, ""), next); first <- w.Code }()
+	select {
+	case code := <-first:
+		if code != 200 {
+			t.Fatalf("first delivery: %d, want the backend's 200", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backend's answer was held by the stalled disk")
+	}
+	time.Sleep(time.Second) // Sangho's retry comes later than lock_ttl
+	if w, _, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != http.StatusConflict {
+		t.Fatalf("redelivery while the record is not on disk: %d, want 409", w.Code)
+	}
+	close(block) // the disk comes back: the retried commit lands
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, done, _ := st.read(h.KeyPrefix + "evt_1QZtest000000000001"); done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the retried commit did not land after the disk came back")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if w, _, _ := serve(h, signedRequest(bodyA, ""), next); w.Header().Get("Sangho-Dedup") != "duplicate" {
+		t.Fatalf("after the commit landed: %d %q, want a duplicate", w.Code, w.Header().Get("Sangho-Dedup"))
+	}
+	if n := next.calls.Load(); n != 1 {
+		t.Fatalf("the backend was called %d times, want once", n)
 	}
 }

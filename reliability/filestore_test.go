@@ -133,6 +133,17 @@ func TestFileStoreOneProcessPerFile(t *testing.T) {
 	if err != nil {
 		t.Errorf("caddy validate of the running config failed: %v\n%s", err, out)
 	}
+	// validate with no Caddy running creates nothing (the file belongs
+	// to the user Caddy runs as)
+	fresh := t.TempDir()
+	validate = exec.Command(caddyBin, "validate", "--config", first.cfg, "--adapter", "caddyfile")
+	validate.Env = append(os.Environ(), "HOME="+fresh, "XDG_DATA_HOME="+fresh, "XDG_CONFIG_HOME="+fresh)
+	if out, err := validate.CombinedOutput(); err != nil {
+		t.Errorf("caddy validate with no file yet: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(fresh, "caddy", "sangho_dedup")); err == nil {
+		t.Error("caddy validate created the file store's folder")
+	}
 
 	ids2, acked2 := s.run("file_lock_after", 5, nil)
 	for id := range acked2 {
