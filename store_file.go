@@ -50,11 +50,11 @@ type FileStore struct {
 	// Linux). The folder is created with mode 0700, the file with 0600.
 	Path string `json:"path,omitempty"`
 
-	state   *fileState
-	path    string
-	logger  *zap.Logger
-	pooled  bool
-	users   *poolUsers // deliveries and commit retries that may still need the file
+	state  *fileState
+	path   string
+	logger *zap.Logger
+	pooled bool
+	users  *poolUsers // deliveries and commit retries that may still need the file
 }
 
 // CaddyModule returns the Caddy module information.
