@@ -299,7 +299,7 @@ func (s *FileStore) Get(_ context.Context, key string) (Entry, error) {
 		return e, nil
 	}
 	var e Entry
-	err = st.db.View(func(tx *bolt.Tx) error {
+	err = st.view(func(tx *bolt.Tx) error {
 		e = (&fileTx{events: tx.Bucket(bucketEvents), now: st.now()}).entry(key)
 		return nil
 	})
@@ -340,7 +340,7 @@ func (s *FileStore) Entries() (int, error) {
 		return 0, err
 	}
 	var n int
-	err = st.db.View(func(tx *bolt.Tx) error {
+	err = st.view(func(tx *bolt.Tx) error {
 		n = tx.Bucket(bucketEvents).Stats().KeyN
 		return nil
 	})
@@ -410,12 +410,39 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 	if err := checkFileSize(path); err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	st, err := openBolt(path, now, sweepEvery, logger)
+	if err != nil {
+		return nil, err
+	}
+	st.wg.Add(2)
+	go st.writer()
+	go st.sweeper(sweepEvery)
+	return st, nil
+}
+
+// openBolt opens the database, checks it and takes back the parked
+// leases. bbolt panics on a damaged page it reads: that is an error
+// naming the file here, never a crash of Caddy.
+func openBolt(path string, now func() time.Time, sweepEvery time.Duration, logger *zap.Logger) (st *fileState, err error) {
+	var db *bolt.DB
+	defer func() {
+		if p := recover(); p != nil {
+			if db != nil {
+				db.Close()
+			}
+			if st != nil {
+				st.leases.Destruct()
+			}
+			st, err = nil, fileDamaged(path, p)
+		}
+	}()
+	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:      time.Nanosecond, // try the lock once: never hang
 		FreelistType: bolt.FreelistMapType,
 		// The freelist is written with every commit (bbolt's default)
-		// rather than rebuilt at open by a scan of the whole file, which
-		// panics, uncatchably, on a damaged page.
+		// rather than rebuilt at open by a scan of the whole file, in a
+		// goroutine of bbolt's where a damaged page's panic cannot be
+		// caught.
 	})
 	if err != nil {
 		return nil, fileOpenError(path, err)
@@ -424,17 +451,42 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 		db.Close()
 		return nil, err
 	}
-	st := &fileState{path: path, db: db, now: now, logger: logger, leases: newMemState(now, sweepEvery),
+	st = &fileState{path: path, db: db, now: now, logger: logger, leases: newMemState(now, sweepEvery),
 		ops: make(chan *fileOp), stop: make(chan struct{})}
 	if err := st.unparkLeases(); err != nil {
 		st.leases.Destruct()
 		db.Close()
 		return nil, fmt.Errorf("file store: reading the leases parked in %s: %v", path, err)
 	}
-	st.wg.Add(2)
-	go st.writer()
-	go st.sweeper(sweepEvery)
 	return st, nil
+}
+
+// fileDamaged is the error of a damaged page that bbolt panicked on.
+func fileDamaged(path string, p any) error {
+	return fmt.Errorf("file store: %s is damaged (%v): restore it from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)", path, p)
+}
+
+// view runs fn in a read-only transaction; a damaged page is an error.
+func (st *fileState) view(fn func(*bolt.Tx) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fileDamaged(st.path, p)
+			st.logger.Error("damaged database file", zap.String("path", st.path), zap.Any("panic", p))
+		}
+	}()
+	return st.db.View(fn)
+}
+
+// update runs fn in a write transaction; a damaged page is an error
+// (bbolt rolls the transaction back), never a crash of the writer.
+func (st *fileState) update(fn func(*bolt.Tx) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fileDamaged(st.path, p)
+			st.logger.Error("damaged database file", zap.String("path", st.path), zap.Any("panic", p))
+		}
+	}()
+	return st.db.Update(fn)
 }
 
 // createFileDB creates a new, empty database at path if there is no
@@ -555,7 +607,7 @@ func checkFileDB(db *bolt.DB, path string) error {
 func (st *fileState) read(key string) (string, bool, error) {
 	var val string
 	var ok bool
-	err := st.db.View(func(tx *bolt.Tx) error {
+	err := st.view(func(tx *bolt.Tx) error {
 		val, ok = (&fileTx{events: tx.Bucket(bucketEvents), now: st.now()}).get(key)
 		return nil
 	})
@@ -571,7 +623,7 @@ func (st *fileState) done(key string) (bool, error) {
 // parkLeases writes the live leases to the file (at a clean stop).
 func (st *fileState) parkLeases() error {
 	now := st.now()
-	return st.db.Update(func(tx *bolt.Tx) error {
+	return st.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLeases)
 		for i := range st.leases.shards {
 			sh := &st.leases.shards[i]
@@ -593,7 +645,7 @@ func (st *fileState) parkLeases() error {
 // unparkLeases takes back the leases a clean stop parked, those that
 // have not expired since, and empties the bucket.
 func (st *fileState) unparkLeases() error {
-	return st.db.Update(func(tx *bolt.Tx) error {
+	return st.update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLeases)
 		if b.Stats().KeyN == 0 {
 			return nil
@@ -695,7 +747,7 @@ func (st *fileState) writer() {
 		}
 		st.txns.Add(1)
 		st.writes.Add(int64(len(batch)))
-		err := st.db.Update(func(btx *bolt.Tx) error {
+		err := st.update(func(btx *bolt.Tx) error {
 			tx := &fileTx{events: btx.Bucket(bucketEvents), expiry: btx.Bucket(bucketExpiry), now: st.now()}
 			for _, op := range batch {
 				op.err = op.fn(tx)

@@ -683,3 +683,76 @@ func TestFileStoreStalledDisk(t *testing.T) {
 		t.Fatalf("the backend was called %d times, want once", n)
 	}
 }
+
+// TestFileStoreDamagedPagesAreErrors: bbolt panics on a damaged page it
+// reads; the store turns that into an error naming the file, at open or
+// on the request that reads the page, never a crash of Caddy. (Found by
+// review: the open, the checks and the writer had no recover.)
+func TestFileStoreDamagedPagesAreErrors(t *testing.T) {
+	good := filepath.Join(t.TempDir(), "good.db")
+	st, err := openFileState(good, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &FileStore{state: st}
+	for i := range 2000 {
+		key := "ev_" + strconv.Itoa(i)
+		if _, err := s.Commit(context.Background(), key, "t", DoneRecord{ProcessedAt: time.Now(), EventType: strings.Repeat("x", 100)}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	content, err := os.ReadFile(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const pageSize = 4096
+	// damage rewrites the flags of the pages that have flags from (leaf 0x02,
+	// branch 0x01, freelist 0x10), past the two meta pages.
+	damage := func(from uint16) []byte {
+		b := append([]byte(nil), content...)
+		for off := 2 * pageSize; off+pageSize <= len(b); off += pageSize {
+			if binary.LittleEndian.Uint16(b[off+8:]) == from {
+				binary.LittleEndian.PutUint16(b[off+8:], 0x40)
+			}
+		}
+		return b
+	}
+	for name, data := range map[string][]byte{
+		"leaf pages":     damage(0x02),
+		"branch pages":   damage(0x01),
+		"freelist pages": damage(0x10),
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "dedup.db")
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			if err != nil {
+				if !strings.Contains(err.Error(), path) {
+					t.Fatalf("error does not name the file: %v", err)
+				}
+				return // refused at open
+			}
+			defer st.Destruct()
+			s := &FileStore{state: st}
+			// opened: reading and writing the damaged pages are errors
+			var errs int
+			for i := 0; i < 2000; i += 97 {
+				key := "ev_" + strconv.Itoa(i)
+				if _, _, err := s.Claim(context.Background(), key, "t2", time.Minute); err != nil {
+					errs++
+				}
+				if _, err := s.Commit(context.Background(), key, "t2", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+					errs++
+				}
+			}
+			if errs == 0 {
+				t.Fatal("no damaged page was noticed")
+			}
+		})
+	}
+}
