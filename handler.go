@@ -377,7 +377,8 @@ var (
 )
 
 // drainCommitRetries is a process-exit callback (caddy.OnExit): it runs
-// after Caddy stopped serving and cleaned the config up.
+// after Caddy stopped serving and cleaned the config up. Then it parks
+// the leases of the files still open (see parkOpenFiles).
 func drainCommitRetries(context.Context) {
 	deadline := time.Now().Add(exitCommitGrace)
 	for pendingCommits.Load() > 0 && time.Now().Before(deadline) {
@@ -388,6 +389,7 @@ func drainCommitRetries(context.Context) {
 		caddy.Log().Named("sangho_dedup").Error("commit retries abandoned at exit",
 			zap.Int64("events", n), zap.Duration("grace", exitCommitGrace))
 	}
+	parkOpenFiles()
 }
 
 // enter marks h's store as in use by a delivery or a commit retry.

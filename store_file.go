@@ -397,6 +397,9 @@ type fileState struct {
 	wg   sync.WaitGroup
 
 	txns, writes atomic.Int64 // write transactions, and the writes they carried
+
+	parkMu sync.Mutex // parking leases and closing
+	closed bool
 }
 
 // openFileState opens (creating it if needed) the database at path.
@@ -414,6 +417,7 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 	if err != nil {
 		return nil, err
 	}
+	openFiles.Store(st, struct{}{})
 	st.wg.Add(2)
 	go st.writer()
 	go st.sweeper(sweepEvery)
@@ -805,11 +809,37 @@ func (st *fileState) Destruct() error {
 	close(st.stop)
 	st.wg.Wait()
 	st.leases.Destruct()
+	openFiles.Delete(st)
+	st.parkMu.Lock()
+	defer st.parkMu.Unlock()
 	err := st.parkLeases()
 	if cerr := st.db.Close(); err == nil {
 		err = cerr
 	}
+	st.closed = true
 	return err
+}
+
+// openFiles are the files open in this process, for the exit hook.
+var openFiles sync.Map // *fileState -> struct{}
+
+// parkOpenFiles parks the live leases of every file still open at
+// process exit: one still in use then (a commit retry pending, an old
+// config draining after a reload, requests cut off by the grace period)
+// is never destructed before the process ends, and its holds would be
+// lost.
+func parkOpenFiles() {
+	openFiles.Range(func(k, _ any) bool {
+		st := k.(*fileState)
+		st.parkMu.Lock()
+		defer st.parkMu.Unlock()
+		if !st.closed {
+			if err := st.parkLeases(); err != nil {
+				st.logger.Error("parking leases at exit", zap.String("path", st.path), zap.Error(err))
+			}
+		}
+		return true
+	})
 }
 
 // fileTx is the store's view of one bbolt transaction.

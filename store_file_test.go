@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -754,5 +755,36 @@ func TestFileStoreDamagedPagesAreErrors(t *testing.T) {
 				t.Fatal("no damaged page was noticed")
 			}
 		})
+	}
+}
+
+// TestFileStoreParksLeasesAtExitWhileInUse: a file still in use when the
+// process exits (here: a delivery in flight after Cleanup) is never
+// destructed, so the exit hook parks its leases. (Found by review.)
+func TestFileStoreParksLeasesAtExitWhileInUse(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	s := &FileStore{Path: filepath.Join(t.TempDir(), "dedup.db")}
+	if err := s.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer s.leave()
+	s.enter()
+	if _, _, err := s.Claim(ctx, "held", "tok", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cleanup(); err != nil { // Caddy stops; the delivery is still in flight
+		t.Fatal(err)
+	}
+	drainCommitRetries(context.Background()) // the exit hook
+	var parked []byte
+	if err := s.state.view(func(tx *bolt.Tx) error {
+		parked = bytes.Clone(tx.Bucket(bucketLeases).Get([]byte("held")))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(string(parked), "inflight:tok") {
+		t.Fatalf("the lease was not parked at exit: %q", parked)
 	}
 }
