@@ -193,7 +193,9 @@ type Handler struct {
 	// body's SHA-256, is kept with the done record): "reject" answers 422
 	// with Sangho-Dedup: payload_mismatch and never reaches the backend;
 	// "log" answers the usual 200 duplicate and logs a warning. Both
-	// count as the outcome payload_mismatch. Default: reject.
+	// count as the outcome payload_mismatch. Default: reject with the
+	// sangho provider (its contract: every attempt carries the same
+	// bytes), log with the others, which promise no such thing.
 	OnPayloadMismatch string `json:"on_payload_mismatch,omitempty"`
 
 	// Whether a signed body must carry the event ID as its top-level
@@ -264,9 +266,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.OnStoreError == "" {
 		h.OnStoreError = storeErrorReject
 	}
-	if h.OnPayloadMismatch == "" {
-		h.OnPayloadMismatch = mismatchReject
-	}
 	if h.KeyPrefix == "" {
 		h.KeyPrefix = DefaultKeyPrefix
 	}
@@ -305,6 +304,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	name := v.(caddy.Module).CaddyModule().ID.Name()
 	if err := h.setupScheme(v, name, secrets); err != nil {
 		return fmt.Errorf("verifier %s: %w", name, err)
+	}
+	if h.OnPayloadMismatch == "" {
+		// Sangho's contract: every attempt carries the same body bytes.
+		// Other senders do not promise it (a retry may carry a changed
+		// field), and a 422 would fail their retries: a warning there.
+		h.OnPayloadMismatch = mismatchLog
+		if name == "sangho" {
+			h.OnPayloadMismatch = mismatchReject
+		}
 	}
 	if e, ok := v.(interface{ sigEngine() *verifier }); ok {
 		h.verifier = e.sigEngine()

@@ -201,3 +201,22 @@ func TestNames(t *testing.T) {
 		t.Fatalf("current endpoints %v", got)
 	}
 }
+
+// TestPayloadMismatchDefaults: reject with Sangho, whose contract
+// promises the same body on every attempt; log with the other providers.
+func TestPayloadMismatchDefaults(t *testing.T) {
+	for scheme, want := range map[string]string{"": mismatchReject, "sangho": mismatchReject, "github": mismatchLog, "stripe": mismatchLog} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		h := &Handler{Secrets: []string{"whsec_x"}, StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+		if scheme != "" {
+			h.VerifierRaw = json.RawMessage(`{"scheme":"` + scheme + `"}`)
+		}
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("%s: %v", scheme, err)
+		}
+		if h.OnPayloadMismatch != want {
+			t.Errorf("provider %q: on_payload_mismatch defaults to %q, want %q", scheme, h.OnPayloadMismatch, want)
+		}
+		cancel()
+	}
+}
