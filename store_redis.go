@@ -147,10 +147,15 @@ type RedisStore struct {
 	// Maximum connections per node. Default: 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
-	// Send each command on its own instead of batching the commands of
-	// concurrent requests into pipelines (go-redis auto-pipelining, which
-	// halves Redis's CPU per event under load and adds no wait when a
-	// request is alone). Default: false (pipelining on).
+	// Send each command on its own instead of batching the claims and
+	// commits of concurrent requests into pipelines. Pipelined, on a
+	// standalone server or behind Sentinel they share one connection of
+	// the store's own: a command is written at once when no batch is
+	// awaiting replies (a request alone waits for nothing), otherwise it
+	// joins the batch written as soon as those replies are in; on a
+	// Cluster, go-redis auto-pipelining batches them. Pipelining cuts
+	// Caddy's and Redis's CPU per event under load. Default: false
+	// (pipelining on).
 	DisablePipeline bool `json:"disable_pipeline,omitempty"`
 
 	// Replicas that must acknowledge a done record (Redis WAIT, on the
@@ -168,6 +173,7 @@ type RedisStore struct {
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // set on a Redis Cluster
 	cmd     redis.Cmdable        // the client, or its auto-pipeliner
+	pipe    *redisPipe           // claims and commits, unless nil
 	poolKey string
 	check   *permCheck
 	logger  *zap.Logger
@@ -184,10 +190,27 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// redisClient holds a shared client in the usage pool.
-type redisClient struct{ redis.UniversalClient }
+// redisClient holds a shared client in the usage pool, with the store's
+// own pipe on a standalone server or behind Sentinel.
+type redisClient struct {
+	redis.UniversalClient
+	pipe *redisPipe
+}
 
-func (c redisClient) Destruct() error { return c.Close() }
+func newRedisClient(o *redis.UniversalOptions) *redisClient {
+	rc := &redisClient{UniversalClient: redis.NewUniversalClient(o)}
+	if c, ok := rc.UniversalClient.(*redis.Client); ok {
+		rc.pipe = newRedisPipe(settingsOf(c.Options()))
+	}
+	return rc
+}
+
+func (c *redisClient) Destruct() error {
+	if c.pipe != nil {
+		c.pipe.close()
+	}
+	return c.Close()
+}
 
 // Provision resolves placeholders, then takes a client with these
 // settings from the usage pool or creates one. It does not contact
@@ -207,15 +230,18 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	}
 	s.poolKey = opts.poolKey()
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return redisClient{redis.NewUniversalClient(opts.universal)}, nil
+		return newRedisClient(opts.universal), nil
 	})
 	if err != nil {
 		return err
 	}
-	s.client = v.(redisClient).UniversalClient
+	rc := v.(*redisClient)
+	s.client = rc.UniversalClient
 	s.cluster, _ = s.client.(*redis.ClusterClient)
 	s.cmd = s.client
-	if !s.DisablePipeline {
+	if !s.DisablePipeline && rc.pipe != nil {
+		s.pipe = rc.pipe
+	} else if !s.DisablePipeline {
 		ap, err := s.client.AutoPipeline()
 		if err != nil {
 			return fmt.Errorf("redis store: starting the auto-pipeliner: %v", err)
@@ -539,14 +565,31 @@ func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Dura
 			return 0, s.failed(err)
 		}
 	}
-	old, err := s.cmd.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
-	if errors.Is(err, redis.Nil) {
-		return Claimed, nil
-	}
+	old, null, err := s.set(ctx, key, inflightPrefix, token, ttl, true)
 	if err != nil {
 		return 0, s.failed(err)
 	}
+	if null {
+		return Claimed, nil
+	}
 	return classify(old, token), nil
+}
+
+// set runs `SET key <v1><v2> PX ttl [NX] GET` on the pipe, the
+// auto-pipeliner or the client, and returns the old value or null.
+func (s *RedisStore) set(ctx context.Context, key, v1, v2 string, ttl time.Duration, nx bool) (string, bool, error) {
+	if s.pipe != nil {
+		return s.pipe.set(ctx, key, v1, v2, ttl, nx)
+	}
+	args := redis.SetArgs{TTL: ttl, Get: true}
+	if nx {
+		args.Mode = "NX"
+	}
+	old, err := s.cmd.SetArgs(ctx, key, v1+v2, args).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", true, nil
+	}
+	return old, false, err
 }
 
 // Renew implements Store with a compare-and-extend script.
@@ -564,18 +607,22 @@ func (s *RedisStore) Renew(ctx context.Context, key, token string, ttl time.Dura
 // owns the key.
 func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
 	var old string
+	var null bool
 	var err error
 	val := rec.encode()
 	if s.WaitReplicas > 0 {
 		old, err = s.commitAndWait(ctx, key, val, retention)
+		if errors.Is(err, redis.Nil) {
+			null, err = true, nil
+		}
 	} else {
-		old, err = s.cmd.SetArgs(ctx, key, val, redis.SetArgs{TTL: retention, Get: true}).Result()
-	}
-	if errors.Is(err, redis.Nil) {
-		return false, nil
+		old, null, err = s.set(ctx, key, "", val, retention, false)
 	}
 	if err != nil {
 		return false, s.failed(err)
+	}
+	if null {
+		return false, nil
 	}
 	// A retried commit whose first attempt landed finds its own record.
 	return isLease(old, token) || old == val, nil
