@@ -51,6 +51,14 @@ var (
 // are small Lua scripts that compare the lease token first. It works
 // alike on a standalone server, a Redis Cluster and behind Sentinel.
 //
+// On a standalone server and behind Sentinel, done records that a claim
+// finds are kept in a bounded local cache (local_cache), so that further
+// redeliveries of a processed event are answered without a round trip.
+// Redis itself keeps the cache true (CLIENT TRACKING on a connection of
+// its own): an entry is dropped as soon as Redis reports its key changed
+// (deleted, expired, rewritten, flushed), and the whole cache is dropped
+// and not used whenever that connection is down.
+//
 // Before its first claim the store checks that the Redis user may run
 // every command it sends (SET, GET, PEXPIRE, DEL, EVAL, EVALSHA, WAIT
 // with wait_replicas; CLUSTER SLOTS on a Cluster): until it may, claims
@@ -170,10 +178,22 @@ type RedisStore struct {
 	// How long a commit waits for WaitReplicas. Default: 100ms.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
+	// How many done records to keep in memory, to answer redeliveries of
+	// processed events without asking Redis; 0 turns the cache off.
+	// Redis invalidates an entry when its key changes (server-assisted
+	// client-side caching, CLIENT TRACKING), and the cache is dropped
+	// while its tracking connection is down. Standalone and Sentinel only:
+	// on a Cluster it is off, and setting it is a config error. The Redis
+	// user needs CLIENT TRACKING and PTTL besides the store's commands;
+	// without them the cache stays off (logged). Default: 10000.
+	LocalCache *int `json:"local_cache,omitempty"`
+
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // set on a Redis Cluster
 	cmd     redis.Cmdable        // the client, or its auto-pipeliner
 	pipe    *redisPipe           // claims and commits, unless nil
+	cache   *doneCache           // nil when off
+	tracker *tracker
 	poolKey string
 	check   *permCheck
 	logger  *zap.Logger
@@ -191,21 +211,32 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 }
 
 // redisClient holds a shared client in the usage pool, with the store's
-// own pipe on a standalone server or behind Sentinel.
+// own pipe and done-record cache on a standalone server or behind
+// Sentinel.
 type redisClient struct {
 	redis.UniversalClient
-	pipe *redisPipe
+	pipe    *redisPipe
+	cache   *doneCache
+	tracker *tracker
 }
 
-func newRedisClient(o *redis.UniversalOptions) *redisClient {
+func newRedisClient(o *redis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
 	rc := &redisClient{UniversalClient: redis.NewUniversalClient(o)}
 	if c, ok := rc.UniversalClient.(*redis.Client); ok {
-		rc.pipe = newRedisPipe(settingsOf(c.Options()))
+		cs := settingsOf(c.Options())
+		rc.pipe = newRedisPipe(cs)
+		if cacheSize > 0 {
+			rc.cache = newDoneCache(cacheSize)
+			rc.tracker = newTracker(cs, rc.cache, logger)
+		}
 	}
 	return rc
 }
 
 func (c *redisClient) Destruct() error {
+	if c.tracker != nil {
+		c.tracker.close()
+	}
 	if c.pipe != nil {
 		c.pipe.close()
 	}
@@ -230,13 +261,13 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	}
 	s.poolKey = opts.poolKey()
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return newRedisClient(opts.universal), nil
+		return newRedisClient(opts.universal, opts.cacheSize, s.logger.Named("redis")), nil
 	})
 	if err != nil {
 		return err
 	}
 	rc := v.(*redisClient)
-	s.client = rc.UniversalClient
+	s.client, s.cache, s.tracker = rc.UniversalClient, rc.cache, rc.tracker
 	s.cluster, _ = s.client.(*redis.ClusterClient)
 	s.cmd = s.client
 	if !s.DisablePipeline && rc.pipe != nil {
@@ -264,6 +295,7 @@ func (s *RedisStore) Cleanup() error {
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {
 	universal *redis.UniversalOptions
+	cacheSize int // 0: no local cache
 	// normalized settings, the key of the usage pool
 	norm map[string]any
 }
@@ -359,12 +391,25 @@ func (s *RedisStore) options(ctx caddy.Context) (resolvedOptions, error) {
 	if s.WaitTimeout > 0 && time.Duration(s.WaitTimeout) >= s.readTimeout {
 		return fail(fmt.Errorf("wait_timeout must be shorter than read_timeout (%v), or the WAIT reply times out", s.readTimeout))
 	}
+	cacheSize := defaultLocalCache
+	if s.LocalCache != nil {
+		cacheSize = *s.LocalCache
+	}
+	if len(o.Addrs) > 1 || s.Cluster {
+		if o.MasterName == "" { // a Cluster: tracking would be per node
+			if s.LocalCache != nil && *s.LocalCache > 0 {
+				return fail(errors.New("local_cache works with a standalone server or Sentinel, not a Redis Cluster: remove it or set it to off"))
+			}
+			cacheSize = 0
+		}
+	}
 	norm := map[string]any{
 		"addrs": o.Addrs, "master": o.MasterName, "user": o.Username, "pass": o.Password,
 		"db": o.DB, "dial": o.DialTimeout, "read": o.ReadTimeout, "write": o.WriteTimeout,
 		"pool": o.PoolSize, "cluster": o.IsClusterMode, "client_name": o.ClientName, "tls": tlsID,
+		"local_cache": cacheSize,
 	}
-	return resolvedOptions{universal: o, norm: norm}, nil
+	return resolvedOptions{universal: o, norm: norm, cacheSize: cacheSize}, nil
 }
 
 // Validate checks values that need no placeholder resolution.
@@ -380,6 +425,8 @@ func (s *RedisStore) Validate() error {
 		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("redis store: timeouts must not be negative")
+	case s.LocalCache != nil && *s.LocalCache < 0:
+		return errors.New("redis store: local_cache must not be negative (0 or off: no cache)")
 	}
 	return nil
 }
@@ -416,6 +463,7 @@ func (s *RedisStore) effectiveReadTimeout() caddy.Duration {
 //		pipeline on|off
 //		wait_replicas <n>
 //		wait_timeout <duration>
+//		local_cache <entries>|off
 //	}
 func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
@@ -518,6 +566,19 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := durationArg(d, &s.WaitTimeout); err != nil {
 				return err
 			}
+		case "local_cache":
+			var v string
+			if err := oneArg(d, &v); err != nil {
+				return err
+			}
+			n := 0
+			if v != "off" {
+				var err error
+				if n, err = strconv.Atoi(v); err != nil || n < 0 {
+					return d.Errf("local_cache: must be a number of entries or off, not %q", v)
+				}
+			}
+			s.LocalCache = &n
 		case "pipeline":
 			var v string
 			if err := oneArg(d, &v); err != nil {
@@ -555,11 +616,16 @@ func (s *RedisStore) failed(err error) error {
 	return err
 }
 
-// Claim implements Store with `SET key lease NX GET PX ttl`. Until the
-// Redis user is known to have every permission the store needs
-// (permCheck), it checks them first and fails without claiming if one is
-// missing.
+// Claim implements Store with `SET key lease NX GET PX ttl`, unless the
+// local cache holds key's done record. Until the Redis user is known to
+// have every permission the store needs (permCheck), it checks them
+// first and fails without claiming if one is missing.
 func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, error) {
+	if s.cache != nil {
+		if _, ok := s.cache.get(key); ok {
+			return AlreadyDone, nil
+		}
+	}
 	if !s.check.ok.Load() {
 		if err := s.check.ensure(ctx, s, key); err != nil {
 			return 0, s.failed(err)
@@ -572,7 +638,11 @@ func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Dura
 	if null {
 		return Claimed, nil
 	}
-	return classify(old, token), nil
+	res := classify(old, token)
+	if res == AlreadyDone && s.tracker != nil {
+		s.tracker.learn(key)
+	}
+	return res, nil
 }
 
 // set runs `SET key <v1><v2> PX ttl [NX] GET` on the pipe, the
