@@ -177,6 +177,8 @@ type tracker struct {
 	stop      chan struct{}
 	stopped   chan struct{}
 
+	wasOff bool // a failure was logged: say when the cache is back (run's goroutine)
+
 	mu      sync.Mutex
 	pending map[string]bool // keys queued or awaiting their reply
 	conns   atomic.Int64    // tracking connections established, for tests
@@ -235,9 +237,9 @@ func (t *tracker) done(key string) {
 func (t *tracker) run() {
 	defer close(t.stopped)
 	backoff := 100 * time.Millisecond
-	var lastErr string
+	var lastErr string // the failure last logged, logged once until tracking is back
 	for {
-		start := time.Now()
+		established := t.conns.Load()
 		err := t.session()
 		t.cache.flush()
 		select {
@@ -245,29 +247,30 @@ func (t *tracker) run() {
 			return
 		default:
 		}
-		if err != nil {
-			msg := err.Error()
-			switch {
-			case isNoPerm(err):
-				if msg != lastErr {
-					t.logger.Warn("local_cache is off until the Redis user may run CLIENT TRACKING, GET and PTTL (see the ACL in the README)", zap.Error(err))
-				}
-				backoff = 10 * time.Second
-			case msg != lastErr:
+		if t.conns.Load() > established {
+			// It was up: a new loss is worth a log line, and a prompt
+			// reconnection.
+			lastErr, backoff = "", 100*time.Millisecond
+		}
+		if err != nil && err.Error() != lastErr {
+			if isNoPerm(err) {
+				t.logger.Warn("local_cache is off until the Redis user may run CLIENT TRACKING, GET and PTTL (see the ACL in the README)", zap.Error(err))
+			} else {
 				t.logger.Info("local_cache off until its tracking connection is back", zap.Error(err))
 			}
-			lastErr = msg
+			lastErr, t.wasOff = err.Error(), true
 		}
-		if time.Since(start) > 10*time.Second {
-			backoff = 100 * time.Millisecond // it was up a while: reconnect promptly
+		if isNoPerm(err) {
+			backoff = 10 * time.Second // until the ACL changes
 		}
 		select {
 		case <-t.stop:
 			return
 		case <-time.After(backoff):
 		}
+		backoff = min(2*backoff, 10*time.Second)
 		if !isNoPerm(err) {
-			backoff = min(2*backoff, 5*time.Second)
+			backoff = min(backoff, 5*time.Second)
 		}
 	}
 }
@@ -307,7 +310,10 @@ func (t *tracker) session() error {
 
 	t.cache.heard.Store(t.cache.now())
 	t.cache.live.Store(true)
-	t.logger.Debug("local_cache on")
+	if t.wasOff {
+		t.logger.Info("local_cache on again")
+		t.wasOff = false
+	}
 	err = t.read(nc, br, &mu, &calls)
 	t.cache.live.Store(false) // at once: invalidations may be lost from now on
 	cancel()

@@ -144,7 +144,10 @@ func TestRedisLocalCacheInvalidatedByOverwriteAndFlush(t *testing.T) {
 func TestRedisLocalCacheDroppedWithTrackingConnection(t *testing.T) {
 	srv := startRedis(t)
 	admin := srv.Client(t)
-	s := cachedStores(t, srv.Addr, 1)[0]
+	s := &RedisStore{Address: []string{srv.Addr}}
+	logs := observeStore(s)
+	provisionRedisStore(t, s)
+	waitFor(t, "tracking connection", s.cache.live.Load)
 	ctx := context.Background()
 	key := DefaultKeyPrefix + "evt_kill"
 	processed(t, s, key)
@@ -166,6 +169,10 @@ func TestRedisLocalCacheDroppedWithTrackingConnection(t *testing.T) {
 	}
 
 	waitFor(t, "tracking re-established", func() bool { return s.cache.live.Load() && s.tracker.conns.Load() > conns })
+	waitFor(t, "the log lines", func() bool {
+		return logs.FilterMessage("local_cache off until its tracking connection is back").Len() == 1 &&
+			logs.FilterMessage("local_cache on again").Len() == 1
+	})
 	key2 := DefaultKeyPrefix + "evt_after"
 	processed(t, s, key2)
 	learnDuplicate(t, s, admin, key2)
