@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,4 +117,85 @@ func BenchmarkServeHTTP(b *testing.B) {
 	}
 	b.Run("redis/new", func(b *testing.B) { benchServe(b, withRedis, false) })
 	b.Run("redis/duplicate", func(b *testing.B) { benchServe(b, withRedis, true) })
+}
+
+// BenchmarkRedisStore measures the store alone under concurrency (32
+// goroutines on 2 CPUs, as sangho-bench's 32 connections): a new event
+// is a claim and a commit; a duplicate is a claim of a processed event.
+// pipe: the store's own pipelined connection; autopipeline: go-redis's
+// auto-pipeliner, which the store used before on a standalone server
+// (still on a Cluster); pool: pipeline off (go-redis's pool); cache /
+// no-cache: local_cache on and off.
+func BenchmarkRedisStore(b *testing.B) {
+	srv := startRedis(b)
+	off := 0
+	newStore := func(b *testing.B, s *RedisStore) *RedisStore {
+		s.Address = []string{srv.Addr}
+		s.logger = zap.NewNop()
+		s = provisionRedisStore(b, s)
+		if s.cache != nil {
+			for deadline := time.Now().Add(10 * time.Second); !s.cache.live.Load(); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					b.Fatal("no tracking connection")
+				}
+			}
+		}
+		return s
+	}
+	rec := DoneRecord{ProcessedAt: testNow, EventType: "payment_intent.succeeded"}
+	var seq atomic.Int64
+	newEvents := func(s *RedisStore) func(b *testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.RunParallel(func(pb *testing.PB) {
+				ctx := context.Background()
+				for pb.Next() {
+					key := DefaultKeyPrefix + "evt_bench_" + strconv.FormatInt(seq.Add(1), 10)
+					tok := newToken()
+					if res, _, err := s.Claim(ctx, key, tok, 30*time.Second); err != nil || res != Claimed {
+						b.Fatalf("claim: %v %v", res, err)
+					}
+					if held, err := s.Commit(ctx, key, tok, rec, time.Hour); err != nil || !held {
+						b.Fatalf("commit: %v %v", held, err)
+					}
+				}
+			})
+		}
+	}
+	duplicates := func(s *RedisStore) func(b *testing.B) {
+		return func(b *testing.B) {
+			ctx := context.Background()
+			keys := make([]string, 64)
+			for i := range keys {
+				keys[i] = DefaultKeyPrefix + "evt_dup_" + strconv.FormatInt(seq.Add(1), 10)
+				tok := newToken()
+				_, _, _ = s.Claim(ctx, keys[i], tok, time.Minute)
+				_, _ = s.Commit(ctx, keys[i], tok, rec, time.Hour)
+			}
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(1))
+				for pb.Next() {
+					i++
+					if res, _, err := s.Claim(ctx, keys[i%len(keys)], "tok", time.Minute); err != nil || res != AlreadyDone {
+						b.Fatalf("claim: %v %v", res, err)
+					}
+				}
+			})
+		}
+	}
+	b.Run("new/pipe", newEvents(newStore(b, &RedisStore{LocalCache: &off})))
+	ap := newStore(b, &RedisStore{LocalCache: &off, PoolSize: 9})
+	apc, err := ap.client.AutoPipeline()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ap.pipe, ap.cmd = nil, apc
+	b.Run("new/autopipeline", newEvents(ap))
+	b.Run("new/pool", newEvents(newStore(b, &RedisStore{LocalCache: &off, DisablePipeline: true})))
+	b.Run("duplicate/cache", duplicates(newStore(b, &RedisStore{PoolSize: 7})))
+	b.Run("duplicate/no-cache", duplicates(newStore(b, &RedisStore{LocalCache: &off, PoolSize: 8})))
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -49,6 +50,14 @@ var (
 // a commit `SET key record GET PX retention`, a renewal and a release
 // are small Lua scripts that compare the lease token first. It works
 // alike on a standalone server, a Redis Cluster and behind Sentinel.
+//
+// On a standalone server and behind Sentinel, done records that a claim
+// finds are kept in a bounded local cache (local_cache), so that further
+// redeliveries of a processed event are answered without a round trip.
+// Redis itself keeps the cache true (CLIENT TRACKING on a connection of
+// its own): an entry is dropped as soon as Redis reports its key changed
+// (deleted, expired, rewritten, flushed), and the whole cache is dropped
+// and not used whenever that connection is down.
 //
 // Before its first claim the store checks that the Redis user may run
 // every command it sends (SET, GET, PEXPIRE, DEL, EVAL, EVALSHA, WAIT
@@ -146,10 +155,15 @@ type RedisStore struct {
 	// Maximum connections per node. Default: 10 per CPU.
 	PoolSize int `json:"pool_size,omitempty"`
 
-	// Send each command on its own instead of batching the commands of
-	// concurrent requests into pipelines (go-redis auto-pipelining, which
-	// halves Redis's CPU per event under load and adds no wait when a
-	// request is alone). Default: false (pipelining on).
+	// Send each command on its own instead of batching the claims and
+	// commits of concurrent requests into pipelines. Pipelined, on a
+	// standalone server or behind Sentinel they share one connection of
+	// the store's own: a command is written at once when no batch is
+	// awaiting replies (a request alone waits for nothing), otherwise it
+	// joins the batch written as soon as those replies are in; on a
+	// Cluster, go-redis auto-pipelining batches them. Pipelining cuts
+	// Caddy's and Redis's CPU per event under load. Default: false
+	// (pipelining on).
 	DisablePipeline bool `json:"disable_pipeline,omitempty"`
 
 	// Replicas that must acknowledge a done record (Redis WAIT, on the
@@ -164,9 +178,22 @@ type RedisStore struct {
 	// How long a commit waits for WaitReplicas. Default: 100ms.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
+	// How many done records to keep in memory, to answer redeliveries of
+	// processed events without asking Redis; 0 turns the cache off.
+	// Redis invalidates an entry when its key changes (server-assisted
+	// client-side caching, CLIENT TRACKING), and the cache is dropped
+	// while its tracking connection is down. Standalone and Sentinel only:
+	// on a Cluster it is off, and setting it is a config error. The Redis
+	// user needs CLIENT TRACKING and PTTL besides the store's commands;
+	// without them the cache stays off (logged). Default: 10000.
+	LocalCache *int `json:"local_cache,omitempty"`
+
 	client  redis.UniversalClient
 	cluster *redis.ClusterClient // set on a Redis Cluster
 	cmd     redis.Cmdable        // the client, or its auto-pipeliner
+	pipe    *redisPipe           // claims and commits, unless nil
+	cache   *doneCache           // nil when off
+	tracker *tracker
 	poolKey string
 	check   *permCheck
 	logger  *zap.Logger
@@ -184,10 +211,38 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// redisClient holds a shared client in the usage pool.
-type redisClient struct{ redis.UniversalClient }
+// redisClient holds a shared client in the usage pool, with the store's
+// own pipe and done-record cache on a standalone server or behind
+// Sentinel.
+type redisClient struct {
+	redis.UniversalClient
+	pipe    *redisPipe
+	cache   *doneCache
+	tracker *tracker
+}
 
-func (c redisClient) Destruct() error { return c.Close() }
+func newRedisClient(o *redis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
+	rc := &redisClient{UniversalClient: redis.NewUniversalClient(o)}
+	if c, ok := rc.UniversalClient.(*redis.Client); ok {
+		cs := settingsOf(c.Options())
+		rc.pipe = newRedisPipe(cs)
+		if cacheSize > 0 {
+			rc.cache = newDoneCache(cacheSize)
+			rc.tracker = newTracker(cs, rc.cache, logger)
+		}
+	}
+	return rc
+}
+
+func (c *redisClient) Destruct() error {
+	if c.tracker != nil {
+		c.tracker.close()
+	}
+	if c.pipe != nil {
+		c.pipe.close()
+	}
+	return c.Close()
+}
 
 // Provision resolves placeholders, then takes a client with these
 // settings from the usage pool or creates one. It does not contact
@@ -208,15 +263,18 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	s.poolKey = opts.poolKey()
 	s.users = new(poolUsers)
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return redisClient{redis.NewUniversalClient(opts.universal)}, nil
+		return newRedisClient(opts.universal, opts.cacheSize, s.logger.Named("redis")), nil
 	})
 	if err != nil {
 		return err
 	}
-	s.client = v.(redisClient).UniversalClient
+	rc := v.(*redisClient)
+	s.client, s.cache, s.tracker = rc.UniversalClient, rc.cache, rc.tracker
 	s.cluster, _ = s.client.(*redis.ClusterClient)
 	s.cmd = s.client
-	if !s.DisablePipeline {
+	if !s.DisablePipeline && rc.pipe != nil {
+		s.pipe = rc.pipe
+	} else if !s.DisablePipeline {
 		ap, err := s.client.AutoPipeline()
 		if err != nil {
 			return fmt.Errorf("redis store: starting the auto-pipeliner: %v", err)
@@ -244,6 +302,7 @@ func (s *RedisStore) leave() { s.users.leave() }
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {
 	universal *redis.UniversalOptions
+	cacheSize int // 0: no local cache
 	// normalized settings, the key of the usage pool
 	norm map[string]any
 }
@@ -339,12 +398,25 @@ func (s *RedisStore) options(ctx caddy.Context) (resolvedOptions, error) {
 	if s.WaitTimeout > 0 && time.Duration(s.WaitTimeout) >= s.readTimeout {
 		return fail(fmt.Errorf("wait_timeout must be shorter than read_timeout (%v), or the WAIT reply times out", s.readTimeout))
 	}
+	cacheSize := defaultLocalCache
+	if s.LocalCache != nil {
+		cacheSize = *s.LocalCache
+	}
+	if len(o.Addrs) > 1 || s.Cluster {
+		if o.MasterName == "" { // a Cluster: tracking would be per node
+			if s.LocalCache != nil && *s.LocalCache > 0 {
+				return fail(errors.New("local_cache works with a standalone server or Sentinel, not a Redis Cluster: remove it or set it to off"))
+			}
+			cacheSize = 0
+		}
+	}
 	norm := map[string]any{
 		"addrs": o.Addrs, "master": o.MasterName, "user": o.Username, "pass": o.Password,
 		"db": o.DB, "dial": o.DialTimeout, "read": o.ReadTimeout, "write": o.WriteTimeout,
 		"pool": o.PoolSize, "cluster": o.IsClusterMode, "client_name": o.ClientName, "tls": tlsID,
+		"local_cache": cacheSize,
 	}
-	return resolvedOptions{universal: o, norm: norm}, nil
+	return resolvedOptions{universal: o, norm: norm, cacheSize: cacheSize}, nil
 }
 
 // Validate checks values that need no placeholder resolution.
@@ -360,6 +432,8 @@ func (s *RedisStore) Validate() error {
 		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("redis store: timeouts must not be negative")
+	case s.LocalCache != nil && *s.LocalCache < 0:
+		return errors.New("redis store: local_cache must not be negative (0 or off: no cache)")
 	}
 	return nil
 }
@@ -396,6 +470,7 @@ func (s *RedisStore) effectiveReadTimeout() caddy.Duration {
 //		pipeline on|off
 //		wait_replicas <n>
 //		wait_timeout <duration>
+//		local_cache <entries>|off
 //	}
 func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
@@ -498,6 +573,19 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := durationArg(d, &s.WaitTimeout); err != nil {
 				return err
 			}
+		case "local_cache":
+			var v string
+			if err := oneArg(d, &v); err != nil {
+				return err
+			}
+			n := 0
+			if v != "off" {
+				var err error
+				if n, err = strconv.Atoi(v); err != nil || n < 0 {
+					return d.Errf("local_cache: must be a number of entries or off, not %q", v)
+				}
+			}
+			s.LocalCache = &n
 		case "pipeline":
 			var v string
 			if err := oneArg(d, &v); err != nil {
@@ -535,27 +623,53 @@ func (s *RedisStore) failed(err error) error {
 	return err
 }
 
-// Claim implements Store with `SET key lease NX GET PX ttl`. Until the
-// Redis user is known to have every permission the store needs
-// (permCheck), it checks them first and fails without claiming if one is
-// missing.
+// Claim implements Store with `SET key lease NX GET PX ttl`, unless the
+// local cache holds key's done record. Until the Redis user is known to
+// have every permission the store needs (permCheck), it checks them
+// first and fails without claiming if one is missing.
 func (s *RedisStore) Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, string, error) {
+	if s.cache != nil {
+		if val, ok := s.cache.get(key); ok {
+			return AlreadyDone, val, nil
+		}
+	}
 	if !s.check.ok.Load() {
 		if err := s.check.ensure(ctx, s, key); err != nil {
 			return 0, "", s.failed(err)
 		}
 	}
-	old, err := s.cmd.SetArgs(ctx, key, inflightValue(token), redis.SetArgs{Mode: "NX", TTL: ttl, Get: true}).Result()
-	if errors.Is(err, redis.Nil) {
-		return Claimed, "", nil
-	}
+	old, null, err := s.set(ctx, key, inflightPrefix, token, ttl, true)
 	if err != nil {
 		return 0, "", s.failed(err)
 	}
-	if res := classify(old, token); res != Claimed {
+	if null {
+		return Claimed, "", nil
+	}
+	res := classify(old, token)
+	if res == AlreadyDone && s.tracker != nil {
+		s.tracker.learn(key)
+	}
+	if res != Claimed {
 		return res, old, nil
 	}
 	return Claimed, "", nil
+}
+
+// set runs `SET key <v1><v2> PX ttl [NX] GET` on the pipe, the
+// auto-pipeliner or the client, and returns the old value or null.
+func (s *RedisStore) set(ctx context.Context, key, v1, v2 string, ttl time.Duration, nx bool) (string, bool, error) {
+	if s.pipe != nil {
+		return s.pipe.set(ctx, key, v1, v2, ttl, nx)
+	}
+	args := redis.SetArgs{TTL: ttl, Get: true}
+	if nx {
+		args.Mode = "NX"
+	}
+	old, err := s.cmd.SetArgs(ctx, key, v1+v2, args).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", true, nil
+	}
+	return old, false, err
 }
 
 // Renew implements Store with a compare-and-extend script.
@@ -573,18 +687,22 @@ func (s *RedisStore) Renew(ctx context.Context, key, token string, ttl time.Dura
 // owns the key.
 func (s *RedisStore) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
 	var old string
+	var null bool
 	var err error
 	val := rec.encode()
 	if s.WaitReplicas > 0 {
 		old, err = s.commitAndWait(ctx, key, val, retention)
+		if errors.Is(err, redis.Nil) {
+			null, err = true, nil
+		}
 	} else {
-		old, err = s.cmd.SetArgs(ctx, key, val, redis.SetArgs{TTL: retention, Get: true}).Result()
-	}
-	if errors.Is(err, redis.Nil) {
-		return false, nil
+		old, null, err = s.set(ctx, key, "", val, retention, false)
 	}
 	if err != nil {
 		return false, s.failed(err)
+	}
+	if null {
+		return false, nil
 	}
 	// A retried commit whose first attempt landed finds its own record.
 	return isLease(old, token) || old == val, nil

@@ -83,6 +83,9 @@ func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
 			t.Fatalf("%s: %v %v", what, ok, err)
 		}
 	}
+	if s.cache != nil {
+		waitFor(t, "the local cache's tracking connection", s.cache.live.Load)
+	}
 	for round := range 2 {
 		if round == 1 {
 			for _, a := range admins {
@@ -102,6 +105,12 @@ func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
 				must("commit "+key, ok, err)
 				res, _, err = s.Claim(ctx, key, "tok2", time.Minute)
 				must("claim after commit "+key, res == AlreadyDone, err)
+				if s.cache != nil {
+					waitFor(t, "the local cache learning "+key, func() bool { return s.cache.has(key) })
+					hits := s.cache.hits.Load()
+					res, _, err = s.Claim(ctx, key, "tok2", time.Minute)
+					must("claim answered from the local cache "+key, res == AlreadyDone && s.cache.hits.Load() == hits+1, err)
+				}
 				// the operators' look-up and forget (admin API)
 				e, err := s.Get(ctx, key)
 				must("get "+key, e.State() == "done", err)
@@ -134,7 +143,7 @@ func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
 
 // TestREADMEACLStandalone: the README's ACL line, run as printed, lets
 // the store run every command it needs on a standalone Redis, with and
-// without wait_replicas.
+// without wait_replicas, the local cache included.
 func TestREADMEACLStandalone(t *testing.T) {
 	line, user, password := readmeACL(t)
 	srv := startRedis(t)

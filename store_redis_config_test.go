@@ -37,6 +37,9 @@ func TestRedisCaddyfileNewOptions(t *testing.T) {
 			TLSServerName: "redis.internal", TLSInsecureSkipVerify: true,
 		},
 		"url unix:///run/redis.sock?db=1": {URL: "unix:///run/redis.sock?db=1"},
+		"local_cache 500":                 {LocalCache: intPtr(500)},
+		"local_cache off":                 {LocalCache: intPtr(0)},
+		"local_cache 0":                   {LocalCache: intPtr(0)},
 	} {
 		got, err := parseRedisStore(t, block)
 		if err != nil {
@@ -77,8 +80,13 @@ func TestRedisCaddyfileTrustPool(t *testing.T) {
 // names the option.
 func TestRedisCaddyfileErrors(t *testing.T) {
 	for block, want := range map[string]string{
-		"cluster yes":      `cluster: takes no argument, got "yes"`,
-		"cluster\ncluster": "cluster given more than once",
+		"cluster yes":                  `cluster: takes no argument, got "yes"`,
+		"cluster\ncluster":             "cluster given more than once",
+		"local_cache":                  "local_cache: needs a value",
+		"local_cache -1":               `local_cache: must be a number of entries or off, not "-1"`,
+		"local_cache on":               `local_cache: must be a number of entries or off, not "on"`,
+		"local_cache 1 2":              "local_cache: takes one value",
+		"local_cache 1\nlocal_cache 2": "local_cache given more than once",
 	} {
 		_, err := parseRedisStore(t, block)
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -98,6 +106,8 @@ func TestRedisConfigErrors(t *testing.T) {
 	}{
 		{RedisStore{Cluster: true, MasterName: "m", Address: []string{"a:1"}}, "cluster cannot be combined with master_name"},
 		{RedisStore{Cluster: true, DB: 1}, "db must be 0 on a Redis Cluster"},
+		{RedisStore{Cluster: true, LocalCache: intPtr(100)}, "local_cache works with a standalone server or Sentinel, not a Redis Cluster"},
+		{RedisStore{Address: []string{"a:1", "b:1"}, LocalCache: intPtr(100)}, "local_cache works with a standalone server or Sentinel"},
 	} {
 		s := c.s
 		err := s.Provision(ctx)
@@ -107,5 +117,35 @@ func TestRedisConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: error %v, want it to contain %q", c.s, err, c.want)
 		}
+	}
+}
+
+func intPtr(n int) *int { return &n }
+
+// TestRedisLocalCacheDefaults: on by default with 10000 entries on a
+// standalone server and behind Sentinel, off on a Cluster (also when
+// set off explicitly), and a negative size is refused.
+func TestRedisLocalCacheDefaults(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, c := range []struct {
+		s    RedisStore
+		want int
+	}{
+		{RedisStore{Address: []string{"127.0.0.1:1"}}, defaultLocalCache},
+		{RedisStore{Address: []string{"127.0.0.1:1", "127.0.0.1:2"}, MasterName: "m"}, defaultLocalCache},
+		{RedisStore{Address: []string{"127.0.0.1:1"}, LocalCache: intPtr(7)}, 7},
+		{RedisStore{Address: []string{"127.0.0.1:1"}, LocalCache: intPtr(0)}, 0},
+		{RedisStore{Address: []string{"127.0.0.1:1", "127.0.0.1:2"}}, 0},
+		{RedisStore{Cluster: true, LocalCache: intPtr(0)}, 0},
+	} {
+		s := c.s
+		o, err := s.options(ctx)
+		if err != nil || o.cacheSize != c.want {
+			t.Errorf("%+v: cache size %d, %v; want %d", c.s, o.cacheSize, err, c.want)
+		}
+	}
+	if err := (&RedisStore{LocalCache: intPtr(-1)}).Validate(); err == nil || !strings.Contains(err.Error(), "local_cache") {
+		t.Errorf("negative local_cache: %v", err)
 	}
 }

@@ -5,11 +5,11 @@
 //	go run ./cmd/sangho-bench --caddy bench/out/caddy --out bench/RESULTS.md
 //
 // (`make bench` does both.) It starts redis-server, a minimal Go backend
-// and one Caddy with three sites (plain reverse_proxy, sangho_dedup on the
-// memory store, on the default file store, on Redis), all on 127.0.0.1,
-// then runs every scenario in interleaved rounds and prints a Markdown
-// report, with the disk's fsync latency and the file store's size over
-// 300,000 events.
+// and one Caddy with five sites (plain reverse_proxy, Caddy's own respond
+// answering what the backend answers, sangho_dedup on the memory store,
+// on the default file store, on Redis), all on 127.0.0.1, then runs every
+// scenario in interleaved rounds and prints a Markdown report, with the
+// disk's fsync latency and the file store's size over 300,000 events.
 package main
 
 import (
@@ -46,7 +46,7 @@ func main() {
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
 	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"pipeline off\"")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
-	only := flag.String("only", "", "comma-separated targets to run (direct,reverse_proxy,memory,file,redis); default all")
+	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,memory,file,redis; the baselines reverse_proxy and respond always run); default all")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	flag.Parse()
@@ -155,7 +155,7 @@ func redisCalls(c *redis.Client) (int64, map[string]int64) {
 }
 
 type scenario struct {
-	target   string // direct, reverse_proxy, memory, redis
+	target   string // direct, respond, reverse_proxy, memory, file, redis
 	url      string
 	dup      float64
 	body     int
@@ -219,7 +219,7 @@ func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64
 	}
 
 	redisPort, backendPort := freePort(), freePort()
-	ports := [4]int{freePort(), freePort(), freePort(), freePort()}
+	ports := [5]int{freePort(), freePort(), freePort(), freePort(), freePort()}
 	rs, err := start(redisBin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp)
 	if err != nil {
 		return err
@@ -271,8 +271,13 @@ http://127.0.0.1:%d {
 	}
 	reverse_proxy %s
 }
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	header Content-Type application/json
+	respond "{\"received\":true}" 200
+}
 `, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, redisOpts, backend,
-		ports[3], secret, filepath.Join(tmp, "dedup.db"), backend)
+		ports[3], secret, filepath.Join(tmp, "dedup.db"), backend, ports[4])
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -281,7 +286,11 @@ http://127.0.0.1:%d {
 	if err != nil {
 		return err
 	}
-	for _, a := range []string{backend, "127.0.0.1:" + strconv.Itoa(redisPort), "127.0.0.1:" + strconv.Itoa(ports[0]), "127.0.0.1:" + strconv.Itoa(ports[1]), "127.0.0.1:" + strconv.Itoa(ports[2]), "127.0.0.1:" + strconv.Itoa(ports[3])} {
+	addrs := []string{backend, "127.0.0.1:" + strconv.Itoa(redisPort)}
+	for _, p := range ports {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(p))
+	}
+	for _, a := range addrs {
 		if err := waitPort(a); err != nil {
 			log, _ := os.ReadFile(filepath.Join(tmp, "caddy.log"))
 			return fmt.Errorf("%v\n%s", err, log)
@@ -296,8 +305,9 @@ http://127.0.0.1:%d {
 		"memory":        fmt.Sprintf("http://127.0.0.1:%d/", ports[1]),
 		"redis":         fmt.Sprintf("http://127.0.0.1:%d/", ports[2]),
 		"file":          fmt.Sprintf("http://127.0.0.1:%d/", ports[3]),
+		"respond":       fmt.Sprintf("http://127.0.0.1:%d/", ports[4]),
 	}
-	targets := []string{"direct", "reverse_proxy", "memory", "file", "redis"}
+	targets := []string{"direct", "respond", "reverse_proxy", "memory", "file", "redis"}
 	deduped := func(t string) bool { return t == "memory" || t == "file" || t == "redis" }
 	var all []*scenario
 	for _, body := range []int{1024, 64 * 1024} {
@@ -312,14 +322,16 @@ http://127.0.0.1:%d {
 		}
 	}
 	for _, t := range targets {
-		all = append(all, &scenario{target: t, url: urls[t], body: 1024, rate: rate, latency: true})
+		if t != "respond" {
+			all = append(all, &scenario{target: t, url: urls[t], body: 1024, rate: rate, latency: true})
+		}
 	}
 
 	if latencyOnly {
 		all = slices.DeleteFunc(all, func(s *scenario) bool { return !s.latency })
 	}
 	if only != "" {
-		keep := append(strings.Split(only, ","), "reverse_proxy") // the baseline always runs
+		keep := append(strings.Split(only, ","), "reverse_proxy", "respond") // the baselines always run
 		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(keep, s.target) })
 	}
 	fmt.Fprintf(os.Stderr, "%d scenarios x %d rounds x %v\n", len(all), rounds, dur)
@@ -409,8 +421,11 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios the median of the per-round ratios (min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
 	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
 
-	base := map[string]*scenario{}
+	base, respond := map[string]*scenario{}, map[string]*scenario{}
 	for _, s := range all {
+		if s.target == "respond" && !s.latency {
+			respond[sizeName(s.body)] = s
+		}
 		if s.target == "reverse_proxy" {
 			key := sizeName(s.body)
 			if s.latency {
@@ -431,6 +446,16 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 			median(field(s.results, func(r load.Result) float64 { return r.P50 })),
 			median(field(s.results, func(r load.Result) float64 { return r.P99 })),
 			mean(s.caddyCPU), mean(s.caddyCPU)-mean(bs.caddyCPU), mean(s.redisCPU), mean(s.cmds), answers(s.results[len(s.results)-1]))
+	}
+	fmt.Fprintf(&b, "\n## 100 %% duplicates against Caddy's own `respond`\n\n")
+	fmt.Fprintf(&b, "A duplicate is answered by `sangho_dedup` without the backend, so its floor is Caddy answering by itself: a site with `respond` and the same answer.\n\n")
+	fmt.Fprintf(&b, "| scenario | req/s | × respond | Caddy CPU µs/req | Δ vs respond |\n|---|---|---|---|---|\n")
+	for _, s := range all {
+		rs := respond[sizeName(s.body)]
+		if s.latency || s.dup != 1 || rs == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %.1f | %+.1f |\n", s.name(), median(tp(s.results)), ratioSpread(s, rs), mean(s.caddyCPU), mean(s.caddyCPU)-mean(rs.caddyCPU))
 	}
 	fmt.Fprintf(&b, "\n## Latency at a fixed %.0f req/s (new events, 1 KiB)\n\n", rate)
 	fmt.Fprintf(&b, "| scenario | p50 ms | p90 ms | p99 ms | max ms | p99 added vs reverse_proxy, ms |\n|---|---|---|---|---|---|\n")

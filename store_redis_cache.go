@@ -1,0 +1,444 @@
+package sanghodedup
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// defaultLocalCache is the number of done records a Redis store keeps
+// in memory unless local_cache says otherwise.
+const defaultLocalCache = 10000
+
+// doneCache holds done records that this process has seen in Redis, so
+// that a redelivery of a processed event is answered without a round
+// trip. A done record changes only when it expires or is deleted (or
+// rewritten by a retried commit): the cache holds an entry only while
+// Redis tracks the key for it (CLIENT TRACKING on the tracker's own
+// connection), drops the entry when Redis says the key changed, and
+// drops everything whenever that connection is lost, since
+// invalidations may have been missed. Entries also expire with the
+// record's time to live. At most max entries are kept; the least
+// recently used go first (CLOCK).
+type doneCache struct {
+	max int
+	now func() int64 // monotonic nanoseconds
+
+	// live is set while the tracking connection is up and has answered
+	// recently: only then are entries served.
+	live      atomic.Bool
+	heard     atomic.Int64 // when the tracking connection last answered
+	staleness int64        // how long without an answer makes it not live
+
+	mu   sync.RWMutex
+	m    map[string]*cacheEntry
+	ring []*cacheEntry // CLOCK ring; nil slots are free
+	free []int
+	hand int
+
+	hits, learned, invalidated atomic.Int64 // for tests and debugging
+}
+
+type cacheEntry struct {
+	key     string
+	val     string
+	expires int64 // monotonic ns; 0: no expiry
+	slot    int
+	ref     atomic.Bool
+}
+
+var monoBase = time.Now()
+
+func monoNow() int64 { return int64(time.Since(monoBase)) }
+
+func newDoneCache(max int) *doneCache {
+	return &doneCache{max: max, now: monoNow, staleness: int64(3 * time.Second), m: map[string]*cacheEntry{}}
+}
+
+// get returns the done record cached for key.
+func (c *doneCache) get(key string) (string, bool) {
+	if !c.live.Load() {
+		return "", false
+	}
+	c.mu.RLock()
+	e := c.m[key]
+	c.mu.RUnlock()
+	if e == nil {
+		return "", false
+	}
+	now := c.now()
+	if now-c.heard.Load() > c.staleness {
+		// The tracking connection has not answered its pings: it may
+		// be cut off silently, and invalidations with it.
+		return "", false
+	}
+	if e.expires != 0 && now >= e.expires {
+		c.drop(key)
+		return "", false
+	}
+	if !e.ref.Load() {
+		e.ref.Store(true)
+	}
+	c.hits.Add(1)
+	return e.val, true
+}
+
+// has reports whether key is cached (whether or not it would be served).
+func (c *doneCache) has(key string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.m[key] != nil
+}
+
+func (c *doneCache) put(key, val string, expires int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.m[key]; e != nil {
+		e.val, e.expires = val, expires
+		return
+	}
+	e := &cacheEntry{key: key, val: val, expires: expires}
+	switch {
+	case len(c.free) > 0:
+		e.slot = c.free[len(c.free)-1]
+		c.free = c.free[:len(c.free)-1]
+	case len(c.ring) < c.max:
+		e.slot = len(c.ring)
+		c.ring = append(c.ring, nil)
+	default:
+		e.slot = c.evictLocked()
+	}
+	c.ring[e.slot] = e
+	c.m[key] = e
+	c.learned.Add(1)
+}
+
+// evictLocked removes the first entry the clock hand finds unused since
+// it last passed, and returns its slot. The ring is full.
+func (c *doneCache) evictLocked() int {
+	for {
+		c.hand = (c.hand + 1) % len(c.ring)
+		e := c.ring[c.hand]
+		if e.ref.Load() {
+			e.ref.Store(false)
+			continue
+		}
+		delete(c.m, e.key)
+		return c.hand
+	}
+}
+
+// drop removes key.
+func (c *doneCache) drop(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e := c.m[key]; e != nil {
+		delete(c.m, key)
+		c.ring[e.slot] = nil
+		c.free = append(c.free, e.slot)
+	}
+}
+
+// flush removes every entry.
+func (c *doneCache) flush() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.m)
+	c.ring, c.free, c.hand = c.ring[:0], c.free[:0], 0
+}
+
+// len is the number of entries.
+func (c *doneCache) len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.m)
+}
+
+// tracker keeps the cache's tracking connection: it dials, enables
+// CLIENT TRACKING (RESP3, default mode: Redis remembers the keys this
+// connection reads and pushes an invalidation when one changes), reads
+// the done records the store asks it to learn (GET and PTTL, so that
+// Redis tracks them), applies invalidations, and pings every second. It
+// redials after a failure, with the cache empty and not served until
+// tracking is on again.
+type tracker struct {
+	cs     connSettings
+	cache  *doneCache
+	logger *zap.Logger
+	learnQ chan string
+
+	pingEvery time.Duration
+	stop      chan struct{}
+	stopped   chan struct{}
+
+	wasOff bool // a failure was logged: say when the cache is back (run's goroutine)
+
+	mu      sync.Mutex
+	pending map[string]bool // keys queued or awaiting their reply
+	conns   atomic.Int64    // tracking connections established, for tests
+}
+
+// maxLearnQueue bounds the keys waiting to be looked up: past it a
+// redelivery simply is not cached yet.
+const maxLearnQueue = 1024
+
+func newTracker(cs connSettings, cache *doneCache, logger *zap.Logger) *tracker {
+	t := &tracker{
+		cs: cs, cache: cache, logger: logger,
+		learnQ:    make(chan string, maxLearnQueue),
+		pingEvery: time.Second,
+		stop:      make(chan struct{}),
+		stopped:   make(chan struct{}),
+		pending:   map[string]bool{},
+	}
+	go t.run()
+	return t
+}
+
+// close stops the tracker and waits for it (bounded by the connection's
+// timeouts).
+func (t *tracker) close() {
+	close(t.stop)
+	<-t.stopped
+}
+
+// learn asks the tracker to cache key, which the store just found to
+// hold a done record. It never blocks.
+func (t *tracker) learn(key string) {
+	if !t.cache.live.Load() {
+		return
+	}
+	t.mu.Lock()
+	if t.pending[key] || len(t.pending) >= maxLearnQueue {
+		t.mu.Unlock()
+		return
+	}
+	t.pending[key] = true
+	t.mu.Unlock()
+	select {
+	case t.learnQ <- key:
+	default:
+		t.done(key)
+	}
+}
+
+func (t *tracker) done(key string) {
+	t.mu.Lock()
+	delete(t.pending, key)
+	t.mu.Unlock()
+}
+
+func (t *tracker) run() {
+	defer close(t.stopped)
+	backoff := 100 * time.Millisecond
+	var lastErr string // the failure last logged, logged once until tracking is back
+	for {
+		established := t.conns.Load()
+		err := t.session()
+		t.cache.flush()
+		select {
+		case <-t.stop:
+			return
+		default:
+		}
+		if t.conns.Load() > established {
+			// It was up: a new loss is worth a log line, and a prompt
+			// reconnection.
+			lastErr, backoff = "", 100*time.Millisecond
+		}
+		if err != nil && err.Error() != lastErr {
+			if isNoPerm(err) {
+				t.logger.Warn("local_cache is off until the Redis user may run CLIENT TRACKING, GET and PTTL (see the ACL in the README)", zap.Error(err))
+			} else {
+				t.logger.Info("local_cache off until its tracking connection is back", zap.Error(err))
+			}
+			lastErr, t.wasOff = err.Error(), true
+		}
+		if isNoPerm(err) {
+			backoff = 10 * time.Second // until the ACL changes
+		}
+		select {
+		case <-t.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+		if !isNoPerm(err) {
+			backoff = min(backoff, 5*time.Second)
+		}
+	}
+}
+
+// trackedCall is what a reply on the tracking connection answers.
+type trackedCall struct {
+	op   byte // 'g' GET, 't' PTTL, 'p' PING
+	key  string
+	sent int64
+}
+
+// session runs one tracking connection until it fails or the tracker
+// stops.
+func (t *tracker) session() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-t.stop:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	nc, br, _, err := t.cs.open(ctx, 3, []string{"CLIENT", "TRACKING", "ON"})
+	if err != nil {
+		return err
+	}
+	go func() { <-ctx.Done(); nc.Close() }()
+	t.conns.Add(1)
+
+	// The calls in the order they were written: the writer appends, the
+	// reader pops.
+	var mu sync.Mutex
+	var calls []trackedCall
+	werr := make(chan error, 1)
+	go func() { werr <- t.write(ctx, nc, &mu, &calls) }()
+
+	t.cache.heard.Store(t.cache.now())
+	t.cache.live.Store(true)
+	if t.wasOff {
+		t.logger.Info("local_cache on again")
+		t.wasOff = false
+	}
+	err = t.read(nc, br, &mu, &calls)
+	t.cache.live.Store(false) // at once: invalidations may be lost from now on
+	cancel()
+	if werr := <-werr; err == nil {
+		err = werr
+	}
+	for _, c := range calls {
+		if c.op == 'g' {
+			t.done(c.key)
+		}
+	}
+	select {
+	case <-t.stop:
+		return nil
+	default:
+	}
+	return err
+}
+
+// write sends the lookups the store asks for, and a PING every
+// pingEvery.
+func (t *tracker) write(ctx context.Context, nc net.Conn, mu *sync.Mutex, calls *[]trackedCall) error {
+	tick := time.NewTicker(t.pingEvery)
+	defer tick.Stop()
+	var b []byte
+	var keys []string
+	for {
+		b, keys = b[:0], keys[:0]
+		select {
+		case <-ctx.Done():
+			return nil
+		case key := <-t.learnQ:
+			keys = append(keys, key)
+			for len(keys) < 128 {
+				select {
+				case key = <-t.learnQ:
+					keys = append(keys, key)
+					continue
+				default:
+				}
+				break
+			}
+		case <-tick.C:
+		}
+		mu.Lock()
+		now := t.cache.now()
+		for _, key := range keys {
+			b = appendCommand(b, "GET", key)
+			b = appendCommand(b, "PTTL", key)
+			*calls = append(*calls, trackedCall{op: 'g', key: key, sent: now}, trackedCall{op: 't', key: key, sent: now})
+		}
+		if len(keys) == 0 {
+			b = appendCommand(b, "PING")
+			*calls = append(*calls, trackedCall{op: 'p'})
+		}
+		_ = nc.SetReadDeadline(time.Now().Add(t.pingEvery + t.cs.readTimeout))
+		mu.Unlock()
+		_ = nc.SetWriteDeadline(time.Now().Add(t.cs.writeTimeout))
+		if _, err := nc.Write(b); err != nil {
+			return err
+		}
+	}
+}
+
+// read applies invalidations and the replies to the writer's calls.
+func (t *tracker) read(nc net.Conn, br *bufio.Reader, mu *sync.Mutex, calls *[]trackedCall) error {
+	var val reply // the GET reply, waiting for its PTTL
+	for {
+		r, err := readReply(br, 0)
+		if err != nil {
+			return err
+		}
+		t.cache.heard.Store(t.cache.now())
+		if r.kind == '>' {
+			if len(r.elems) == 2 && r.elems[0].str == "invalidate" {
+				t.invalidate(r.elems[1])
+			}
+			continue
+		}
+		mu.Lock()
+		if len(*calls) == 0 {
+			mu.Unlock()
+			return errProtocol
+		}
+		c := (*calls)[0]
+		(*calls)[0] = trackedCall{}
+		*calls = (*calls)[1:]
+		if len(*calls) == 0 {
+			*calls = nil
+			_ = nc.SetReadDeadline(time.Time{})
+		}
+		mu.Unlock()
+		if err := r.err(); err != nil && isNoPerm(err) {
+			return err // without GET or PTTL the cache cannot work
+		}
+		switch c.op {
+		case 'g':
+			val = r
+		case 't':
+			// Cache a done record with what remains of its life (-1:
+			// none set; -2: the key is gone).
+			if val.kind == '$' && strings.HasPrefix(val.str, donePrefix) && r.kind == ':' && r.num != -2 {
+				var exp int64
+				if r.num >= 0 {
+					exp = c.sent + r.num*int64(time.Millisecond)
+				}
+				t.cache.put(c.key, val.str, exp)
+			}
+			val = reply{}
+			t.done(c.key)
+		}
+	}
+}
+
+// invalidate applies an invalidation push: a list of keys, or null for
+// "everything" (FLUSHALL, FLUSHDB, or Redis dropping its tracking
+// table).
+func (t *tracker) invalidate(keys reply) {
+	if keys.isNull() {
+		t.cache.flush()
+		t.cache.invalidated.Add(1)
+		return
+	}
+	for _, k := range keys.elems {
+		t.cache.drop(k.str)
+		t.cache.invalidated.Add(1)
+	}
+}

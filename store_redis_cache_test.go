@@ -1,0 +1,314 @@
+package sanghodedup
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// cachedStores provisions n Redis stores on srv as n Caddy instances
+// would: each with its own client, pipe, cache and tracking connection
+// (the pool size differs only to keep them apart in the usage pool), and
+// waits until each cache is live.
+func cachedStores(t *testing.T, addr string, n int) []*RedisStore {
+	t.Helper()
+	var out []*RedisStore
+	for i := range n {
+		s := provisionRedisStore(t, &RedisStore{Address: []string{addr}, PoolSize: 3 + i})
+		if s.cache == nil || s.tracker == nil {
+			t.Fatal("the local cache is off by default")
+		}
+		for _, o := range out {
+			if o.cache == s.cache {
+				t.Fatal("two instances share a cache")
+			}
+		}
+		waitFor(t, "tracking connection "+strconv.Itoa(i), s.cache.live.Load)
+		out = append(out, s)
+	}
+	return out
+}
+
+// processed claims and commits key through s, as a processed delivery does.
+func processed(t *testing.T, s *RedisStore, key string) {
+	t.Helper()
+	ctx := context.Background()
+	if res, _, err := s.Claim(ctx, key, "tok-"+key, time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim %s: %v %v", key, res, err)
+	}
+	rec := DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
+	if held, err := s.Commit(ctx, key, "tok-"+key, rec, time.Hour); err != nil || !held {
+		t.Fatalf("commit %s: %v %v", key, held, err)
+	}
+}
+
+// learnDuplicate claims key, which holds a done record, until the answer
+// comes from s's cache, and checks that it then does not reach Redis.
+func learnDuplicate(t *testing.T, s *RedisStore, admin *redis.Client, key string) {
+	t.Helper()
+	ctx := context.Background()
+	if res, _, err := s.Claim(ctx, key, "tok-dup", time.Minute); err != nil || res != AlreadyDone {
+		t.Fatalf("claim of a processed event: %v %v", res, err)
+	}
+	waitFor(t, "the done record of "+key+" in the cache", func() bool { return s.cache.has(key) })
+	sets := commandCalls(t, admin, "set")
+	hits := s.cache.hits.Load()
+	if res, _, err := s.Claim(ctx, key, "tok-dup", time.Minute); err != nil || res != AlreadyDone {
+		t.Fatalf("claim answered from the cache: %v %v", res, err)
+	}
+	if s.cache.hits.Load() != hits+1 || commandCalls(t, admin, "set") != sets {
+		t.Fatal("the redelivery was not answered from the cache")
+	}
+}
+
+// commandCalls is how many times Redis ran cmd.
+func commandCalls(t *testing.T, admin *redis.Client, cmd string) int64 {
+	t.Helper()
+	prefix := "cmdstat_" + cmd + ":"
+	v := infoLine(admin.Info(context.Background(), "commandstats").Val(), prefix)
+	if v == "" {
+		return 0
+	}
+	v = strings.TrimPrefix(strings.TrimPrefix(v, prefix), "calls=")
+	n, _ := strconv.ParseInt(v[:strings.IndexByte(v, ',')], 10, 64)
+	return n
+}
+
+// TestRedisLocalCacheInvalidatedByDel: two instances (separate clients)
+// answer redeliveries of a processed event from their caches; a DEL from
+// another client reaches both through Redis's invalidation, and the next
+// delivery is processed (claimed), not answered as a duplicate. Checked
+// to fail with the invalidations ignored.
+func TestRedisLocalCacheInvalidatedByDel(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	stores := cachedStores(t, srv.Addr, 2)
+	a, b := stores[0], stores[1]
+	key := DefaultKeyPrefix + "evt_cached"
+	processed(t, a, key)
+	learnDuplicate(t, a, admin, key)
+	learnDuplicate(t, b, admin, key)
+
+	if err := admin.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the invalidation of "+key, func() bool { return !a.cache.has(key) && !b.cache.has(key) })
+	ctx := context.Background()
+	if res, _, err := a.Claim(ctx, key, "tok-again", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim on instance A after DEL: %v %v, want claimed", res, err)
+	}
+	if res, _, err := b.Claim(ctx, key, "tok-b", time.Minute); err != nil || res != InFlight {
+		t.Fatalf("claim on instance B after DEL: %v %v, want in flight (A holds it)", res, err)
+	}
+}
+
+// TestRedisLocalCacheInvalidatedByOverwriteAndFlush: a record rewritten
+// by another client, and FLUSHALL, are invalidations too.
+func TestRedisLocalCacheInvalidatedByOverwriteAndFlush(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	s := cachedStores(t, srv.Addr, 1)[0]
+	ctx := context.Background()
+	k1, k2 := DefaultKeyPrefix+"evt_1", DefaultKeyPrefix+"evt_2"
+	for _, k := range []string{k1, k2} {
+		processed(t, s, k)
+		learnDuplicate(t, s, admin, k)
+	}
+	if err := admin.Set(ctx, k1, "inflight:someone", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the invalidation of a rewritten key", func() bool { return !s.cache.has(k1) })
+	if res, _, err := s.Claim(ctx, k1, "tok", time.Minute); err != nil || res != InFlight {
+		t.Fatalf("claim of a key rewritten as a lease: %v %v", res, err)
+	}
+	if !s.cache.has(k2) {
+		t.Fatal("an invalidation of one key dropped another")
+	}
+	if err := admin.FlushAll(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "FLUSHALL emptying the cache", func() bool { return s.cache.len() == 0 })
+	if res, _, err := s.Claim(ctx, k2, "tok", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim after FLUSHALL: %v %v", res, err)
+	}
+}
+
+// TestRedisLocalCacheDroppedWithTrackingConnection: when the tracking
+// connection is killed, the cache is emptied and not used, so a DEL made
+// while it is down is not missed; once tracking is back, the cache works
+// again. Checked to fail with the cache kept across reconnections.
+func TestRedisLocalCacheDroppedWithTrackingConnection(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	s := &RedisStore{Address: []string{srv.Addr}}
+	logs := observeStore(s)
+	provisionRedisStore(t, s)
+	waitFor(t, "tracking connection", s.cache.live.Load)
+	ctx := context.Background()
+	key := DefaultKeyPrefix + "evt_kill"
+	processed(t, s, key)
+	learnDuplicate(t, s, admin, key)
+
+	conns := s.tracker.conns.Load()
+	id := trackingClientID(t, admin)
+	if err := admin.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the tracker noticing the kill", func() bool {
+		return s.cache.len() == 0 && (!s.cache.live.Load() || s.tracker.conns.Load() > conns)
+	})
+	if err := admin.Del(ctx, key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := s.Claim(ctx, key, "tok-after-kill", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim after DEL while tracking was down: %v %v, want claimed", res, err)
+	}
+
+	waitFor(t, "tracking re-established", func() bool { return s.cache.live.Load() && s.tracker.conns.Load() > conns })
+	waitFor(t, "the log lines", func() bool {
+		return logs.FilterMessage("local_cache off until its tracking connection is back").Len() == 1 &&
+			logs.FilterMessage("local_cache on again").Len() == 1
+	})
+	key2 := DefaultKeyPrefix + "evt_after"
+	processed(t, s, key2)
+	learnDuplicate(t, s, admin, key2)
+}
+
+// trackingClientID is the ID of the one client with tracking on.
+func trackingClientID(t *testing.T, admin *redis.Client) string {
+	t.Helper()
+	list, err := admin.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, line := range strings.Split(list, "\n") {
+		var id string
+		tracking := false
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "id="); ok {
+				id = v
+			}
+			if v, ok := strings.CutPrefix(f, "flags="); ok && strings.Contains(v, "t") {
+				tracking = true
+			}
+		}
+		if tracking {
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) != 1 {
+		t.Fatalf("want one tracking client, found %v in\n%s", ids, list)
+	}
+	return ids[0]
+}
+
+// TestRedisLocalCacheTTL: an entry lives as long as the record has left
+// in Redis, and no longer.
+func TestRedisLocalCacheTTL(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	s := cachedStores(t, srv.Addr, 1)[0]
+	key := DefaultKeyPrefix + "evt_ttl"
+	processed(t, s, key) // retention 1h
+	learnDuplicate(t, s, admin, key)
+	s.cache.mu.RLock()
+	left := time.Duration(s.cache.m[key].expires - monoNow())
+	s.cache.mu.RUnlock()
+	if left > time.Hour || left < time.Hour-time.Minute {
+		t.Fatalf("entry expires in %v, want about the record's 1h", left)
+	}
+}
+
+// TestDoneCacheExpiryAndBound: entries expire with their time to live,
+// at most max are kept, a recently used one is kept over an unused one,
+// and nothing is served while tracking is not live.
+func TestDoneCacheExpiryAndBound(t *testing.T) {
+	var now int64 = 1000
+	c := newDoneCache(3)
+	c.now = func() int64 { return now }
+	c.live.Store(true)
+	c.heard.Store(now)
+	c.put("a", "done:a", now+100)
+	c.put("b", "done:b", 0)
+	c.put("c", "done:c", 0)
+	if v, ok := c.get("a"); !ok || v != "done:a" {
+		t.Fatalf("get a = %q %v", v, ok)
+	}
+	c.put("d", "done:d", 0)
+	if c.len() != 3 || !c.has("a") || !c.has("d") {
+		t.Fatalf("after a fourth entry: len %d, a %v, d %v; want 3, the used a kept", c.len(), c.has("a"), c.has("d"))
+	}
+	now += 100
+	c.heard.Store(now)
+	if _, ok := c.get("a"); ok || c.has("a") {
+		t.Fatal("an expired entry was served or kept")
+	}
+	if _, ok := c.get("d"); !ok {
+		t.Fatal("an entry without expiry was not served")
+	}
+	now += c.staleness + 1
+	if _, ok := c.get("d"); ok {
+		t.Fatal("served while the tracking connection had not answered for longer than staleness")
+	}
+	c.heard.Store(now)
+	c.live.Store(false)
+	if _, ok := c.get("d"); ok {
+		t.Fatal("served while tracking was not live")
+	}
+	for i := range 100 {
+		c.put("k"+strconv.Itoa(i), "done:", 0)
+	}
+	if c.len() != 3 {
+		t.Fatalf("len %d after 100 puts, want at most 3", c.len())
+	}
+}
+
+// TestRedisLocalCacheOff: local_cache off: no cache, no tracking
+// connection.
+func TestRedisLocalCacheOff(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	off := 0
+	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, LocalCache: &off})
+	if s.cache != nil || s.tracker != nil {
+		t.Fatal("local_cache off: a cache")
+	}
+	key := DefaultKeyPrefix + "evt_nocache"
+	processed(t, s, key)
+	for range 3 {
+		if res, _, err := s.Claim(context.Background(), key, "tok", time.Minute); err != nil || res != AlreadyDone {
+			t.Fatalf("claim: %v %v", res, err)
+		}
+	}
+	if list := admin.ClientList(context.Background()).Val(); strings.Contains(list, "flags=t") {
+		t.Fatalf("a tracking connection with local_cache off:\n%s", list)
+	}
+}
+
+// TestRedisLocalCacheWithoutPermission: a user without CLIENT TRACKING
+// (the README's ACL before the cache) runs the store without the cache,
+// and the log says why.
+func TestRedisLocalCacheWithoutPermission(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	pw := aclUser(t, admin, "notrack", "", "+client|tracking")
+	s := &RedisStore{Address: []string{srv.Addr}, Username: "notrack", Password: pw}
+	logs := observeStore(s)
+	provisionRedisStore(t, s)
+	waitFor(t, "the warning", func() bool {
+		return logs.FilterMessageSnippet("local_cache is off until the Redis user may run CLIENT TRACKING").Len() == 1
+	})
+	if s.cache.live.Load() {
+		t.Fatal("cache live without CLIENT TRACKING")
+	}
+	key := DefaultKeyPrefix + "evt_noperm"
+	processed(t, s, key)
+	if res, _, err := s.Claim(context.Background(), key, "tok", time.Minute); err != nil || res != AlreadyDone {
+		t.Fatalf("claim: %v %v", res, err)
+	}
+}

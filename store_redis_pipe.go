@@ -1,0 +1,297 @@
+package sanghodedup
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"time"
+)
+
+// redisPipe sends the claims and commits of every request on one
+// connection, pipelined: a command is written at once when the
+// connection has no batch awaiting replies (so a lone request pays one
+// round trip and no wait), and otherwise joins the next batch, written
+// as soon as the replies of the one in flight are in. Under load a
+// batch carries every command that arrived during one round trip: one
+// write and one read for many requests, on both sides. Callers write
+// their own batches; one reader goroutine per connection reads the
+// replies in order and hands each to its caller.
+//
+// It serves standalone and Sentinel setups (the go-redis client's
+// dialer finds the master and applies TLS); a Cluster uses go-redis.
+type redisPipe struct {
+	cs connSettings
+
+	mu      sync.Mutex
+	conn    *pipeConn     // nil when there is none
+	dialing chan struct{} // closed when the dial under way ends
+	dialErr error         // its failure, for the callers that waited for it
+	closed  bool
+}
+
+var errPipeClosed = errors.New("redis store: client closed")
+
+func newRedisPipe(cs connSettings) *redisPipe { return &redisPipe{cs: cs} }
+
+// pipeConn is one connection of the pipe.
+type pipeConn struct {
+	p  *redisPipe
+	nc net.Conn
+	br *bufio.Reader
+
+	mu       sync.Mutex
+	wbuf     []byte      // commands not yet written
+	spare    []byte      // the other write buffer
+	queue    []*pipeCall // every call not yet answered, in order
+	head     int         // queue[head] is the next to be answered
+	unsent   int         // calls at the end of queue that are in wbuf
+	writing  bool        // a caller or the reader is writing
+	awaiting int         // calls written and not yet answered
+	broken   error
+}
+
+// pipeCall is one command's reply, handed from the reader to its caller.
+type pipeCall struct {
+	done chan struct{}
+	val  string
+	null bool
+	err  error
+}
+
+var callPool = sync.Pool{New: func() any { return &pipeCall{done: make(chan struct{}, 1)} }}
+
+// set runs `SET key <v1><v2> PX ttl [NX] GET` and returns the old
+// value, or null. A command lost with its connection is sent
+// once more on a new one (the store's SETs are safe to repeat: a claim
+// finds its own lease, a commit its own record).
+func (p *redisPipe) set(ctx context.Context, key, v1, v2 string, ttl time.Duration, nx bool) (old string, null bool, err error) {
+	for attempt := 0; ; attempt++ {
+		if err := ctx.Err(); err != nil {
+			return "", false, err
+		}
+		c, err := p.get(ctx)
+		if err != nil {
+			return "", false, err
+		}
+		call := callPool.Get().(*pipeCall)
+		if !c.send(call, key, v1, v2, ttl, nx) {
+			callPool.Put(call)
+			continue // the connection broke under us: get another
+		}
+		<-call.done
+		old, null, err = call.val, call.null, call.err
+		*call = pipeCall{done: call.done}
+		callPool.Put(call)
+		if err == nil || attempt > 0 || !retriable(err) {
+			return old, null, err
+		}
+	}
+}
+
+// get returns the current connection, dialing one if there is none.
+// Callers that come while a dial is under way share it (and its error).
+func (p *redisPipe) get(ctx context.Context) (*pipeConn, error) {
+	p.mu.Lock()
+	for {
+		if p.closed {
+			p.mu.Unlock()
+			return nil, errPipeClosed
+		}
+		if c := p.conn; c != nil {
+			p.mu.Unlock()
+			return c, nil
+		}
+		if ch := p.dialing; ch != nil {
+			p.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			p.mu.Lock()
+			if p.conn == nil && p.dialErr != nil && p.dialing == nil {
+				err := p.dialErr
+				p.mu.Unlock()
+				return nil, err
+			}
+			continue
+		}
+		ch := make(chan struct{})
+		p.dialing = ch
+		p.mu.Unlock()
+		nc, br, _, err := p.cs.open(context.WithoutCancel(ctx), 2)
+		p.mu.Lock()
+		p.dialing = nil
+		close(ch)
+		if err != nil {
+			p.dialErr = err
+			p.mu.Unlock()
+			return nil, err
+		}
+		p.dialErr = nil
+		if p.closed {
+			nc.Close()
+			continue
+		}
+		c := &pipeConn{p: p, nc: nc, br: br}
+		p.conn = c
+		go c.read()
+	}
+}
+
+// close closes the pipe and its connection; calls waiting for replies
+// fail.
+func (p *redisPipe) close() {
+	p.mu.Lock()
+	p.closed = true
+	c := p.conn
+	p.mu.Unlock()
+	if c != nil {
+		c.nc.Close()
+	}
+}
+
+// send queues the command and writes it, with whatever else is queued,
+// unless a batch is awaiting replies (then the reader writes it when
+// they are in). It reports false if the connection is broken.
+func (c *pipeConn) send(call *pipeCall, key, v1, v2 string, ttl time.Duration, nx bool) bool {
+	c.mu.Lock()
+	if c.broken != nil {
+		c.mu.Unlock()
+		return false
+	}
+	c.wbuf = appendSet(c.wbuf, key, v1, v2, ttl, nx)
+	c.queue = append(c.queue, call)
+	c.unsent++
+	if c.writing || c.awaiting > 0 {
+		c.mu.Unlock()
+		return true
+	}
+	c.flushLocked()
+	c.mu.Unlock()
+	return true
+}
+
+// flushLocked writes the queued commands, with c.mu held on entry and on
+// return (it is released during the write). Commands queued during the
+// write wait for its replies, unless those are all in by the time the
+// write returns.
+func (c *pipeConn) flushLocked() {
+	for c.unsent > 0 && c.broken == nil {
+		b := c.wbuf
+		c.wbuf, c.spare = c.spare[:0], nil
+		if c.awaiting == 0 {
+			_ = c.nc.SetReadDeadline(time.Now().Add(c.p.cs.readTimeout))
+		}
+		c.awaiting += c.unsent
+		c.unsent = 0
+		c.writing = true
+		c.mu.Unlock()
+		_ = c.nc.SetWriteDeadline(time.Now().Add(c.p.cs.writeTimeout))
+		_, err := c.nc.Write(b)
+		c.mu.Lock()
+		c.writing = false
+		if cap(b) <= 64<<10 {
+			c.spare = b[:0]
+		}
+		if err != nil {
+			c.nc.Close() // the reader fails every call
+			return
+		}
+		if c.awaiting > 0 {
+			return // the reader writes the rest when the replies are in
+		}
+	}
+}
+
+// read reads replies in order and hands each to its call; when the
+// connection breaks it fails every call still queued.
+func (c *pipeConn) read() {
+	var err error
+	for {
+		var r reply
+		r, err = readReply(c.br, 0)
+		if err != nil {
+			break
+		}
+		if r.kind == '>' {
+			continue // a push (RESP3 only): not ours
+		}
+		c.mu.Lock()
+		if c.head >= len(c.queue) || c.awaiting == 0 {
+			c.mu.Unlock()
+			err = errProtocol
+			break
+		}
+		call := c.queue[c.head]
+		c.queue[c.head] = nil
+		c.head++
+		c.awaiting--
+		if c.head == len(c.queue) {
+			c.queue, c.head = c.queue[:0], 0
+		}
+		if c.awaiting == 0 {
+			if c.unsent > 0 && !c.writing {
+				c.flushLocked()
+			} else {
+				_ = c.nc.SetReadDeadline(time.Time{}) // idle: no timeout
+			}
+		} else if c.br.Buffered() == 0 {
+			_ = c.nc.SetReadDeadline(time.Now().Add(c.p.cs.readTimeout))
+		}
+		c.mu.Unlock()
+		switch {
+		case r.kind == '_':
+			call.null = true
+		case r.kind == '$' || r.kind == '+':
+			call.val = r.str
+		default:
+			call.err = r.err()
+			if call.err == nil {
+				call.err = errProtocol
+			} else if isRetiredMaster(call.err) {
+				c.nc.Close() // behind Sentinel: the next dial finds the new master
+			}
+		}
+		call.done <- struct{}{}
+	}
+	c.nc.Close()
+	c.mu.Lock()
+	c.broken = err
+	calls := c.queue[c.head:]
+	c.queue, c.wbuf = nil, nil
+	c.mu.Unlock()
+	c.p.mu.Lock()
+	if c.p.conn == c {
+		c.p.conn = nil
+	}
+	c.p.mu.Unlock()
+	if errors.Is(err, net.ErrClosed) {
+		err = errConnLost
+	}
+	for _, call := range calls {
+		call.err = err
+		call.done <- struct{}{}
+	}
+}
+
+var errConnLost = errors.New("redis store: connection to Redis lost")
+
+// retriable reports whether a command that failed with err is sent once
+// more on a new connection: not after an error reply (Redis answered) nor
+// a timeout (the request has waited read_timeout already).
+func retriable(err error) bool {
+	var re replyError
+	var ne net.Error
+	return !errors.As(err, &re) && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// isRetiredMaster reports an error of a server that is no longer the
+// master (a Sentinel failover demoted it): READONLY, or MASTERDOWN.
+func isRetiredMaster(err error) bool {
+	s := err.Error()
+	return strings.HasPrefix(s, "READONLY") || strings.HasPrefix(s, "MASTERDOWN")
+}
