@@ -21,15 +21,6 @@ import (
 
 func init() {
 	caddy.RegisterModule(RedisStore{})
-	redis.SetLogger(redisLogger{})
-}
-
-// redisLogger sends go-redis's own messages (dial failures and the like)
-// to Caddy's log instead of raw stderr.
-type redisLogger struct{}
-
-func (redisLogger) Printf(_ context.Context, format string, v ...any) {
-	caddy.Log().Named("sangho_dedup.redis").Warn(fmt.Sprintf(format, v...))
 }
 
 var (
@@ -71,24 +62,24 @@ var (
 // connections.
 type RedisStore struct {
 	// Addresses as host:port. One address: a standalone server. Several
-	// addresses: the seed nodes of a Redis Cluster. With MasterName: the
-	// Sentinels. Default: 127.0.0.1:6379 when URL is empty too.
+	// addresses: the seed nodes of a Redis Cluster. With master_name: the
+	// Sentinels. Default: 127.0.0.1:6379 when url is empty too.
 	// Placeholders such as {env.REDIS_ADDR} are resolved at provision.
 	Address []string `json:"address,omitempty"`
 
-	// A redis://, rediss:// (TLS) or unix:// URL, instead of Address:
+	// A redis://, rediss:// (TLS) or unix:// URL, instead of address:
 	// redis[s]://[user[:password]@]host[:port][/db][?params] or
 	// unix://[user[:password]@]/path/to/socket[?params]. Query
 	// parameters honoured: db, dial_timeout, read_timeout,
 	// write_timeout, pool_size, client_name (CLIENT SETNAME) and, with
 	// rediss, skip_verify; any other is a config error, and so is a
 	// setting given both in the URL and as its own option. It cannot be
-	// combined with Address, MasterName or TLS (the tls_* options work
+	// combined with address, master_name or tls (the tls_* options work
 	// with rediss://). Placeholders resolved.
 	URL string `json:"url,omitempty"`
 
 	// The name of the master monitored by the Sentinels listed in
-	// Address. Default: none (no Sentinel).
+	// address. Default: none (no Sentinel).
 	MasterName string `json:"master_name,omitempty"`
 
 	// Use the Redis Cluster client even with a single address (or a
@@ -111,7 +102,7 @@ type RedisStore struct {
 
 	// Connect with TLS (without a URL; with a URL use rediss://), and
 	// verify the server against the system's trusted roots unless
-	// TLSTrustPoolRaw says otherwise. Each tls_* option implies it.
+	// tls_trust_pool says otherwise. Each tls_* option implies it.
 	// Default: false.
 	TLS bool `json:"tls,omitempty"`
 
@@ -124,7 +115,7 @@ type RedisStore struct {
 	TLSTrustPoolRaw json.RawMessage `json:"tls_trust_pool,omitempty" caddy:"namespace=tls.ca_pool.source inline_key=provider"`
 
 	// PEM file of the client certificate to present to Redis (for
-	// tls-auth-clients yes), with TLSClientCertificateKeyFile. Implies
+	// tls-auth-clients yes), with the key file of tls_client_auth. Implies
 	// TLS. Placeholders resolved. Default: none.
 	TLSClientCertificateFile string `json:"tls_client_certificate_file,omitempty"`
 
@@ -170,12 +161,12 @@ type RedisStore struct {
 	// same connection as the write) before the commit counts as complete.
 	// Redis replicates asynchronously: without it, a failover right
 	// after a commit can lose the record and let a redelivery through.
-	// A commit that fewer replicas acknowledge within WaitTimeout is kept
+	// A commit that fewer replicas acknowledge within wait_timeout is kept
 	// on the master, logged and counted
 	// (caddy_sangho_dedup_commit_unreplicated_total). Default: 0 (off).
 	WaitReplicas int `json:"wait_replicas,omitempty"`
 
-	// How long a commit waits for WaitReplicas. Default: 100ms.
+	// How long a commit waits for wait_replicas. Default: 100ms.
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	// How many done records to keep in memory, to answer redeliveries of
@@ -733,7 +724,7 @@ func (s *RedisStore) commitAndWait(ctx context.Context, key, val string, retenti
 	}
 	if n, werr := wait.Result(); werr != nil || n < int64(s.WaitReplicas) {
 		metrics.unreplicated.Inc()
-		caddy.Log().Named("sangho_dedup.redis").Warn("done record written on the master but acknowledged by fewer replicas than wait_replicas",
+		s.logger.Warn("commit unreplicated",
 			zap.String("key", key), zap.Int64("acknowledged", n), zap.Int("wanted", s.WaitReplicas), zap.Error(werr))
 	}
 	return old, nil
