@@ -38,9 +38,10 @@ func measureFsync(dir string) string {
 }
 
 // fileGrowth writes n events through the file store (claim + commit,
-// 32 writers, retention 3 s, the store's own sweeper every 10 s) and
-// samples the file's size against the live entries, to show that the
-// file stops growing once events expire as fast as they arrive.
+// 32 writers paced to fileGrowthRate events/s, retention 3 s, the
+// store's own sweeper every 10 s) and samples the file's size against
+// the live entries, to show that the file stops growing once events
+// expire as fast as they arrive.
 func fileGrowth(path string, n int) (string, error) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
@@ -53,7 +54,7 @@ func fileGrowth(path string, n int) (string, error) {
 	var wg sync.WaitGroup
 	var failed atomic.Value
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n## File store size\n\n%d events (claim + commit, 32 writers, retention 3 s, the store's sweeper every 10 s):\n\n| events written | seconds | file size MiB | live entries |\n|---|---|---|---|\n", n)
+	fmt.Fprintf(&b, "\n## File store size\n\n%d events (claim + commit, 32 writers paced to %d events/s, retention 3 s, the store's sweeper every 10 s):\n\n| events written | seconds | file size MiB | live entries |\n|---|---|---|---|\n", n, fileGrowthRate)
 	start := time.Now()
 	sample := func() {
 		fi, _ := os.Stat(path)
@@ -82,6 +83,10 @@ func fileGrowth(path string, n int) (string, error) {
 				if i > int64(n) {
 					return
 				}
+				// pace: event i is due at start + i/rate
+				if due := start.Add(time.Duration(i) * time.Second / fileGrowthRate); time.Until(due) > 0 {
+					time.Sleep(time.Until(due))
+				}
 				key := fmt.Sprintf("sangho_dedup:evt_growth_%09d", i)
 				tok := fmt.Sprintf("tok%d", i)
 				if _, _, err := st.Claim(context.Background(), key, tok, 30*time.Second); err != nil {
@@ -106,6 +111,10 @@ func fileGrowth(path string, n int) (string, error) {
 	}
 	return b.String(), nil
 }
+
+// fileGrowthRate paces the size measurement: a steady rate, so that
+// the live set (rate × (retention + sweep interval)) reaches its plateau.
+const fileGrowthRate = 5000
 
 // countLive is the number of entries in the file, expired or not: what
 // the sweeper has left.

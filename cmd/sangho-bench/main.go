@@ -49,7 +49,23 @@ func main() {
 	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,memory,file,redis; the baselines reverse_proxy and respond always run); default all")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
+	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
 	flag.Parse()
+	if *growthOnly {
+		tmp, err := os.MkdirTemp("", "sangho-bench")
+		if err == nil {
+			defer os.RemoveAll(tmp)
+			var out string
+			if out, err = fileGrowth(filepath.Join(tmp, "growth.db"), *growth); err == nil {
+				fmt.Print(out)
+			}
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sangho-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *sink != "" {
 		runSink(*sink)
 		return
