@@ -269,28 +269,7 @@ func TestFileStoreLockedByAnotherProcess(t *testing.T) {
 // A damaged file is an error that names it and says what to do, never a
 // silent start from empty.
 func TestFileStoreRefusesDamagedFiles(t *testing.T) {
-	good := filepath.Join(t.TempDir(), "good.db")
-	st, err := openFileState(good, time.Now, time.Hour, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &FileStore{state: st}
-	for i := range 2000 { // enough data for the file to span many pages
-		key := "ev_" + strconv.Itoa(i)
-		if _, _, err := s.Claim(context.Background(), key, "t", time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Commit(context.Background(), key, "t", DoneRecord{ProcessedAt: time.Now(), EventType: strings.Repeat("x", 200)}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := st.Destruct(); err != nil {
-		t.Fatal(err)
-	}
-	content, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
+	content := testDatabase(t)
 	cases := map[string][]byte{
 		"empty":     {},
 		"truncated": content[:len(content)/2],
@@ -690,25 +669,7 @@ func TestFileStoreStalledDisk(t *testing.T) {
 // on the request that reads the page, never a crash of Caddy. (Found by
 // review: the open, the checks and the writer had no recover.)
 func TestFileStoreDamagedPagesAreErrors(t *testing.T) {
-	good := filepath.Join(t.TempDir(), "good.db")
-	st, err := openFileState(good, time.Now, time.Hour, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &FileStore{state: st}
-	for i := range 2000 {
-		key := "ev_" + strconv.Itoa(i)
-		if _, err := s.Commit(context.Background(), key, "t", DoneRecord{ProcessedAt: time.Now(), EventType: strings.Repeat("x", 100)}, time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := st.Destruct(); err != nil {
-		t.Fatal(err)
-	}
-	content, err := os.ReadFile(good)
-	if err != nil {
-		t.Fatal(err)
-	}
+	content := testDatabase(t)
 	const pageSize = 4096
 	// damage rewrites the flags of the pages that have flags from (leaf 0x02,
 	// branch 0x01, freelist 0x10), past the two meta pages.
@@ -787,4 +748,30 @@ func TestFileStoreParksLeasesAtExitWhileInUse(t *testing.T) {
 	if !strings.HasSuffix(string(parked), "inflight:tok") {
 		t.Fatalf("the lease was not parked at exit: %q", parked)
 	}
+}
+
+// testDatabase is the content of a closed database of 2,000 done
+// records: enough for the file to span many pages.
+func testDatabase(t *testing.T) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "good.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &FileStore{state: st}
+	for i := range 2000 {
+		rec := DoneRecord{ProcessedAt: time.Now(), EventType: strings.Repeat("x", 200)}
+		if _, err := s.Commit(context.Background(), "ev_"+strconv.Itoa(i), "t", rec, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	content, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return content
 }
