@@ -16,9 +16,14 @@ import (
 // round trip and no wait), and otherwise joins the next batch, written
 // as soon as the replies of the one in flight are in. Under load a
 // batch carries every command that arrived during one round trip: one
-// write and one read for many requests, on both sides. Callers write
-// their own batches; one reader goroutine per connection reads the
-// replies in order and hands each to its caller.
+// write and one read for many requests, on both sides.
+//
+// There is no goroutine of its own: callers write the batches, and the
+// replies are read by the callers in turn. The first caller with a
+// command in flight reads the replies in order, handing each to its
+// caller, until its own arrives; then it hands the reading to the caller
+// of the next reply due. A request alone thus reads its own reply, as a
+// plain client does, and no reply costs more than waking its caller.
 //
 // It serves standalone and Sentinel setups (the go-redis client's
 // dialer finds the master and applies TLS); a Cluster uses go-redis.
@@ -48,14 +53,17 @@ type pipeConn struct {
 	queue    []*pipeCall // every call not yet answered, in order
 	head     int         // queue[head] is the next to be answered
 	unsent   int         // calls at the end of queue that are in wbuf
-	writing  bool        // a caller or the reader is writing
+	writing  bool        // a caller is writing
 	awaiting int         // calls written and not yet answered
+	reading  bool        // a caller is reading; always so while awaiting > 0
 	broken   error
 }
 
-// pipeCall is one command's reply, handed from the reader to its caller.
+// pipeCall is one command: its reply, or the turn to read, handed to its
+// caller.
 type pipeCall struct {
 	done chan struct{}
+	read bool // woken to read the replies, its own not yet in
 	val  string
 	null bool
 	err  error
@@ -77,11 +85,18 @@ func (p *redisPipe) set(ctx context.Context, key, v1, v2 string, ttl time.Durati
 			return "", false, err
 		}
 		call := callPool.Get().(*pipeCall)
-		if !c.send(call, key, v1, v2, ttl, nx) {
+		lead, ok := c.send(call, key, v1, v2, ttl, nx)
+		if !ok {
 			callPool.Put(call)
 			continue // the connection broke under us: get another
 		}
-		<-call.done
+		if !lead {
+			<-call.done
+			lead = call.read
+		}
+		if lead {
+			c.readUntil(call)
+		}
 		old, null, err = call.val, call.null, call.err
 		*call = pipeCall{done: call.done}
 		callPool.Put(call)
@@ -136,9 +151,7 @@ func (p *redisPipe) get(ctx context.Context) (*pipeConn, error) {
 			nc.Close()
 			continue
 		}
-		c := &pipeConn{p: p, nc: nc, br: br}
-		p.conn = c
-		go c.read()
+		p.conn = &pipeConn{p: p, nc: nc, br: br}
 	}
 }
 
@@ -155,24 +168,25 @@ func (p *redisPipe) close() {
 }
 
 // send queues the command and writes it, with whatever else is queued,
-// unless a batch is awaiting replies (then the reader writes it when
-// they are in). It reports false if the connection is broken.
-func (c *pipeConn) send(call *pipeCall, key, v1, v2 string, ttl time.Duration, nx bool) bool {
+// unless a batch is awaiting replies (then the caller that reads them
+// writes it when they are in). It reports whether the caller is to read
+// (no one is), and false if the connection is broken.
+func (c *pipeConn) send(call *pipeCall, key, v1, v2 string, ttl time.Duration, nx bool) (lead, ok bool) {
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.broken != nil {
-		c.mu.Unlock()
-		return false
+		return false, false
 	}
 	c.wbuf = appendSet(c.wbuf, key, v1, v2, ttl, nx)
 	c.queue = append(c.queue, call)
 	c.unsent++
-	if c.writing || c.awaiting > 0 {
-		c.mu.Unlock()
-		return true
+	if !c.reading {
+		c.reading, lead = true, true
 	}
-	c.flushLocked()
-	c.mu.Unlock()
-	return true
+	if !c.writing && c.awaiting == 0 {
+		c.flushLocked()
+	}
+	return lead, true
 }
 
 // flushLocked writes the queued commands, with c.mu held on entry and on
@@ -183,9 +197,6 @@ func (c *pipeConn) flushLocked() {
 	for c.unsent > 0 && c.broken == nil {
 		b := c.wbuf
 		c.wbuf, c.spare = c.spare[:0], nil
-		if c.awaiting == 0 {
-			_ = c.nc.SetReadDeadline(time.Now().Add(c.p.cs.readTimeout))
-		}
 		c.awaiting += c.unsent
 		c.unsent = 0
 		c.writing = true
@@ -207,40 +218,51 @@ func (c *pipeConn) flushLocked() {
 	}
 }
 
-// read reads replies in order and hands each to its call; when the
-// connection breaks it fails every call still queued.
-func (c *pipeConn) read() {
-	var err error
+// readUntil reads replies in order, handing each to its caller, until
+// mine's; then it hands the reading to the caller of the next reply due,
+// if any. When the connection breaks it fails every call queued.
+func (c *pipeConn) readUntil(mine *pipeCall) {
 	for {
-		var r reply
-		r, err = readReply(c.br, 0)
-		if err != nil {
-			break
+		if c.br.Buffered() == 0 {
+			_ = c.nc.SetReadDeadline(time.Now().Add(c.p.cs.readTimeout))
 		}
-		if r.kind == '>' {
+		r, err := readReply(c.br, 0)
+		if err == nil && r.kind == '>' {
 			continue // a push (RESP3 only): not ours
 		}
 		c.mu.Lock()
-		if c.head >= len(c.queue) || c.awaiting == 0 {
-			c.mu.Unlock()
+		if err == nil && (c.head >= len(c.queue) || c.awaiting == 0) {
 			err = errProtocol
-			break
+		}
+		if err != nil {
+			c.mu.Unlock()
+			c.fail(err, mine)
+			return
 		}
 		call := c.queue[c.head]
 		c.queue[c.head] = nil
 		c.head++
 		c.awaiting--
+		if c.awaiting == 0 && !c.writing {
+			c.flushLocked() // the commands that waited for this batch
+		}
+		var next *pipeCall
+		if call == mine {
+			if c.awaiting > 0 {
+				next = c.queue[c.head]
+				next.read = true
+			} else {
+				c.reading = false
+			}
+		}
 		if c.head == len(c.queue) {
 			c.queue, c.head = c.queue[:0], 0
-		}
-		if c.awaiting == 0 {
-			if c.unsent > 0 && !c.writing {
-				c.flushLocked()
-			} else {
-				_ = c.nc.SetReadDeadline(time.Time{}) // idle: no timeout
-			}
-		} else if c.br.Buffered() == 0 {
-			_ = c.nc.SetReadDeadline(time.Now().Add(c.p.cs.readTimeout))
+		} else if c.head >= 1024 && c.head >= len(c.queue)/2 {
+			// Under steady load the queue is never empty: drop the
+			// answered front now and then, so it does not grow forever.
+			n := copy(c.queue, c.queue[c.head:])
+			clear(c.queue[n:])
+			c.queue, c.head = c.queue[:n], 0
 		}
 		c.mu.Unlock()
 		switch {
@@ -256,13 +278,26 @@ func (c *pipeConn) read() {
 				c.nc.Close() // behind Sentinel: the next dial finds the new master
 			}
 		}
-		call.done <- struct{}{}
+		if call != mine {
+			call.done <- struct{}{}
+			continue
+		}
+		if next != nil {
+			next.done <- struct{}{}
+		}
+		return
 	}
+}
+
+// fail closes the connection and fails every call queued on it; mine is
+// the reader's own, which it returns itself.
+func (c *pipeConn) fail(err error, mine *pipeCall) {
 	c.nc.Close()
 	c.mu.Lock()
 	c.broken = err
 	calls := c.queue[c.head:]
 	c.queue, c.wbuf = nil, nil
+	c.reading = false
 	c.mu.Unlock()
 	c.p.mu.Lock()
 	if c.p.conn == c {
@@ -274,7 +309,9 @@ func (c *pipeConn) read() {
 	}
 	for _, call := range calls {
 		call.err = err
-		call.done <- struct{}{}
+		if call != mine {
+			call.done <- struct{}{}
+		}
 	}
 }
 

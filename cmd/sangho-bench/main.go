@@ -373,7 +373,8 @@ http://127.0.0.1:%d {
 			s.caddyCPU = append(s.caddyCPU, (c1-c0)*10000/n) // ticks are 10 ms: µs per request
 			s.redisCPU = append(s.redisCPU, (r1-r0)*10000/n)
 			s.cmds = append(s.cmds, float64(k1-k0)/n)
-			fmt.Fprintf(os.Stderr, "round %d  %s  %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  %v\n", r+1, s.name(), res.Throughput, res.P50, res.P99, res.ByStatus)
+			fmt.Fprintf(os.Stderr, "round %d  %s  %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  Caddy %6.1f µs/req  redis %5.1f µs/req  %v\n", r+1, s.name(), res.Throughput, res.P50, res.P99,
+				s.caddyCPU[len(s.caddyCPU)-1], s.redisCPU[len(s.redisCPU)-1], res.ByStatus)
 		}
 	}
 
@@ -434,7 +435,7 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 	fmt.Fprintf(&b, "# Benchmark results\n\n")
 	fmt.Fprintf(&b, "- date: %s; commit: %s; machine: %s, %d CPUs (%s), %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(string(commit)), host, runtime.NumCPU(), cpu, runtime.Version())
 	fmt.Fprintf(&b, "- every process (load generator, Caddy, redis-server, backend) shares these CPUs; loopback only\n")
-	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios the median of the per-round ratios (min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
+	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios and CPU differences the median of the per-round figures (each round against the baseline of the same round; min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
 	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
 
 	base, respond := map[string]*scenario{}, map[string]*scenario{}
@@ -451,40 +452,46 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 		}
 	}
 	fmt.Fprintf(&b, "## Throughput at concurrency %d\n\n", conc)
-	fmt.Fprintf(&b, "| scenario | req/s | × reverse_proxy | p50 ms | p99 ms | Caddy CPU µs/req | Δ vs reverse_proxy | redis CPU µs/req | Redis cmds/req | answers |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| scenario | req/s | × reverse_proxy | p50 ms | p99 ms | Caddy CPU µs/req | Δ vs reverse_proxy, µs | redis CPU µs/req | Redis cmds/req | answers |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range all {
 		if s.latency {
 			continue
 		}
 		bs := base[sizeName(s.body)]
 		thr := median(tp(s.results))
-		fmt.Fprintf(&b, "| %s | %.0f | %s | %.2f | %.2f | %.1f | %+.1f | %.1f | %.2f | %s |\n", s.name(), thr, ratioSpread(s, bs),
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %.2f | %.2f | %.1f | %s | %.1f | %.2f | %s |\n", s.name(), thr, ratioSpread(s, bs),
 			median(field(s.results, func(r load.Result) float64 { return r.P50 })),
 			median(field(s.results, func(r load.Result) float64 { return r.P99 })),
-			mean(s.caddyCPU), mean(s.caddyCPU)-mean(bs.caddyCPU), mean(s.redisCPU), mean(s.cmds), answers(s.results[len(s.results)-1]))
+			median(s.caddyCPU), deltaSpread(s, bs), median(s.redisCPU), mean(s.cmds), answers(s.results[len(s.results)-1]))
 	}
 	fmt.Fprintf(&b, "\n## 100 %% duplicates against Caddy's own `respond`\n\n")
 	fmt.Fprintf(&b, "A duplicate is answered by `sangho_dedup` without the backend, so its floor is Caddy answering by itself: a site with `respond` and the same answer.\n\n")
-	fmt.Fprintf(&b, "| scenario | req/s | × respond | Caddy CPU µs/req | Δ vs respond |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| scenario | req/s | × respond | Caddy CPU µs/req | Δ vs respond, µs |\n|---|---|---|---|---|\n")
 	for _, s := range all {
 		rs := respond[sizeName(s.body)]
 		if s.latency || s.dup != 1 || rs == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "| %s | %.0f | %s | %.1f | %+.1f |\n", s.name(), median(tp(s.results)), ratioSpread(s, rs), mean(s.caddyCPU), mean(s.caddyCPU)-mean(rs.caddyCPU))
+		fmt.Fprintf(&b, "| %s | %.0f | %s | %.1f | %s |\n", s.name(), median(tp(s.results)), ratioSpread(s, rs), median(s.caddyCPU), deltaSpread(s, rs))
 	}
 	fmt.Fprintf(&b, "\n## Latency at a fixed %.0f req/s (new events, 1 KiB)\n\n", rate)
-	fmt.Fprintf(&b, "| scenario | p50 ms | p90 ms | p99 ms | max ms | p99 added vs reverse_proxy, ms |\n|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| scenario | p50 ms | p90 ms | p99 ms | max ms | p99 added vs reverse_proxy (same round), ms |\n|---|---|---|---|---|---|\n")
 	for _, s := range all {
 		if !s.latency {
 			continue
 		}
 		p99 := median(field(s.results, func(r load.Result) float64 { return r.P99 }))
-		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f | %.2f | %+.2f |\n", s.name(),
+		var added []float64
+		for i, r := range s.results {
+			if i < len(base["latency"].results) {
+				added = append(added, r.P99-base["latency"].results[i].P99)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %.2f | %.2f | %.2f | %.2f | %+.2f (%+.2f–%+.2f) |\n", s.name(),
 			median(field(s.results, func(r load.Result) float64 { return r.P50 })),
 			median(field(s.results, func(r load.Result) float64 { return r.P90 })), p99,
 			median(field(s.results, func(r load.Result) float64 { return r.Max })),
-			p99-median(field(base["latency"].results, func(r load.Result) float64 { return r.P99 })))
+			median(added), slices.Min(added), slices.Max(added))
 	}
 	fmt.Fprintf(&b, "\n## Memory\n\n")
 	fmt.Fprintf(&b, "64 concurrent 1 MiB events (%d in all, memory store): Caddy RSS %d MiB before, %d MiB after; peak RSS of the whole run %d MiB (64 × 1 MiB buffers alone are 64 MiB). Answers: %s.\n",
@@ -500,6 +507,16 @@ func ratioSpread(s, base *scenario) string {
 		rs = append(rs, s.results[i].Throughput/base.results[i].Throughput)
 	}
 	return fmt.Sprintf("%.2f (%.2f–%.2f)", median(rs), slices.Min(rs), slices.Max(rs))
+}
+
+// deltaSpread is the median of the per-round differences of Caddy's CPU
+// per request to the baseline's in the same round, with their min–max.
+func deltaSpread(s, base *scenario) string {
+	var ds []float64
+	for i := range min(len(s.caddyCPU), len(base.caddyCPU)) {
+		ds = append(ds, s.caddyCPU[i]-base.caddyCPU[i])
+	}
+	return fmt.Sprintf("%+.1f (%+.1f–%+.1f)", median(ds), slices.Min(ds), slices.Max(ds))
 }
 
 func tp(rs []load.Result) []float64 {
