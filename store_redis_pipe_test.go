@@ -200,3 +200,83 @@ func TestReadReply(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisPipeRepliesReachTheirCallers: 64 callers at once, each
+// claiming a key of its own and then asking again under another token,
+// while the server kills the pipe's connections every few milliseconds.
+// The reading passes from caller to caller; every caller must get its
+// own reply (the second claim sees the first claim's token, never
+// another key's), or an error, and none may wait for ever.
+func TestRedisPipeRepliesReachTheirCallers(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}})
+	ctx := context.Background()
+	const callers, rounds = 64, 300
+	stop := make(chan struct{})
+	killed := make(chan int)
+	go func() {
+		n := 0
+		defer func() { killed <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(3 * time.Millisecond):
+			}
+			if admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes").Err() == nil {
+				n++
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var answered, failed int
+	var wrong []string
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				key := DefaultKeyPrefix + "evt_h" + strconv.Itoa(c) + "_" + strconv.Itoa(r)
+				tok := "tok" + strconv.Itoa(c) + "_" + strconv.Itoa(r)
+				res, _, err := s.Claim(ctx, key, tok, time.Minute)
+				if err != nil {
+					mu.Lock()
+					failed++
+					mu.Unlock()
+					continue
+				}
+				res2, found, err := s.Claim(ctx, key, "other", time.Minute)
+				mu.Lock()
+				switch {
+				case err != nil:
+					failed++
+				case res != Claimed:
+					wrong = append(wrong, key+": first claim "+res.String())
+				case res2 != InFlight || found != inflightPrefix+tok:
+					wrong = append(wrong, key+": second claim "+res2.String()+" "+found)
+				default:
+					answered++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-time.After(60 * time.Second):
+		t.Fatal("callers still waiting for replies after 60s: a reply or the turn to read was lost")
+	}
+	close(stop)
+	kills := <-killed
+	if len(wrong) > 0 {
+		t.Fatalf("%d callers got a reply that was not theirs, e.g. %v", len(wrong), wrong[:min(3, len(wrong))])
+	}
+	if kills == 0 || answered == 0 {
+		t.Fatalf("kills %d, answered %d: the test did not exercise both", kills, answered)
+	}
+	t.Logf("%d answered, %d failed with an error, %d connections killed", answered, failed, kills)
+}
