@@ -124,7 +124,7 @@ func BenchmarkServeHTTP(b *testing.B) {
 // is a claim and a commit; a duplicate is a claim of a processed event.
 // pipe: the store's own pipelined connection; autopipeline: go-redis's
 // auto-pipeliner, which the store used before on a standalone server
-// (still on a Cluster); pool: pipeline off (go-redis's pool); cache /
+// (still on a Cluster); pool: disable_pipeline (go-redis's pool); cache /
 // no-cache: local_cache on and off.
 func BenchmarkRedisStore(b *testing.B) {
 	srv := startRedis(b)

@@ -112,7 +112,7 @@ func redisHarnessWith(t *testing.T, noPipeline bool) storeHarness {
 func TestStoreContractMemory(t *testing.T) { runStoreContract(t, memoryHarness) }
 func TestStoreContractRedis(t *testing.T)  { runStoreContract(t, redisHarness) }
 
-// The same contract with auto-pipelining off (pipeline off).
+// The same contract with pipelining off (disable_pipeline).
 func TestStoreContractRedisNoPipeline(t *testing.T) {
 	runStoreContract(t, func(t *testing.T) storeHarness { return redisHarnessWith(t, true) })
 }

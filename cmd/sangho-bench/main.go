@@ -44,7 +44,7 @@ func main() {
 	rounds := flag.Int("rounds", 3, "interleaved rounds of all scenarios")
 	conc := flag.Int("concurrency", 32, "connections for the throughput runs")
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
-	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"pipeline off\"")
+	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"disable_pipeline\"")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
 	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,memory,file,redis; the baselines reverse_proxy and respond always run); default all")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
