@@ -234,7 +234,9 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if t := opts.universal.TLSConfig; t != nil && t.InsecureSkipVerify {
-		s.logger.Warn("redis store: TLS without verifying the server's certificate (tls_insecure_skip_verify or skip_verify): anyone on the path can read and change the dedup state")
+		s.logger.Warn("redis TLS certificate not verified",
+			zap.String("option", "tls_insecure_skip_verify or skip_verify"),
+			zap.String("risk", "anyone on the path can read and change the dedup state"))
 	}
 	s.poolKey = opts.poolKey()
 	s.users = new(poolUsers)

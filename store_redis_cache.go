@@ -254,9 +254,10 @@ func (t *tracker) run() {
 		}
 		if err != nil && err.Error() != lastErr {
 			if isNoPerm(err) {
-				t.logger.Warn("local_cache is off until the Redis user may run CLIENT TRACKING, GET and PTTL (see the ACL in the README)", zap.Error(err))
+				t.logger.Warn("local_cache off", zap.String("cause", "permission"),
+					zap.String("needs", "CLIENT TRACKING, GET and PTTL (the ACL in the README)"), zap.Error(err))
 			} else {
-				t.logger.Info("local_cache off until its tracking connection is back", zap.Error(err))
+				t.logger.Info("local_cache off", zap.String("cause", "tracking connection lost"), zap.Error(err))
 			}
 			lastErr, t.wasOff = err.Error(), true
 		}
@@ -311,7 +312,7 @@ func (t *tracker) session() error {
 	t.cache.heard.Store(t.cache.now())
 	t.cache.live.Store(true)
 	if t.wasOff {
-		t.logger.Info("local_cache on again")
+		t.logger.Info("local_cache on")
 		t.wasOff = false
 	}
 	err = t.read(nc, br, &mu, &calls)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 )
 
 // cachedStores provisions n Redis stores on srv as n Caddy instances
@@ -170,8 +171,8 @@ func TestRedisLocalCacheDroppedWithTrackingConnection(t *testing.T) {
 
 	waitFor(t, "tracking re-established", func() bool { return s.cache.live.Load() && s.tracker.conns.Load() > conns })
 	waitFor(t, "the log lines", func() bool {
-		return logs.FilterMessage("local_cache off until its tracking connection is back").Len() == 1 &&
-			logs.FilterMessage("local_cache on again").Len() == 1
+		return logs.FilterMessage("local_cache off").FilterField(zap.String("cause", "tracking connection lost")).Len() == 1 &&
+			logs.FilterMessage("local_cache on").Len() == 1
 	})
 	key2 := DefaultKeyPrefix + "evt_after"
 	processed(t, s, key2)
@@ -301,7 +302,7 @@ func TestRedisLocalCacheWithoutPermission(t *testing.T) {
 	logs := observeStore(s)
 	provisionRedisStore(t, s)
 	waitFor(t, "the warning", func() bool {
-		return logs.FilterMessageSnippet("local_cache is off until the Redis user may run CLIENT TRACKING").Len() == 1
+		return logs.FilterMessage("local_cache off").FilterField(zap.String("cause", "permission")).Len() == 1
 	})
 	if s.cache.live.Load() {
 		t.Fatal("cache live without CLIENT TRACKING")

@@ -80,7 +80,8 @@ func (c *permCheck) ensure(ctx context.Context, s *RedisStore, key string) error
 		if pe.keys {
 			fields = append(fields, zap.String("key", pe.key))
 		}
-		s.logger.Error("redis user lacks a permission the store needs; answering 503 until it is granted (see the ACL in the README)", fields...)
+		fields = append(fields, zap.Int("status", 503), zap.String("fix", "grant it: the ACL in the README"))
+		s.logger.Error("redis permission missing", fields...)
 	}
 
 	c.mu.Lock()
@@ -225,23 +226,26 @@ func (s *RedisStore) checkEviction(ctx context.Context) {
 		vals, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 		switch {
 		case err != nil:
-			if ce := s.logger.Check(zapcore.DebugLevel, "cannot read maxmemory-policy: eviction not checked"); ce != nil {
+			if ce := s.logger.Check(zapcore.DebugLevel, "eviction policy not checked"); ce != nil {
 				ce.Write(zap.String("node", node), zap.Error(err))
 			}
 		case vals["maxmemory-policy"] != "noeviction":
-			s.logger.Warn("redis may evict keys: an evicted done record lets a redelivery be processed again; set maxmemory-policy noeviction",
-				zap.String("node", node), zap.String("maxmemory_policy", vals["maxmemory-policy"]))
+			s.logger.Warn("redis may evict keys",
+				zap.String("node", node), zap.String("maxmemory_policy", vals["maxmemory-policy"]),
+				zap.String("risk", "an evicted done record lets a redelivery be processed again"),
+				zap.String("fix", "maxmemory-policy noeviction"))
 		}
 		info, err := c.Info(ctx, "stats").Result()
 		if err != nil {
-			if ce := s.logger.Check(zapcore.DebugLevel, "cannot read INFO stats: evicted_keys not checked"); ce != nil {
+			if ce := s.logger.Check(zapcore.DebugLevel, "evicted keys not checked"); ce != nil {
 				ce.Write(zap.String("node", node), zap.Error(err))
 			}
 			return nil
 		}
 		if n := infoField(info, "evicted_keys"); n > 0 {
-			s.logger.Warn("redis has evicted keys since it started: if any was a done record, its redelivery was processed again",
-				zap.String("node", node), zap.Int64("evicted_keys", n))
+			s.logger.Warn("redis has evicted keys",
+				zap.String("node", node), zap.Int64("evicted_keys", n),
+				zap.String("risk", "a redelivery of an evicted done record was processed again"))
 		}
 		return nil
 	}

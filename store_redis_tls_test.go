@@ -88,7 +88,7 @@ func TestRedisTLSNoClientAuth(t *testing.T) {
 func TestRedisTLSInsecureWarned(t *testing.T) {
 	files := redistest.GenerateTLS(t)
 	srv := redistest.StartTLS(t, files, false)
-	const warn = "redis store: TLS without verifying the server's certificate (tls_insecure_skip_verify or skip_verify): anyone on the path can read and change the dedup state"
+	const warn = "redis TLS certificate not verified"
 	for _, block := range []string{"address " + srv.Addr + "\ntls_insecure_skip_verify", "url rediss://" + srv.Addr + "?skip_verify=true"} {
 		err, logs := tlsStore(t, block)
 		if err != nil {
