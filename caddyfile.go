@@ -209,11 +209,10 @@ func noArg(d *caddyfile.Dispenser) error {
 // oneArg reads the one argument of the option in d.Val().
 func oneArg(d *caddyfile.Dispenser, dst *string) error {
 	name := d.Val()
-	if !d.NextArg() {
+	if d.CountRemainingArgs() == 0 {
 		return d.Errf("%s: needs a value", name)
 	}
-	*dst = d.Val()
-	if d.NextArg() {
+	if !d.AllArgs(dst) {
 		return d.Errf("%s: takes one value, got more", name)
 	}
 	return nil

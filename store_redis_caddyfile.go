@@ -96,11 +96,9 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			s.TLSTrustPoolRaw = caddyconfig.JSONModuleObject(ca, "provider", stem, nil)
 		case "tls_client_auth":
-			args := d.RemainingArgs()
-			if len(args) != 2 {
+			if !d.AllArgs(&s.TLSClientCertificateFile, &s.TLSClientCertificateKeyFile) {
 				return d.Err("tls_client_auth: needs <cert_file> <key_file> (reverse_proxy's one-argument automate form is not supported)")
 			}
-			s.TLSClientCertificateFile, s.TLSClientCertificateKeyFile = args[0], args[1]
 		case "tls_server_name":
 			if err := oneArg(d, &s.TLSServerName); err != nil {
 				return err
