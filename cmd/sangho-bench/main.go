@@ -17,9 +17,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -77,13 +75,7 @@ func main() {
 }
 
 func runSink(addr string) {
-	ok := []byte(`{"received":true}`)
-	srv := &http.Server{Addr: addr, ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(ok)
-	})}
-	_ = srv.ListenAndServe()
+	_ = load.NewSink(addr).ListenAndServe()
 }
 
 func freePort() int {

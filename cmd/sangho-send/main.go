@@ -186,22 +186,12 @@ func cmdLoad(args []string) error {
 	return nil
 }
 
-var received = []byte(`{"received":true}`)
-
 func cmdSink(args []string) error {
 	fs := flag.NewFlagSet("sink", flag.ExitOnError)
 	listen := fs.String("listen", "127.0.0.1:3000", "address to listen on")
 	_ = fs.Parse(args)
 	fmt.Fprintf(os.Stderr, "sink listening on %s\n", *listen)
-	srv := &http.Server{
-		Addr:              *listen,
-		ReadHeaderTimeout: 10 * time.Second,
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(received)
-		}),
-	}
+	srv := load.NewSink(*listen)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	go func() { <-ctx.Done(); _ = srv.Close() }()

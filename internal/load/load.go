@@ -340,3 +340,19 @@ func (r Result) JSON() string {
 	b, _ := json.MarshalIndent(r, "", "  ")
 	return string(b)
 }
+
+// SinkHandler is a minimal webhook backend: it reads each request's body
+// to the end and answers 200 {"received":true}. sangho-send's sink and
+// the benchmark's backend are this handler.
+var SinkHandler http.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(sinkAnswer)
+})
+
+var sinkAnswer = []byte(`{"received":true}`)
+
+// NewSink returns a server of SinkHandler on addr.
+func NewSink(addr string) *http.Server {
+	return &http.Server{Addr: addr, ReadHeaderTimeout: 10 * time.Second, Handler: SinkHandler}
+}

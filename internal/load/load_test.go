@@ -3,8 +3,10 @@ package load
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,5 +72,33 @@ func TestRunAtARate(t *testing.T) {
 	}
 	if res.Requests < 80 || res.Requests > 110 {
 		t.Fatalf("%d requests in 1 s at 100/s", res.Requests)
+	}
+}
+
+// countingBody reports how much of it was read.
+type countingBody struct {
+	r io.Reader
+	n int
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	b.n += n
+	return n, err
+}
+
+// TestSinkReadsTheBodyAndAnswers: the sink reads each body to the end (a
+// backend that did not would let a proxy see a broken upload) and answers
+// 200 {"received":true} as JSON.
+func TestSinkReadsTheBodyAndAnswers(t *testing.T) {
+	body := &countingBody{r: strings.NewReader(strings.Repeat("x", 100_000))}
+	req := httptest.NewRequest(http.MethodPost, "/", body)
+	rec := httptest.NewRecorder()
+	SinkHandler.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || rec.Body.String() != `{"received":true}` || rec.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("answer %d %q %q", rec.Code, rec.Header().Get("Content-Type"), rec.Body.String())
+	}
+	if body.n != 100_000 {
+		t.Fatalf("read %d of 100000 body bytes", body.n)
 	}
 }
