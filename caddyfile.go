@@ -197,12 +197,13 @@ func once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) 
 	return nil
 }
 
-// noArg refuses an argument after a flag.
-func noArg(d *caddyfile.Dispenser) error {
+// flagArg sets the flag option in d.Val(), which takes no argument.
+func flagArg(d *caddyfile.Dispenser, dst *bool) error {
 	name := d.Val()
 	if d.NextArg() {
 		return d.Errf("%s: takes no argument, got %q", name, d.Val())
 	}
+	*dst = true
 	return nil
 }
 

@@ -72,15 +72,13 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "tls":
-			if err := noArg(d); err != nil {
+			if err := flagArg(d, &s.TLS); err != nil {
 				return err
 			}
-			s.TLS = true
 		case "cluster":
-			if err := noArg(d); err != nil {
+			if err := flagArg(d, &s.Cluster); err != nil {
 				return err
 			}
-			s.Cluster = true
 		case "tls_trust_pool":
 			if !d.NextArg() {
 				return d.Err("tls_trust_pool: needs a CA pool module, e.g. tls_trust_pool file /etc/redis/ca.pem")
@@ -104,10 +102,9 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "tls_insecure_skip_verify":
-			if err := noArg(d); err != nil {
+			if err := flagArg(d, &s.TLSInsecureSkipVerify); err != nil {
 				return err
 			}
-			s.TLSInsecureSkipVerify = true
 		case "dial_timeout":
 			if err := durationArg(d, &s.DialTimeout); err != nil {
 				return err
@@ -146,10 +143,9 @@ func (s *RedisStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			s.LocalCache = &n
 		case "disable_pipeline":
-			if err := noArg(d); err != nil {
+			if err := flagArg(d, &s.DisablePipeline); err != nil {
 				return err
 			}
-			s.DisablePipeline = true
 		case "pipeline":
 			// The former Caddyfile name: refused with a pointer to the one name.
 			return d.Err("pipeline: the option is now disable_pipeline (no argument), as in JSON; pipelining is on unless it is given")
