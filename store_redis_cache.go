@@ -68,6 +68,11 @@ func (c *doneCache) get(key string) (string, bool) {
 	}
 	c.mu.RLock()
 	e := c.m[key]
+	var val string
+	var expires int64
+	if e != nil { // put may rewrite them: read under the lock
+		val, expires = e.val, e.expires
+	}
 	c.mu.RUnlock()
 	if e == nil {
 		return "", false
@@ -78,7 +83,7 @@ func (c *doneCache) get(key string) (string, bool) {
 		// be cut off silently, and invalidations with it.
 		return "", false
 	}
-	if e.expires != 0 && now >= e.expires {
+	if expires != 0 && now >= expires {
 		c.drop(key)
 		return "", false
 	}
@@ -86,7 +91,7 @@ func (c *doneCache) get(key string) (string, bool) {
 		e.ref.Store(true)
 	}
 	c.hits.Add(1)
-	return e.val, true
+	return val, true
 }
 
 // has reports whether key is cached (whether or not it would be served).

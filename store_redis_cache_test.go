@@ -4,6 +4,7 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -312,4 +313,28 @@ func TestRedisLocalCacheWithoutPermission(t *testing.T) {
 	if res, _, err := s.Claim(context.Background(), key, "tok", time.Minute); err != nil || res != AlreadyDone {
 		t.Fatalf("claim: %v %v", res, err)
 	}
+}
+
+// TestDoneCacheGetRacingPut: a record learned again (put of a cached key)
+// while a claim reads it: run with -race, which reported get reading the
+// entry's value and expiry while put rewrote them.
+func TestDoneCacheGetRacingPut(t *testing.T) {
+	c := newDoneCache(16)
+	c.live.Store(true)
+	c.heard.Store(c.now())
+	c.put("k", "done:1", 0)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range 2000 {
+			c.put("k", "done:"+strconv.Itoa(i), 0)
+		}
+	}()
+	for range 2000 {
+		if v, ok := c.get("k"); !ok || !strings.HasPrefix(v, "done:") {
+			t.Fatalf("get: %q %v", v, ok)
+		}
+	}
+	wg.Wait()
 }
