@@ -41,6 +41,11 @@ func (s *RedisStore) Forget(ctx context.Context, key string, force bool) (Entry,
 		f = "1"
 	}
 	res, err := forgetScript.Run(ctx, s.client, []string{key}, f).Slice()
+	if s.cache != nil {
+		// Redis's invalidation comes back on the tracking connection a
+		// moment later: the next delivery must not wait for it.
+		s.cache.forget(key)
+	}
 	if errors.Is(err, redis.Nil) {
 		return Entry{}, false, nil
 	}

@@ -41,6 +41,10 @@ type doneCache struct {
 	ring []*cacheEntry // CLOCK ring; nil slots are free
 	free []int
 	hand int
+	// gen counts the forgets made through this store: a look-up sent
+	// before one may carry a record the forget deleted, so its reply
+	// is not cached.
+	gen uint64
 
 	hits, learned, invalidated atomic.Int64 // for tests and debugging
 }
@@ -101,9 +105,14 @@ func (c *doneCache) has(key string) bool {
 	return c.m[key] != nil
 }
 
-func (c *doneCache) put(key, val string, expires int64) {
+// put caches key's done record, read by a look-up sent at generation
+// gen (unless a forget came since).
+func (c *doneCache) put(key, val string, expires int64, gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if gen != c.gen {
+		return
+	}
 	if e := c.m[key]; e != nil {
 		e.val, e.expires = val, expires
 		return
@@ -139,10 +148,30 @@ func (c *doneCache) evictLocked() int {
 	}
 }
 
+// generation is the current forget generation, for a look-up's put.
+func (c *doneCache) generation() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.gen
+}
+
+// forget removes key at once, without waiting for Redis's invalidation,
+// and keeps the look-ups already sent from putting a record back.
+func (c *doneCache) forget(key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.gen++
+	c.dropLocked(key)
+}
+
 // drop removes key.
 func (c *doneCache) drop(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.dropLocked(key)
+}
+
+func (c *doneCache) dropLocked(key string) {
 	if e := c.m[key]; e != nil {
 		delete(c.m, key)
 		c.ring[e.slot] = nil
@@ -286,6 +315,7 @@ type trackedCall struct {
 	op   byte // 'g' GET, 't' PTTL, 'p' PING
 	key  string
 	sent int64
+	gen  uint64 // the cache's forget generation when sent
 }
 
 // session runs one tracking connection until it fails or the tracker
@@ -365,11 +395,11 @@ func (t *tracker) write(ctx context.Context, nc net.Conn, mu *sync.Mutex, calls 
 		case <-tick.C:
 		}
 		mu.Lock()
-		now := t.cache.now()
+		now, gen := t.cache.now(), t.cache.generation()
 		for _, key := range keys {
 			b = appendCommand(b, "GET", key)
 			b = appendCommand(b, "PTTL", key)
-			*calls = append(*calls, trackedCall{op: 'g', key: key, sent: now}, trackedCall{op: 't', key: key, sent: now})
+			*calls = append(*calls, trackedCall{op: 'g', key: key, sent: now, gen: gen}, trackedCall{op: 't', key: key, sent: now, gen: gen})
 		}
 		if len(keys) == 0 {
 			b = appendCommand(b, "PING")
@@ -426,7 +456,7 @@ func (t *tracker) read(nc net.Conn, br *bufio.Reader, mu *sync.Mutex, calls *[]t
 				if r.num >= 0 {
 					exp = c.sent + r.num*int64(time.Millisecond)
 				}
-				t.cache.put(c.key, val.str, exp)
+				t.cache.put(c.key, val.str, exp, c.gen)
 			}
 			val = reply{}
 			t.done(c.key)

@@ -235,13 +235,13 @@ func TestDoneCacheExpiryAndBound(t *testing.T) {
 	c.now = func() int64 { return now }
 	c.live.Store(true)
 	c.heard.Store(now)
-	c.put("a", "done:a", now+100)
-	c.put("b", "done:b", 0)
-	c.put("c", "done:c", 0)
+	c.put("a", "done:a", now+100, 0)
+	c.put("b", "done:b", 0, 0)
+	c.put("c", "done:c", 0, 0)
 	if v, ok := c.get("a"); !ok || v != "done:a" {
 		t.Fatalf("get a = %q %v", v, ok)
 	}
-	c.put("d", "done:d", 0)
+	c.put("d", "done:d", 0, 0)
 	if c.len() != 3 || !c.has("a") || !c.has("d") {
 		t.Fatalf("after a fourth entry: len %d, a %v, d %v; want 3, the used a kept", c.len(), c.has("a"), c.has("d"))
 	}
@@ -263,7 +263,7 @@ func TestDoneCacheExpiryAndBound(t *testing.T) {
 		t.Fatal("served while tracking was not live")
 	}
 	for i := range 100 {
-		c.put("k"+strconv.Itoa(i), "done:", 0)
+		c.put("k"+strconv.Itoa(i), "done:", 0, 0)
 	}
 	if c.len() != 3 {
 		t.Fatalf("len %d after 100 puts, want at most 3", c.len())
@@ -322,13 +322,13 @@ func TestDoneCacheGetRacingPut(t *testing.T) {
 	c := newDoneCache(16)
 	c.live.Store(true)
 	c.heard.Store(c.now())
-	c.put("k", "done:1", 0)
+	c.put("k", "done:1", 0, 0)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for i := range 2000 {
-			c.put("k", "done:"+strconv.Itoa(i), 0)
+			c.put("k", "done:"+strconv.Itoa(i), 0, 0)
 		}
 	}()
 	for range 2000 {
@@ -337,4 +337,65 @@ func TestDoneCacheGetRacingPut(t *testing.T) {
 		}
 	}
 	wg.Wait()
+}
+
+// TestRedisForgetDropsTheLocalCacheAtOnce: an event forgotten through
+// this store (the admin API) is processed on its next delivery at once,
+// without waiting for Redis's invalidation to come back on the tracking
+// connection, whether its record was cached or being looked up; and the
+// key then holds the new lease, not a cached duplicate. (Found by CI: a
+// GitHub redelivery right after forget was answered "duplicate".) The
+// narrower race of a look-up's reply arriving after the forget is
+// pinned by TestDoneCacheForgetRefusesEarlierLookUps.
+func TestRedisForgetDropsTheLocalCacheAtOnce(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	s := cachedStores(t, srv.Addr, 1)[0]
+	ctx := context.Background()
+	for i := range 30 {
+		key := DefaultKeyPrefix + "evt_forget_" + strconv.Itoa(i)
+		processed(t, s, key)
+		if i%2 == 0 {
+			learnDuplicate(t, s, admin, key) // cached
+		} else if res, _, err := s.Claim(ctx, key, "tok-dup", time.Minute); err != nil || res != AlreadyDone {
+			t.Fatalf("claim of a processed event: %v %v", res, err) // look-up in flight
+		}
+		if _, deleted, err := s.Forget(ctx, key, false); err != nil || !deleted {
+			t.Fatalf("forget %s: %v %v", key, deleted, err)
+		}
+		if res, _, err := s.Claim(ctx, key, "tok-again", time.Minute); err != nil || res != Claimed {
+			t.Fatalf("delivery %d right after forget: %v %v, want claimed", i, res, err)
+		}
+		// Let any look-up still in flight come back: the key now holds
+		// our lease, which must stay in flight, not become a cached
+		// duplicate.
+		time.Sleep(20 * time.Millisecond)
+		if res, _, err := s.Claim(ctx, key, "tok-other", time.Minute); err != nil || res != InFlight {
+			t.Fatalf("delivery %d after the forget's claim: %v %v, want in flight", i, res, err)
+		}
+	}
+}
+
+// TestDoneCacheForgetRefusesEarlierLookUps: a look-up sent before a
+// forget may carry the record the forget deleted (Redis ran the GET
+// before the DEL, and its invalidation is still on the way): its reply
+// is not cached; a look-up sent after it is.
+func TestDoneCacheForgetRefusesEarlierLookUps(t *testing.T) {
+	c := newDoneCache(10)
+	c.live.Store(true)
+	c.heard.Store(c.now())
+	before := c.generation()
+	c.put("k", "done:old", 0, before)
+	c.forget("k")
+	if _, ok := c.get("k"); ok {
+		t.Fatal("a forgotten record is still served")
+	}
+	c.put("k", "done:old", 0, before)
+	if c.has("k") {
+		t.Fatal("a look-up sent before the forget put its record back")
+	}
+	c.put("k", "done:new", 0, c.generation())
+	if v, ok := c.get("k"); !ok || v != "done:new" {
+		t.Fatalf("a look-up sent after the forget: %q %v, want it cached", v, ok)
+	}
 }
