@@ -91,7 +91,7 @@ func TestAdminAPIAndCommand(t *testing.T) {
 			}
 			return ledger.Action{}
 		})
-		name := "ops_" + strings.ReplaceAll(t.Name(), "/", "_")
+		name := "ops_" + testPrefix(t)
 		s := startAdminCaddy(t, dedupSite(l.Addr, store+"\n\t\tname "+name))
 		body := func(id string) string { return fmt.Sprintf(`{"id":%q,"type":"invoice.paid"}`, id) }
 		if a := send(t, s.url, body("evt_ops"), "evt_ops"); a.status != 200 {

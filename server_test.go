@@ -253,12 +253,21 @@ func TestServerBodyReachesBackendByteForByte(t *testing.T) {
 // directory), on the memory store and on Redis.
 func forStores(t *testing.T, test func(t *testing.T, store string)) {
 	t.Run("default", func(t *testing.T) {
-		test(t, "key_prefix "+strings.ReplaceAll(t.Name(), "/", "_")+":")
+		test(t, "key_prefix "+testPrefix(t)+":")
 	})
 	t.Run("memory", func(t *testing.T) {
-		test(t, "store memory\n\t\tkey_prefix "+strings.ReplaceAll(t.Name(), "/", "_")+":")
+		test(t, "store memory\n\t\tkey_prefix "+testPrefix(t)+":")
 	})
 	t.Run("redis", func(t *testing.T) { test(t, redisStoreLine(startRedis(t).Addr)) })
+}
+
+var testRuns atomic.Int64
+
+// testPrefix is a key prefix of this test's own: the default store's
+// file is one for the whole test binary, and go test -count=N runs a
+// test N times in it.
+func testPrefix(t testing.TB) string {
+	return strings.ReplaceAll(t.Name(), "/", "_") + "_" + strconv.FormatInt(testRuns.Add(1), 10)
 }
 
 func TestServerSequentialDeliveriesProcessedOnce(t *testing.T) {
@@ -571,7 +580,7 @@ func TestServerEndpointsSharingStateNeedDistinctPrefixes(t *testing.T) {
 func TestServerOneEventTwoEndpoints(t *testing.T) {
 	forStores(t, func(t *testing.T, store string) {
 		la, lb := ledger.New(t), ledger.New(t)
-		prefix := strings.ReplaceAll(t.Name(), "/", "_")
+		prefix := testPrefix(t)
 		if strings.Contains(store, "key_prefix") {
 			store = store[:strings.Index(store, "key_prefix")]
 		}

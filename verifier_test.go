@@ -96,7 +96,7 @@ func schemeHandler(t testing.TB, verifier string, secrets []string, configure fu
 	h, _ := newTestHandler(t, func(h *Handler) {
 		h.Secrets = secrets
 		h.VerifierRaw = json.RawMessage(verifier)
-		h.KeyPrefix = strings.ReplaceAll(t.Name(), "/", "_") + ":"
+		h.KeyPrefix = testPrefix(t) + ":"
 		if configure != nil {
 			configure(h)
 		}
