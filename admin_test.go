@@ -29,6 +29,7 @@ type adminServer struct {
 
 func startAdminCaddy(t *testing.T, site string) *adminServer {
 	t.Helper()
+	ownDataDir(t)
 	port, admin := freePort(t), "127.0.0.1:"+strconv.Itoa(freePort(t))
 	cfg := strings.Replace(serverCaddyfile(port, site), "admin off", "admin "+admin, 1)
 	adapted, _ := adaptCaddyfile(t, cfg)

@@ -52,11 +52,26 @@ http://127.0.0.1:%d {
 // startCaddy loads a config; the test's cleanup stops Caddy.
 func startCaddy(t testing.TB, site string) *caddyServer {
 	t.Helper()
+	ownDataDir(t)
 	port := freePort(t)
 	s := &caddyServer{url: "http://127.0.0.1:" + strconv.Itoa(port) + "/webhook", port: port}
 	s.load(t, site)
 	t.Cleanup(func() { _ = caddy.Stop() })
 	return s
+}
+
+var dataDirs sync.Map // testing.TB → true
+
+// ownDataDir gives the test a Caddy data directory of its own (once per
+// test, so that a test that restarts Caddy finds its file again): the
+// default store's file would otherwise be one for the whole test binary,
+// and go test -count=N would find the events of the run before.
+func ownDataDir(t testing.TB) {
+	if _, seen := dataDirs.LoadOrStore(t, true); seen {
+		return
+	}
+	t.Setenv("XDG_DATA_HOME", t.TempDir())
+	t.Cleanup(func() { dataDirs.Delete(t) })
 }
 
 // caddyLoad loads a whole JSON config; the test's cleanup must stop Caddy.
