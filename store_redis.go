@@ -27,7 +27,7 @@ func init() {
 // are small Lua scripts that compare the lease token first. It works
 // alike on a standalone server, a Redis Cluster and behind Sentinel.
 //
-// On a standalone server and behind Sentinel, done records that a claim
+// On a standalone server, done records that a claim
 // finds are kept in a bounded local cache (local_cache), so that further
 // redeliveries of a processed event are answered without a round trip.
 // Redis itself keeps the cache true (CLIENT TRACKING on a connection of
@@ -133,11 +133,11 @@ type RedisStore struct {
 
 	// Send each command on its own instead of batching the claims and
 	// commits of concurrent requests into pipelines. Pipelined, on a
-	// standalone server or behind Sentinel they share one connection of
-	// the store's own: a command is written at once when no batch is
-	// awaiting replies (a request alone waits for nothing), otherwise it
-	// joins the batch written as soon as those replies are in; on a
-	// Cluster, go-redis auto-pipelining batches them. Pipelining cuts
+	// standalone server they share one connection of the store's own: a
+	// command is written at once when no batch is awaiting replies (a
+	// request alone waits for nothing), otherwise it joins the batch
+	// written as soon as those replies are in; on a Cluster and behind
+	// Sentinel, go-redis auto-pipelining batches them. Pipelining cuts
 	// Caddy's and Redis's CPU per event under load. Default: false
 	// (pipelining on).
 	DisablePipeline bool `json:"disable_pipeline,omitempty"`
@@ -158,8 +158,9 @@ type RedisStore struct {
 	// processed events without asking Redis; 0 turns the cache off.
 	// Redis invalidates an entry when its key changes (server-assisted
 	// client-side caching, CLIENT TRACKING), and the cache is dropped
-	// while its tracking connection is down. Standalone and Sentinel only:
-	// on a Cluster it is off, and setting it is a config error. The Redis
+	// while its tracking connection is down. Standalone server only: on a
+	// Cluster and behind Sentinel it is off, and setting it is a config
+	// error. The Redis
 	// user needs CLIENT TRACKING and PTTL besides the store's commands;
 	// without them the cache stays off (logged). Default: 10000.
 	LocalCache *int `json:"local_cache,omitempty"`
@@ -188,8 +189,7 @@ func (RedisStore) CaddyModule() caddy.ModuleInfo {
 }
 
 // redisClient holds a shared client in the usage pool, with the store's
-// own pipe and done-record cache on a standalone server or behind
-// Sentinel.
+// own pipe and done-record cache on a standalone server.
 type redisClient struct {
 	redis.UniversalClient
 	pipe    *redisPipe
@@ -199,7 +199,12 @@ type redisClient struct {
 
 func newRedisClient(o *redis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
 	rc := &redisClient{UniversalClient: redis.NewUniversalClient(o)}
-	if c, ok := rc.UniversalClient.(*redis.Client); ok {
+	// A standalone server only. Behind Sentinel go-redis's failover
+	// client moves its connections to the new master as soon as the
+	// Sentinels announce it (+switch-master); a connection of the
+	// store's own would stay on the old master, still a master for
+	// seconds, until Sentinel demotes it and discards what it took.
+	if c, ok := rc.UniversalClient.(*redis.Client); ok && o.MasterName == "" {
 		cs := settingsOf(c.Options())
 		rc.pipe = newRedisPipe(cs)
 		if cacheSize > 0 {
@@ -380,13 +385,13 @@ func (s *RedisStore) options(ctx caddy.Context) (resolvedOptions, error) {
 	if s.LocalCache != nil {
 		cacheSize = *s.LocalCache
 	}
-	if len(o.Addrs) > 1 || s.Cluster {
-		if o.MasterName == "" { // a Cluster: tracking would be per node
-			if s.LocalCache != nil && *s.LocalCache > 0 {
-				return fail(errors.New("local_cache works with a standalone server or Sentinel, not a Redis Cluster: remove it or set it to off"))
-			}
-			cacheSize = 0
+	if len(o.Addrs) > 1 || s.Cluster || o.MasterName != "" {
+		// On a Cluster tracking would be per node; behind Sentinel the
+		// tracking connection would stay on a demoted master.
+		if s.LocalCache != nil && *s.LocalCache > 0 {
+			return fail(errors.New("local_cache works with a standalone server only, not a Redis Cluster or Sentinel: remove it or set it to off"))
 		}
+		cacheSize = 0
 	}
 	norm := map[string]any{
 		"addrs": o.Addrs, "master": o.MasterName, "user": o.Username, "pass": o.Password,

@@ -106,8 +106,9 @@ func TestRedisConfigErrors(t *testing.T) {
 	}{
 		{RedisStore{Cluster: true, MasterName: "m", Address: []string{"a:1"}}, "cluster cannot be combined with master_name"},
 		{RedisStore{Cluster: true, DB: 1}, "db must be 0 on a Redis Cluster"},
-		{RedisStore{Cluster: true, LocalCache: intPtr(100)}, "local_cache works with a standalone server or Sentinel, not a Redis Cluster"},
-		{RedisStore{Address: []string{"a:1", "b:1"}, LocalCache: intPtr(100)}, "local_cache works with a standalone server or Sentinel"},
+		{RedisStore{Cluster: true, LocalCache: intPtr(100)}, "local_cache works with a standalone server only, not a Redis Cluster or Sentinel"},
+		{RedisStore{Address: []string{"a:1", "b:1"}, LocalCache: intPtr(100)}, "local_cache works with a standalone server only"},
+		{RedisStore{Address: []string{"a:1"}, MasterName: "m", LocalCache: intPtr(100)}, "local_cache works with a standalone server only"},
 	} {
 		s := c.s
 		err := s.Provision(ctx)
@@ -123,8 +124,9 @@ func TestRedisConfigErrors(t *testing.T) {
 func intPtr(n int) *int { return &n }
 
 // TestRedisLocalCacheDefaults: on by default with 10000 entries on a
-// standalone server and behind Sentinel, off on a Cluster (also when
-// set off explicitly), and a negative size is refused.
+// standalone server, off on a Cluster and behind Sentinel (also when
+// set off explicitly; a size there is a config error: see
+// TestRedisConfigErrors), and a negative size is refused.
 func TestRedisLocalCacheDefaults(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
@@ -133,7 +135,8 @@ func TestRedisLocalCacheDefaults(t *testing.T) {
 		want int
 	}{
 		{RedisStore{Address: []string{"127.0.0.1:1"}}, defaultLocalCache},
-		{RedisStore{Address: []string{"127.0.0.1:1", "127.0.0.1:2"}, MasterName: "m"}, defaultLocalCache},
+		{RedisStore{Address: []string{"127.0.0.1:1", "127.0.0.1:2"}, MasterName: "m"}, 0},
+		{RedisStore{Address: []string{"127.0.0.1:1"}, MasterName: "m", LocalCache: intPtr(0)}, 0},
 		{RedisStore{Address: []string{"127.0.0.1:1"}, LocalCache: intPtr(7)}, 7},
 		{RedisStore{Address: []string{"127.0.0.1:1"}, LocalCache: intPtr(0)}, 0},
 		{RedisStore{Address: []string{"127.0.0.1:1", "127.0.0.1:2"}}, 0},

@@ -25,8 +25,9 @@ import (
 // of the next reply due. A request alone thus reads its own reply, as a
 // plain client does, and no reply costs more than waking its caller.
 //
-// It serves standalone and Sentinel setups (the go-redis client's
-// dialer finds the master and applies TLS); a Cluster uses go-redis.
+// It serves a standalone server (the go-redis client's dialer applies
+// TLS); a Cluster and Sentinel use go-redis, whose clients follow the
+// topology.
 type redisPipe struct {
 	cs connSettings
 
@@ -275,7 +276,7 @@ func (c *pipeConn) readUntil(mine *pipeCall) {
 			if call.err == nil {
 				call.err = errProtocol
 			} else if isRetiredMaster(call.err) {
-				c.nc.Close() // behind Sentinel: the next dial finds the new master
+				c.nc.Close() // e.g. an address that became a replica: dial again
 			}
 		}
 		if call != mine {
@@ -326,8 +327,8 @@ func retriable(err error) bool {
 	return !errors.As(err, &re) && !(errors.As(err, &ne) && ne.Timeout())
 }
 
-// isRetiredMaster reports an error of a server that is no longer the
-// master (a Sentinel failover demoted it): READONLY, or MASTERDOWN.
+// isRetiredMaster reports an error of a server that is no longer a
+// master (demoted by an operator or a failover): READONLY, or MASTERDOWN.
 func isRetiredMaster(err error) bool {
 	s := err.Error()
 	return strings.HasPrefix(s, "READONLY") || strings.HasPrefix(s, "MASTERDOWN")

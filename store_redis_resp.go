@@ -249,9 +249,8 @@ type connSettings struct {
 	writeTimeout time.Duration
 }
 
-// settingsOf takes the connection settings of a standalone or Sentinel
-// client. Its Dialer applies TLS and, behind Sentinel, asks the Sentinels
-// for the current master at each dial.
+// settingsOf takes the connection settings of a standalone client. Its
+// Dialer applies TLS.
 func settingsOf(o *redis.Options) connSettings {
 	cs := connSettings{
 		dial: o.Dialer, network: o.Network, addr: o.Addr,
