@@ -357,7 +357,7 @@ func (t *tracker) session() error {
 		err = werr
 	}
 	for _, c := range calls {
-		if c.op == 'g' {
+		if c.op == 't' { // every look-up ends with its PTTL
 			t.done(c.key)
 		}
 	}
@@ -417,6 +417,8 @@ func (t *tracker) write(ctx context.Context, nc net.Conn, mu *sync.Mutex, calls 
 // read applies invalidations and the replies to the writer's calls.
 func (t *tracker) read(nc net.Conn, br *bufio.Reader, mu *sync.Mutex, calls *[]trackedCall) error {
 	var val reply // the GET reply, waiting for its PTTL
+	var valKey string
+	var valStale bool // an invalidation of valKey came between GET and PTTL
 	for {
 		r, err := readReply(br, 0)
 		if err != nil {
@@ -425,6 +427,14 @@ func (t *tracker) read(nc net.Conn, br *bufio.Reader, mu *sync.Mutex, calls *[]t
 		t.cache.heard.Store(t.cache.now())
 		if r.kind == '>' {
 			if len(r.elems) == 2 && r.elems[0].str == "invalidate" {
+				if valKey != "" {
+					if r.elems[1].isNull() {
+						valStale = true
+					}
+					for _, k := range r.elems[1].elems {
+						valStale = valStale || k.str == valKey
+					}
+				}
 				t.invalidate(r.elems[1])
 			}
 			continue
@@ -447,18 +457,18 @@ func (t *tracker) read(nc net.Conn, br *bufio.Reader, mu *sync.Mutex, calls *[]t
 		}
 		switch c.op {
 		case 'g':
-			val = r
+			val, valKey, valStale = r, c.key, false
 		case 't':
 			// Cache a done record with what remains of its life (-1:
 			// none set; -2: the key is gone).
-			if val.kind == '$' && strings.HasPrefix(val.str, donePrefix) && r.kind == ':' && r.num != -2 {
+			if !valStale && val.kind == '$' && strings.HasPrefix(val.str, donePrefix) && r.kind == ':' && r.num != -2 {
 				var exp int64
 				if r.num >= 0 {
 					exp = c.sent + r.num*int64(time.Millisecond)
 				}
 				t.cache.put(c.key, val.str, exp, c.gen)
 			}
-			val = reply{}
+			val, valKey = reply{}, ""
 			t.done(c.key)
 		}
 	}

@@ -1,10 +1,13 @@
 package sanghodedup
 
 import (
+	"bytes"
 	"context"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -398,4 +401,108 @@ func TestDoneCacheForgetRefusesEarlierLookUps(t *testing.T) {
 	if v, ok := c.get("k"); !ok || v != "done:new" {
 		t.Fatalf("a look-up sent after the forget: %q %v, want it cached", v, ok)
 	}
+}
+
+// pauseConn writes the tracker's first batch that holds a PTTL in two
+// parts, split before that PTTL, and waits between them: what TCP
+// segmentation or Redis's 16 KB reads can do to a GET/PTTL pair.
+type pauseConn struct {
+	net.Conn
+	armed          *atomic.Bool
+	paused, resume chan struct{}
+}
+
+func (c *pauseConn) Write(b []byte) (int, error) {
+	if i := bytes.Index(b, []byte("*2\r\n$4\r\nPTTL")); i > 0 && c.armed.CompareAndSwap(true, false) {
+		n, err := c.Conn.Write(b[:i])
+		if err != nil {
+			return n, err
+		}
+		c.paused <- struct{}{}
+		<-c.resume
+		m, err := c.Conn.Write(b[i:])
+		return n + m, err
+	}
+	return c.Conn.Write(b)
+}
+
+// pausingTracker is a tracker on addr whose first look-up stops between
+// its GET and its PTTL: paused receives when the GET is written, and
+// closing resume writes the PTTL.
+func pausingTracker(t *testing.T, addr string) (tr *tracker, cache *doneCache, paused, resume chan struct{}) {
+	t.Helper()
+	paused, resume = make(chan struct{}), make(chan struct{})
+	armed := new(atomic.Bool)
+	armed.Store(true)
+	cs := connSettings{network: "tcp", addr: addr, dialTimeout: time.Second, readTimeout: 3 * time.Second, writeTimeout: 3 * time.Second,
+		dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			nc, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return &pauseConn{Conn: nc, armed: armed, paused: paused, resume: resume}, nil
+		}}
+	cache = newDoneCache(10)
+	tr = newTracker(cs, cache, zap.NewNop())
+	t.Cleanup(tr.close)
+	waitFor(t, "tracking", cache.live.Load)
+	return tr, cache, paused, resume
+}
+
+func (t *tracker) isPending(key string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pending[key]
+}
+
+const aDoneRecord = `done:{"processed_at":"2026-01-01T00:00:00Z","event_type":"x"}`
+
+// TestRedisLocalCacheKeyChangedBetweenGetAndPTTL: the record deleted
+// (another instance's forget) and the event claimed again (a redelivery)
+// between the look-up's GET and its PTTL. The invalidation arrives
+// between the two replies, when nothing is cached yet; the GET's record
+// must not be cached then, or claims would answer "duplicate" for an
+// event only in flight, and lose it if its processing fails. (Found by
+// review.)
+func TestRedisLocalCacheKeyChangedBetweenGetAndPTTL(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	key := DefaultKeyPrefix + "evt_split"
+	admin.Set(ctx, key, aDoneRecord, time.Hour)
+	tr, cache, paused, resume := pausingTracker(t, srv.Addr)
+
+	tr.learn(key)
+	<-paused                          // GET written, PTTL not yet
+	time.Sleep(50 * time.Millisecond) // Redis ran the GET
+	admin.Del(ctx, key)
+	admin.Set(ctx, key, "inflight:other-instance", time.Minute)
+	close(resume)
+	waitFor(t, "the look-up", func() bool { return !tr.isPending(key) })
+	if v, ok := cache.get(key); ok {
+		t.Fatalf("the cache serves %q while Redis holds %q", v, admin.Get(ctx, key).Val())
+	}
+}
+
+// TestRedisLocalCacheLookUpCutBetweenGetAndPTTL: the tracking connection
+// lost after the GET's reply and before the PTTL's: the key must not
+// stay pending for ever (it would never be cached again, and 1024 such
+// keys would stop the cache learning at all). (Found by review.)
+func TestRedisLocalCacheLookUpCutBetweenGetAndPTTL(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	key := DefaultKeyPrefix + "evt_cut"
+	admin.Set(ctx, key, aDoneRecord, time.Hour)
+	tr, cache, paused, resume := pausingTracker(t, srv.Addr)
+
+	tr.learn(key)
+	<-paused
+	time.Sleep(50 * time.Millisecond) // the reader has the GET's reply
+	admin.Do(ctx, "CLIENT", "KILL", "ID", trackingClientID(t, admin))
+	close(resume)
+	waitFor(t, "a new tracking connection", func() bool { return tr.conns.Load() == 2 && cache.live.Load() })
+	waitFor(t, "the look-up ended", func() bool { return !tr.isPending(key) })
+	tr.learn(key)
+	waitFor(t, "the key cached on the new connection", func() bool { return cache.has(key) })
 }
