@@ -129,7 +129,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, status, eventInfo(id, e))
 	case http.MethodDelete:
 		force := r.URL.Query().Get("force") == "true"
-		e, deleted, err := h.store.Forget(ctx, key, force)
+		e, deleted, err := h.forget(ctx, key, force)
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "forgetting %q: %v", id, err)
 		}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -277,10 +278,12 @@ func (d *delivery) settle(err error) {
 			h.logger.Warn("commit failed", zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
 			h.enter()
 			pendingCommits.Add(1)
+			cr := commitRetries.add(h.storeID(), d.key)
 			go func() {
 				defer h.leave()
 				defer pendingCommits.Add(-1)
-				d.retryCommit(rec)
+				defer commitRetries.remove(cr)
+				d.retryCommit(rec, cr)
 			}()
 		case !held:
 			metrics.leaseLost.Inc()
@@ -333,24 +336,30 @@ func (d *delivery) release(ctx context.Context) (bool, error) {
 // the store is back, before Sangho's next redelivery, and they stop
 // after commitRetryFor. A record written after the lease expired, or
 // never, is logged at error level; never is counted in
-// caddy_sangho_dedup_commit_errors_total.
-func (d *delivery) retryCommit(rec DoneRecord) {
+// caddy_sangho_dedup_commit_errors_total. An operator's forget of the
+// event stops them (see Handler.forget): the record is not written back.
+func (d *delivery) retryCommit(rec DoneRecord, cr *commitRetry) {
 	h := d.h
 	deadline := time.Now().Add(commitRetryFor)
 	backoff := 50 * time.Millisecond
 	for tries := 1; time.Now().Before(deadline); tries++ {
 		time.Sleep(backoff)
 		backoff = min(2*backoff, 250*time.Millisecond)
-		ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-		_, err := d.commit(ctx, rec)
-		cancel()
+		stopped, err := cr.attempt(func() error {
+			ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
+			defer cancel()
+			_, err := d.commit(ctx, rec)
+			if err == nil && d.sigKey != "" {
+				d.commitSignature(ctx, rec)
+			}
+			return err
+		})
+		if stopped {
+			h.logger.Info("commit retry stopped", zap.String("event_id", d.id), zap.String("cause", "event forgotten"))
+			return
+		}
 		if err != nil {
 			continue
-		}
-		if d.sigKey != "" {
-			ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
-			d.commitSignature(ctx, rec)
-			cancel()
 		}
 		if time.Now().After(d.lease.expiry()) {
 			h.logger.Error("commit retried after lease expired", zap.String("event_id", d.id), zap.Int("retries", tries))
@@ -365,6 +374,82 @@ func (d *delivery) retryCommit(rec DoneRecord) {
 
 // commitRetryFor bounds the background retries of a failed commit.
 const commitRetryFor = 5 * time.Minute
+
+// commitRetries are the background commit retries of this process, by
+// the store state and key they write: a forget of the event stops
+// them, or a retry would write the forgotten record back.
+var commitRetries = retryRegistry{m: map[string][]*commitRetry{}}
+
+type retryRegistry struct {
+	mu sync.Mutex
+	m  map[string][]*commitRetry
+}
+
+// commitRetry is one event's background commit retry.
+type commitRetry struct {
+	id      string     // store state and key
+	mu      sync.Mutex // held during an attempt, and by a forget
+	stopped bool
+}
+
+func (r *retryRegistry) add(state, key string) *commitRetry {
+	cr := &commitRetry{id: state + "\x00" + key}
+	r.mu.Lock()
+	r.m[cr.id] = append(r.m[cr.id], cr)
+	r.mu.Unlock()
+	return cr
+}
+
+func (r *retryRegistry) remove(cr *commitRetry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := slices.DeleteFunc(r.m[cr.id], func(c *commitRetry) bool { return c == cr })
+	if len(list) == 0 {
+		delete(r.m, cr.id)
+	} else {
+		r.m[cr.id] = list
+	}
+}
+
+// hold waits for the attempts in flight of the retries of key in state
+// and keeps new ones from starting until the returned function is
+// called with whether the retries are to stop.
+func (r *retryRegistry) hold(state, key string) func(stop bool) {
+	r.mu.Lock()
+	list := slices.Clone(r.m[state+"\x00"+key])
+	r.mu.Unlock()
+	for _, cr := range list {
+		cr.mu.Lock()
+	}
+	return func(stop bool) {
+		for _, cr := range list {
+			cr.stopped = cr.stopped || stop
+			cr.mu.Unlock()
+		}
+	}
+}
+
+// attempt runs one try unless the retry was stopped.
+func (cr *commitRetry) attempt(try func() error) (stopped bool, err error) {
+	cr.mu.Lock()
+	defer cr.mu.Unlock()
+	if cr.stopped {
+		return true, nil
+	}
+	return false, try()
+}
+
+// forget is the operators' forget (admin API) of key: it deletes the
+// event's record (with force, its lease too) and stops this process's
+// background commit retries of it, which would write the record back.
+// They are held while the store forgets, and go on if nothing was
+// forgotten because the event is in flight.
+func (h *Handler) forget(ctx context.Context, key string, force bool) (Entry, bool, error) {
+	release := commitRetries.hold(h.storeID(), key)
+	e, deleted, err := h.store.Forget(ctx, key, force)
+	release(err == nil && (deleted || e.Value == ""))
+	return e, deleted, err
+}
 
 // Background commit retries live as long as the store they need (a
 // reload keeps it open for them, see poolUsers), at most commitRetryFor.

@@ -695,3 +695,69 @@ func TestRejectionLogsRemoteAddress(t *testing.T) {
 		}
 	}
 }
+
+// TestForgetStopsCommitRetries: an operator forgets an event whose
+// commit failed and is being retried in the background (here: the Redis
+// user lost SET just as the backend answered). Forced, the forget
+// deletes the lease and stops the retry, which would otherwise write the
+// record back once SET is allowed again and turn the next delivery into
+// a duplicate. Not forced, the forget is refused (in flight) and the
+// retry goes on and lands. (Found by review.)
+func TestForgetStopsCommitRetries(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	acl := func(rules ...any) {
+		t.Helper()
+		if err := admin.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, rules...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acl("on", ">pw", "~*", "+@all")
+	h, logs := newTestHandler(t, func(h *Handler) {
+		h.LockTTL = caddy.Duration(10 * time.Second)
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"username":"app","password":"pw"}`)
+	})
+	loseSet := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		acl("-set")
+		w.WriteHeader(200)
+		return nil
+	})
+	retrying := func(key string) bool {
+		commitRetries.mu.Lock()
+		defer commitRetries.mu.Unlock()
+		return len(commitRetries.m[h.storeID()+"\x00"+key]) > 0
+	}
+	for _, force := range []bool{false, true} {
+		id := "evt_retry_forced_" + map[bool]string{false: "no", true: "yes"}[force]
+		key := h.KeyPrefix + id
+		if _, repl, _ := serve(h, signedRequest(eventBody(id), ""), loseSet); outcomeOf(repl) != outcomeProcessed {
+			t.Fatalf("%s: %q, want processed", id, outcomeOf(repl))
+		}
+		if !retrying(key) {
+			t.Fatalf("%s: the commit is not being retried", id)
+		}
+		e, deleted, err := h.forget(ctx, key, force)
+		if err != nil || deleted != force || !strings.HasPrefix(e.Value, inflightPrefix) {
+			t.Fatalf("%s: forget (force %v): %q %v %v", id, force, e.Value, deleted, err)
+		}
+		acl("+set")
+		waitFor(t, "the retry of "+id+" to end", func() bool { return !retrying(key) })
+		v := admin.Get(ctx, key).Val()
+		if !force {
+			if !strings.HasPrefix(v, donePrefix) {
+				t.Fatalf("%s: a forget refused stopped the retry: %q, want the done record", id, v)
+			}
+			continue
+		}
+		if v != "" {
+			t.Fatalf("%s: the retry wrote %q back after the forget", id, v)
+		}
+		if logs.FilterMessage("commit retry stopped").Len() != 1 {
+			t.Error(`no "commit retry stopped" log line`)
+		}
+		if _, repl, _ := serve(h, signedRequest(eventBody(id), ""), &countingNext{}); outcomeOf(repl) != outcomeProcessed {
+			t.Fatalf("%s: the delivery after the forget: %q, want processed", id, outcomeOf(repl))
+		}
+	}
+}
