@@ -269,16 +269,25 @@ func (d *delivery) settle(err error) {
 	case commit:
 		h.outcome(d.repl, outcomeProcessed)
 		rec := DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
-		held, cerr := d.commit(d.ctx, rec)
-		if cerr == nil && d.sigKey != "" {
-			d.commitSignature(d.ctx, rec)
-		}
+		// Registered before the first try, so that a forget meanwhile
+		// waits for it and stops what follows (see Handler.forget).
+		cr := commitRetries.add(h.storeID(), d.key)
+		var held bool
+		stopped, cerr := cr.attempt(func() (err error) {
+			held, err = d.commit(d.ctx, rec)
+			if err == nil && d.sigKey != "" {
+				d.commitSignature(d.ctx, rec)
+			}
+			return err
+		})
 		switch {
+		case stopped:
+			commitRetries.remove(cr)
+			h.logger.Info("commit stopped", zap.String("event_id", d.id), zap.String("cause", "event forgotten"))
 		case cerr != nil:
 			h.logger.Warn("commit failed", zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
 			h.enter()
 			pendingCommits.Add(1)
-			cr := commitRetries.add(h.storeID(), d.key)
 			go func() {
 				defer h.leave()
 				defer pendingCommits.Add(-1)
@@ -286,9 +295,11 @@ func (d *delivery) settle(err error) {
 				d.retryCommit(rec, cr)
 			}()
 		case !held:
+			commitRetries.remove(cr)
 			metrics.leaseLost.Inc()
 			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "commit"), zap.Int("status", status))
 		default:
+			commitRetries.remove(cr)
 			h.debug("event processed", d.id, d.typ)
 		}
 	case release:
@@ -355,7 +366,7 @@ func (d *delivery) retryCommit(rec DoneRecord, cr *commitRetry) {
 			return err
 		})
 		if stopped {
-			h.logger.Info("commit retry stopped", zap.String("event_id", d.id), zap.String("cause", "event forgotten"))
+			h.logger.Info("commit stopped", zap.String("event_id", d.id), zap.String("cause", "event forgotten"))
 			return
 		}
 		if err != nil {

@@ -753,11 +753,120 @@ func TestForgetStopsCommitRetries(t *testing.T) {
 		if v != "" {
 			t.Fatalf("%s: the retry wrote %q back after the forget", id, v)
 		}
-		if logs.FilterMessage("commit retry stopped").Len() != 1 {
-			t.Error(`no "commit retry stopped" log line`)
+		if logs.FilterMessage("commit stopped").Len() != 1 {
+			t.Error(`no "commit stopped" log line`)
 		}
 		if _, repl, _ := serve(h, signedRequest(eventBody(id), ""), &countingNext{}); outcomeOf(repl) != outcomeProcessed {
 			t.Fatalf("%s: the delivery after the forget: %q, want processed", id, outcomeOf(repl))
 		}
+	}
+}
+
+// slowFailingCommit blocks the first Commit until released, then fails it
+// (a commit timing out at read_timeout); later Commits go through.
+type slowFailingCommit struct {
+	Store
+	entered, release chan struct{}
+	calls            int
+}
+
+func (s *slowFailingCommit) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
+	s.calls++
+	if s.calls == 1 {
+		close(s.entered)
+		<-s.release
+		return false, errors.New("i/o timeout")
+	}
+	return s.Store.Commit(ctx, key, token, rec, retention)
+}
+
+// TestForgetDuringTheFirstCommit: a forced forget that comes while the
+// commit after the backend's 2xx is still under way (and about to fail)
+// waits for it, and then stops the retry that follows; otherwise the
+// retry would write the forgotten record back. The store is the memory
+// store with its first commit held and failed (fault injection).
+// (Found by review.)
+func TestForgetDuringTheFirstCommit(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	st := &slowFailingCommit{Store: h.store, entered: make(chan struct{}), release: make(chan struct{})}
+	h.store = st
+	id := "evt_review_window"
+	key := h.KeyPrefix + id
+	ok := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { w.WriteHeader(200); return nil })
+	done := make(chan struct{})
+	go func() { defer close(done); serve(h, signedRequest(eventBody(id), ""), ok) }()
+	<-st.entered
+	type forgot struct {
+		e       Entry
+		deleted bool
+		err     error
+	}
+	fc := make(chan forgot, 1)
+	go func() {
+		e, deleted, err := h.forget(context.Background(), key, true)
+		fc <- forgot{e, deleted, err}
+	}()
+	time.Sleep(50 * time.Millisecond) // the forget is on its way
+	close(st.release)                 // the first commit fails
+	<-done
+	if f := <-fc; f.err != nil || !f.deleted || !strings.HasPrefix(f.e.Value, inflightPrefix) {
+		t.Fatalf("forget: %q %v %v", f.e.Value, f.deleted, f.err)
+	}
+	waitFor(t, "the retry to end", func() bool {
+		commitRetries.mu.Lock()
+		defer commitRetries.mu.Unlock()
+		return len(commitRetries.m[h.storeID()+"\x00"+key]) == 0
+	})
+	if got, _ := h.store.Get(context.Background(), key); got.Value != "" {
+		t.Fatalf("the retry wrote %q back after the operator's forget answered 200: the next delivery is answered duplicate", got.Value)
+	}
+}
+
+// TestForgetAcrossAReloadThatSpellsRedisAnew: a reload that spells the
+// same Redis differently (address, then url) is the same store state:
+// the new config's forget stops the old config's commit retry, which
+// would write the record back. (Found by review.)
+func TestForgetAcrossAReloadThatSpellsRedisAnew(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	acl := func(rules ...any) {
+		t.Helper()
+		if err := admin.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, rules...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acl("on", ">pw", "~*", "+@all")
+	old, _ := newTestHandler(t, func(h *Handler) {
+		h.LockTTL = caddy.Duration(10 * time.Second)
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"username":"app","password":"pw"}`)
+	})
+	cur, _ := newTestHandler(t, func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","url":"redis://app:pw@` + srv.Addr + `"}`)
+	})
+	if old.storeID() != cur.storeID() {
+		t.Errorf("one Redis, two store IDs: %q and %q", old.storeID(), cur.storeID())
+	}
+	loseSet := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		acl("-set")
+		w.WriteHeader(200)
+		return nil
+	})
+	id := "evt_review_reload"
+	key := old.KeyPrefix + id
+	if _, repl, _ := serve(old, signedRequest(eventBody(id), ""), loseSet); outcomeOf(repl) != outcomeProcessed {
+		t.Fatalf("%q, want processed", outcomeOf(repl))
+	}
+	if _, deleted, err := cur.forget(ctx, key, true); err != nil || !deleted {
+		t.Fatalf("forget: %v %v", deleted, err)
+	}
+	acl("+set")
+	waitFor(t, "the retry to end", func() bool {
+		commitRetries.mu.Lock()
+		defer commitRetries.mu.Unlock()
+		return len(commitRetries.m[old.storeID()+"\x00"+key]) == 0
+	})
+	if v := admin.Get(ctx, key).Val(); v != "" {
+		t.Fatalf("the old config's retry wrote %q back after the new config's forget", v)
 	}
 }

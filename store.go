@@ -246,30 +246,29 @@ func newToken() string {
 }
 
 // stateID names the Redis data this store reaches: the same servers and
-// database, whatever the other connection settings.
+// database, whatever the other connection settings and however they
+// are spelled (address or url; db given or not).
 func (s *RedisStore) stateID() string {
 	repl := caddy.NewReplacer()
 	addrs := make([]string, 0, len(s.Address))
 	for _, a := range s.Address {
 		addrs = append(addrs, repl.ReplaceAll(a, ""))
 	}
-	slices.Sort(addrs)
+	db := s.DB
+	if u := repl.ReplaceAll(s.URL, ""); u != "" { // no password in the ID
+		if po, err := redis.ParseURL(u); err == nil {
+			addrs, db = []string{po.Addr}, po.DB
+		}
+	}
 	if len(addrs) == 0 {
 		addrs = []string{"127.0.0.1:6379"}
 	}
+	slices.Sort(addrs)
 	id := "redis " + strings.Join(addrs, ",")
-	if u := repl.ReplaceAll(s.URL, ""); u != "" { // no password in the ID
-		if po, err := redis.ParseURL(u); err == nil {
-			id = "redis " + po.Addr + " db " + strconv.Itoa(po.DB)
-		}
-	}
 	if m := repl.ReplaceAll(s.MasterName, ""); m != "" {
 		id += " master " + m
 	}
-	if s.DB != 0 {
-		id += " db " + strconv.Itoa(s.DB)
-	}
-	return id
+	return id + " db " + strconv.Itoa(db)
 }
 
 // storePool shares store state across config reloads: Redis clients,
