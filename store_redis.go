@@ -27,9 +27,12 @@ func init() {
 // are small Lua scripts that compare the lease token first. It works
 // alike on a standalone server, a Redis Cluster and behind Sentinel.
 //
-// On a standalone server, done records that a claim
-// finds are kept in a bounded local cache (local_cache), so that further
-// redeliveries of a processed event are answered without a round trip.
+// On a standalone server, done records that a claim finds are kept in
+// a bounded local cache (local_cache), so that further redeliveries of
+// a processed event are answered without a round trip (not on a Cluster,
+// where tracking is per node, nor behind Sentinel, where go-redis's
+// failover client carries every command so that a failover moves them
+// all to the new master at once).
 // Redis itself keeps the cache true (CLIENT TRACKING on a connection of
 // its own): an entry is dropped as soon as Redis reports its key changed
 // (deleted, expired, rewritten, flushed), and the whole cache is dropped
