@@ -37,12 +37,20 @@ type endpointUse struct {
 // share: two stores with the same stateID see each other's keys.
 type stateSharer interface{ stateID() string }
 
-// storeID names the state h's store reaches, for comparisons.
+// storeID names the state h's store reaches, for comparisons: taken
+// once at Provision (a commit uses it).
 func (h *Handler) storeID() string {
-	if sh, ok := h.store.(stateSharer); ok {
+	if h.storeState != "" {
+		return h.storeState
+	}
+	return stateOf(h.store)
+}
+
+func stateOf(s Store) string {
+	if sh, ok := s.(stateSharer); ok {
 		return sh.stateID()
 	}
-	return fmt.Sprintf("%T %p", h.store, h.store)
+	return fmt.Sprintf("%T %p", s, s)
 }
 
 // registerEndpoint records h in its config, and refuses:

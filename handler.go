@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -386,27 +385,31 @@ func (d *delivery) retryCommit(rec DoneRecord, cr *commitRetry) {
 // commitRetryFor bounds the background retries of a failed commit.
 const commitRetryFor = 5 * time.Minute
 
-// commitRetries are the background commit retries of this process, by
-// the store state and key they write: a forget of the event stops
-// them, or a retry would write the forgotten record back.
-var commitRetries = retryRegistry{m: map[string][]*commitRetry{}}
+// commitRetries are the commits of this process, under way or retried
+// in the background, by the store state and key they write: a forget
+// of the event stops them, or one would write the forgotten record back.
+var commitRetries = retryRegistry{m: map[retryKey]*commitRetry{}}
 
 type retryRegistry struct {
 	mu sync.Mutex
-	m  map[string][]*commitRetry
+	m  map[retryKey]*commitRetry // the first of a chain (next)
 }
 
-// commitRetry is one event's background commit retry.
+type retryKey struct{ state, key string }
+
+// commitRetry is one event's commit and its background retries.
 type commitRetry struct {
-	id      string     // store state and key
-	mu      sync.Mutex // held during an attempt, and by a forget
+	rk      retryKey
+	next    *commitRetry // another commit of the same key (rare)
+	mu      sync.Mutex   // held during an attempt, and by a forget
 	stopped bool
 }
 
 func (r *retryRegistry) add(state, key string) *commitRetry {
-	cr := &commitRetry{id: state + "\x00" + key}
+	cr := &commitRetry{rk: retryKey{state, key}}
 	r.mu.Lock()
-	r.m[cr.id] = append(r.m[cr.id], cr)
+	cr.next = r.m[cr.rk]
+	r.m[cr.rk] = cr
 	r.mu.Unlock()
 	return cr
 }
@@ -414,20 +417,38 @@ func (r *retryRegistry) add(state, key string) *commitRetry {
 func (r *retryRegistry) remove(cr *commitRetry) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	list := slices.DeleteFunc(r.m[cr.id], func(c *commitRetry) bool { return c == cr })
-	if len(list) == 0 {
-		delete(r.m, cr.id)
+	if first := r.m[cr.rk]; first == cr {
+		if cr.next == nil {
+			delete(r.m, cr.rk)
+		} else {
+			r.m[cr.rk] = cr.next
+		}
 	} else {
-		r.m[cr.id] = list
+		for c := first; c != nil; c = c.next {
+			if c.next == cr {
+				c.next = cr.next
+				break
+			}
+		}
 	}
 }
 
-// hold waits for the attempts in flight of the retries of key in state
-// and keeps new ones from starting until the returned function is
-// called with whether the retries are to stop.
-func (r *retryRegistry) hold(state, key string) func(stop bool) {
+// pending reports whether a commit of key in state is registered.
+func (r *retryRegistry) pending(state, key string) bool {
 	r.mu.Lock()
-	list := slices.Clone(r.m[state+"\x00"+key])
+	defer r.mu.Unlock()
+	return r.m[retryKey{state, key}] != nil
+}
+
+// hold waits for the attempts in flight of the commits of key in state
+// and keeps new ones from starting until the returned function is
+// called with whether they are to stop.
+func (r *retryRegistry) hold(state, key string) func(stop bool) {
+	var list []*commitRetry
+	r.mu.Lock()
+	for c := r.m[retryKey{state, key}]; c != nil; c = c.next {
+		list = append(list, c)
+	}
 	r.mu.Unlock()
 	for _, cr := range list {
 		cr.mu.Lock()

@@ -724,9 +724,7 @@ func TestForgetStopsCommitRetries(t *testing.T) {
 		return nil
 	})
 	retrying := func(key string) bool {
-		commitRetries.mu.Lock()
-		defer commitRetries.mu.Unlock()
-		return len(commitRetries.m[h.storeID()+"\x00"+key]) > 0
+		return commitRetries.pending(h.storeID(), key)
 	}
 	for _, force := range []bool{false, true} {
 		id := "evt_retry_forced_" + map[bool]string{false: "no", true: "yes"}[force]
@@ -813,9 +811,7 @@ func TestForgetDuringTheFirstCommit(t *testing.T) {
 		t.Fatalf("forget: %q %v %v", f.e.Value, f.deleted, f.err)
 	}
 	waitFor(t, "the retry to end", func() bool {
-		commitRetries.mu.Lock()
-		defer commitRetries.mu.Unlock()
-		return len(commitRetries.m[h.storeID()+"\x00"+key]) == 0
+		return !commitRetries.pending(h.storeID(), key)
 	})
 	if got, _ := h.store.Get(context.Background(), key); got.Value != "" {
 		t.Fatalf("the retry wrote %q back after the operator's forget answered 200: the next delivery is answered duplicate", got.Value)
@@ -862,11 +858,42 @@ func TestForgetAcrossAReloadThatSpellsRedisAnew(t *testing.T) {
 	}
 	acl("+set")
 	waitFor(t, "the retry to end", func() bool {
-		commitRetries.mu.Lock()
-		defer commitRetries.mu.Unlock()
-		return len(commitRetries.m[old.storeID()+"\x00"+key]) == 0
+		return !commitRetries.pending(old.storeID(), key)
 	})
 	if v := admin.Get(ctx, key).Val(); v != "" {
 		t.Fatalf("the old config's retry wrote %q back after the new config's forget", v)
+	}
+}
+
+// TestCommitRegistry: several commits of one key (a lease that expired
+// and was claimed again) are each registered and removed on their own;
+// a hold that stops them stops each of them, and not those of another
+// key or store state.
+func TestCommitRegistry(t *testing.T) {
+	r := retryRegistry{m: map[retryKey]*commitRetry{}}
+	a, b, c := r.add("s", "k"), r.add("s", "k"), r.add("s", "k")
+	other, elsewhere := r.add("s", "k2"), r.add("s2", "k")
+	r.remove(b) // from the middle of the chain
+	release := r.hold("s", "k")
+	release(true)
+	for _, cr := range []*commitRetry{a, c} {
+		if stopped, _ := cr.attempt(func() error { return nil }); !stopped {
+			t.Error("a commit of the forgotten key was not stopped")
+		}
+	}
+	for _, cr := range []*commitRetry{b, other, elsewhere} {
+		if stopped, _ := cr.attempt(func() error { return nil }); stopped {
+			t.Error("a commit not held by the forget was stopped")
+		}
+	}
+	r.remove(c) // the head
+	r.remove(a)
+	if r.pending("s", "k") || !r.pending("s", "k2") || !r.pending("s2", "k") {
+		t.Fatalf("pending after removals: %v %v %v", r.pending("s", "k"), r.pending("s", "k2"), r.pending("s2", "k"))
+	}
+	r.remove(other)
+	r.remove(elsewhere)
+	if len(r.m) != 0 {
+		t.Fatalf("%d keys left in the registry", len(r.m))
 	}
 }

@@ -223,6 +223,7 @@ type Handler struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      Store
+	storeState string    // stateOf(store), see storeID
 	scheme     scheme    // the signature scheme, settled at provision
 	verifier   *verifier // the Sangho-format engine of the sangho and stripe schemes, else nil
 	logger     *zap.Logger
@@ -332,7 +333,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("module %T is not a sangho_dedup store", mod)
 	}
-	h.store = store
+	h.store, h.storeState = store, stateOf(store)
 	onExitOnce.Do(func() { caddy.OnExit(drainCommitRetries) })
 	if h.Name == "" {
 		h.Name = h.KeyPrefix
