@@ -37,15 +37,8 @@ type endpointUse struct {
 // share: two stores with the same stateID see each other's keys.
 type stateSharer interface{ stateID() string }
 
-// storeID names the state h's store reaches, for comparisons: taken
-// once at Provision (a commit uses it).
-func (h *Handler) storeID() string {
-	if h.storeState != "" {
-		return h.storeState
-	}
-	return stateOf(h.store)
-}
-
+// stateOf names the state a store reaches, for comparisons (a handler
+// keeps its store's in storeState).
 func stateOf(s Store) string {
 	if sh, ok := s.(stateSharer); ok {
 		return sh.stateID()
@@ -71,7 +64,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	}
 	var use endpointUse
 	sum.Sum(use.secrets[:0])
-	where := h.storeID() + " key_prefix " + strconv.Quote(h.KeyPrefix)
+	where := h.storeState + " key_prefix " + strconv.Quote(h.KeyPrefix)
 
 	endpoints.Lock()
 	defer endpoints.Unlock()
@@ -91,9 +84,9 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 		cfg.uses[where] = use
 	}
 	if other, ok := cfg.names[h.Name]; ok {
-		if other.storeID() != h.storeID() || other.KeyPrefix != h.KeyPrefix {
+		if other.storeState != h.storeState || other.KeyPrefix != h.KeyPrefix {
 			return fmt.Errorf("sangho_dedup: two handlers are named %q but use different stores or key_prefixes (%s key_prefix %q, %s key_prefix %q): give each endpoint its own name",
-				h.Name, other.storeID(), other.KeyPrefix, h.storeID(), h.KeyPrefix)
+				h.Name, other.storeState, other.KeyPrefix, h.storeState, h.KeyPrefix)
 		}
 	} else {
 		cfg.names[h.Name] = h

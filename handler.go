@@ -270,18 +270,17 @@ func (d *delivery) settle(err error) {
 		rec := DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
 		// Registered before the first try, so that a forget meanwhile
 		// waits for it and stops what follows (see Handler.forget).
-		cr := commitRetries.add(h.storeID(), d.key)
+		cr := commitRetries.add(h.storeState, d.key)
 		var held bool
 		stopped, cerr := cr.attempt(func() (err error) {
-			held, err = d.commit(d.ctx, rec)
-			if err == nil && d.sigKey != "" {
-				d.commitSignature(d.ctx, rec)
-			}
+			held, err = d.commitAll(d.ctx, rec)
 			return err
 		})
+		if stopped || cerr == nil {
+			commitRetries.remove(cr) // nothing left to retry
+		}
 		switch {
 		case stopped:
-			commitRetries.remove(cr)
 			h.logger.Info("commit stopped", zap.String("event_id", d.id), zap.String("cause", "event forgotten"))
 		case cerr != nil:
 			h.logger.Warn("commit failed", zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
@@ -294,11 +293,9 @@ func (d *delivery) settle(err error) {
 				d.retryCommit(rec, cr)
 			}()
 		case !held:
-			commitRetries.remove(cr)
 			metrics.leaseLost.Inc()
 			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "commit"), zap.Int("status", status))
 		default:
-			commitRetries.remove(cr)
 			h.debug("event processed", d.id, d.typ)
 		}
 	case release:
@@ -325,6 +322,16 @@ func (d *delivery) commit(ctx context.Context, rec DoneRecord) (bool, error) {
 	start := time.Now()
 	held, err := d.h.store.Commit(ctx, d.key, d.token, rec, time.Duration(d.h.Retention))
 	observe(opCommit, start, err)
+	return held, err
+}
+
+// commitAll commits, and then writes the signature record when the ID
+// is not signed (see bindSignature).
+func (d *delivery) commitAll(ctx context.Context, rec DoneRecord) (bool, error) {
+	held, err := d.commit(ctx, rec)
+	if err == nil && d.sigKey != "" {
+		d.commitSignature(ctx, rec)
+	}
 	return held, err
 }
 
@@ -358,10 +365,7 @@ func (d *delivery) retryCommit(rec DoneRecord, cr *commitRetry) {
 		stopped, err := cr.attempt(func() error {
 			ctx, cancel := context.WithTimeout(d.ctx, 5*time.Second)
 			defer cancel()
-			_, err := d.commit(ctx, rec)
-			if err == nil && d.sigKey != "" {
-				d.commitSignature(ctx, rec)
-			}
+			_, err := d.commitAll(ctx, rec)
 			return err
 		})
 		if stopped {
@@ -477,7 +481,7 @@ func (cr *commitRetry) attempt(try func() error) (stopped bool, err error) {
 // They are held while the store forgets, and go on if nothing was
 // forgotten because the event is in flight.
 func (h *Handler) forget(ctx context.Context, key string, force bool) (Entry, bool, error) {
-	release := commitRetries.hold(h.storeID(), key)
+	release := commitRetries.hold(h.storeState, key)
 	e, deleted, err := h.store.Forget(ctx, key, force)
 	release(err == nil && (deleted || e.Value == ""))
 	return e, deleted, err

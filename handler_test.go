@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -696,6 +697,29 @@ func TestRejectionLogsRemoteAddress(t *testing.T) {
 	}
 }
 
+// redisUserLosingSet starts Redis with a user app (password pw) that may
+// run every command, and returns its address, an admin client, a
+// backend that takes SET away from app as it answers 200 (so the commit
+// after it fails, and is retried), and allowSet, which gives SET back.
+func redisUserLosingSet(t *testing.T) (addr string, admin *redis.Client, loseSet caddyhttp.Handler, allowSet func()) {
+	t.Helper()
+	srv := startRedis(t)
+	admin = srv.Client(t)
+	acl := func(rules ...any) {
+		t.Helper()
+		if err := admin.Do(context.Background(), append([]any{"ACL", "SETUSER", "app"}, rules...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	acl("on", ">pw", "~*", "+@all")
+	loseSet = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		acl("-set")
+		w.WriteHeader(200)
+		return nil
+	})
+	return srv.Addr, admin, loseSet, func() { acl("+set") }
+}
+
 // TestForgetStopsCommitRetries: an operator forgets an event whose
 // commit failed and is being retried in the background (here: the Redis
 // user lost SET just as the backend answered). Forced, the forget
@@ -704,27 +728,14 @@ func TestRejectionLogsRemoteAddress(t *testing.T) {
 // a duplicate. Not forced, the forget is refused (in flight) and the
 // retry goes on and lands. (Found by review.)
 func TestForgetStopsCommitRetries(t *testing.T) {
-	srv := startRedis(t)
-	admin := srv.Client(t)
 	ctx := context.Background()
-	acl := func(rules ...any) {
-		t.Helper()
-		if err := admin.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, rules...)...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	acl("on", ">pw", "~*", "+@all")
+	addr, admin, loseSet, allowSet := redisUserLosingSet(t)
 	h, logs := newTestHandler(t, func(h *Handler) {
 		h.LockTTL = caddy.Duration(10 * time.Second)
-		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"username":"app","password":"pw"}`)
-	})
-	loseSet := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		acl("-set")
-		w.WriteHeader(200)
-		return nil
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + addr + `"],"username":"app","password":"pw"}`)
 	})
 	retrying := func(key string) bool {
-		return commitRetries.pending(h.storeID(), key)
+		return commitRetries.pending(h.storeState, key)
 	}
 	for _, force := range []bool{false, true} {
 		id := "evt_retry_forced_" + map[bool]string{false: "no", true: "yes"}[force]
@@ -739,7 +750,7 @@ func TestForgetStopsCommitRetries(t *testing.T) {
 		if err != nil || deleted != force || !strings.HasPrefix(e.Value, inflightPrefix) {
 			t.Fatalf("%s: forget (force %v): %q %v %v", id, force, e.Value, deleted, err)
 		}
-		acl("+set")
+		allowSet()
 		waitFor(t, "the retry of "+id+" to end", func() bool { return !retrying(key) })
 		v := admin.Get(ctx, key).Val()
 		if !force {
@@ -811,7 +822,7 @@ func TestForgetDuringTheFirstCommit(t *testing.T) {
 		t.Fatalf("forget: %q %v %v", f.e.Value, f.deleted, f.err)
 	}
 	waitFor(t, "the retry to end", func() bool {
-		return !commitRetries.pending(h.storeID(), key)
+		return !commitRetries.pending(h.storeState, key)
 	})
 	if got, _ := h.store.Get(context.Background(), key); got.Value != "" {
 		t.Fatalf("the retry wrote %q back after the operator's forget answered 200: the next delivery is answered duplicate", got.Value)
@@ -823,31 +834,18 @@ func TestForgetDuringTheFirstCommit(t *testing.T) {
 // the new config's forget stops the old config's commit retry, which
 // would write the record back. (Found by review.)
 func TestForgetAcrossAReloadThatSpellsRedisAnew(t *testing.T) {
-	srv := startRedis(t)
-	admin := srv.Client(t)
 	ctx := context.Background()
-	acl := func(rules ...any) {
-		t.Helper()
-		if err := admin.Do(ctx, append([]any{"ACL", "SETUSER", "app"}, rules...)...).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	acl("on", ">pw", "~*", "+@all")
+	addr, admin, loseSet, allowSet := redisUserLosingSet(t)
 	old, _ := newTestHandler(t, func(h *Handler) {
 		h.LockTTL = caddy.Duration(10 * time.Second)
-		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"username":"app","password":"pw"}`)
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + addr + `"],"username":"app","password":"pw"}`)
 	})
 	cur, _ := newTestHandler(t, func(h *Handler) {
-		h.StoreRaw = []byte(`{"type":"redis","url":"redis://app:pw@` + srv.Addr + `"}`)
+		h.StoreRaw = []byte(`{"type":"redis","url":"redis://app:pw@` + addr + `"}`)
 	})
-	if old.storeID() != cur.storeID() {
-		t.Errorf("one Redis, two store IDs: %q and %q", old.storeID(), cur.storeID())
+	if old.storeState != cur.storeState {
+		t.Errorf("one Redis, two store IDs: %q and %q", old.storeState, cur.storeState)
 	}
-	loseSet := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		acl("-set")
-		w.WriteHeader(200)
-		return nil
-	})
 	id := "evt_review_reload"
 	key := old.KeyPrefix + id
 	if _, repl, _ := serve(old, signedRequest(eventBody(id), ""), loseSet); outcomeOf(repl) != outcomeProcessed {
@@ -856,9 +854,9 @@ func TestForgetAcrossAReloadThatSpellsRedisAnew(t *testing.T) {
 	if _, deleted, err := cur.forget(ctx, key, true); err != nil || !deleted {
 		t.Fatalf("forget: %v %v", deleted, err)
 	}
-	acl("+set")
+	allowSet()
 	waitFor(t, "the retry to end", func() bool {
-		return !commitRetries.pending(old.storeID(), key)
+		return !commitRetries.pending(old.storeState, key)
 	})
 	if v := admin.Get(ctx, key).Val(); v != "" {
 		t.Fatalf("the old config's retry wrote %q back after the new config's forget", v)

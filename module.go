@@ -223,7 +223,7 @@ type Handler struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      Store
-	storeState string    // stateOf(store), see storeID
+	storeState string    // stateOf(store): what other handlers and commits compare
 	scheme     scheme    // the signature scheme, settled at provision
 	verifier   *verifier // the Sangho-format engine of the sangho and stripe schemes, else nil
 	logger     *zap.Logger

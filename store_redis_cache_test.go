@@ -426,15 +426,20 @@ func (c *pauseConn) Write(b []byte) (int, error) {
 	return c.Conn.Write(b)
 }
 
-// pausingTracker is a tracker on addr whose first look-up stops between
-// its GET and its PTTL: paused receives when the GET is written, and
-// closing resume writes the PTTL.
-func pausingTracker(t *testing.T, addr string) (tr *tracker, cache *doneCache, paused, resume chan struct{}) {
+// lookUpPausedAfterGet starts Redis with key holding a done record and
+// a tracker whose first look-up, of key, stops between its GET and its
+// PTTL; it returns once Redis has run the GET. Closing resume writes
+// the PTTL.
+func lookUpPausedAfterGet(t *testing.T, key string) (admin *redis.Client, tr *tracker, cache *doneCache, resume chan struct{}) {
 	t.Helper()
-	paused, resume = make(chan struct{}), make(chan struct{})
+	srv := startRedis(t)
+	admin = srv.Client(t)
+	admin.Set(context.Background(), key, aDoneRecord, time.Hour)
+	paused := make(chan struct{})
+	resume = make(chan struct{})
 	armed := new(atomic.Bool)
 	armed.Store(true)
-	cs := connSettings{network: "tcp", addr: addr, dialTimeout: time.Second, readTimeout: 3 * time.Second, writeTimeout: 3 * time.Second,
+	cs := connSettings{network: "tcp", addr: srv.Addr, dialTimeout: time.Second, readTimeout: 3 * time.Second, writeTimeout: 3 * time.Second,
 		dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			nc, err := (&net.Dialer{}).DialContext(ctx, network, addr)
 			if err != nil {
@@ -446,7 +451,10 @@ func pausingTracker(t *testing.T, addr string) (tr *tracker, cache *doneCache, p
 	tr = newTracker(cs, cache, zap.NewNop())
 	t.Cleanup(tr.close)
 	waitFor(t, "tracking", cache.live.Load)
-	return tr, cache, paused, resume
+	tr.learn(key)
+	<-paused                          // GET written, PTTL not yet
+	time.Sleep(50 * time.Millisecond) // Redis ran the GET, and the reader has its reply
+	return admin, tr, cache, resume
 }
 
 func (t *tracker) isPending(key string) bool {
@@ -465,16 +473,9 @@ const aDoneRecord = `done:{"processed_at":"2026-01-01T00:00:00Z","event_type":"x
 // event only in flight, and lose it if its processing fails. (Found by
 // review.)
 func TestRedisLocalCacheKeyChangedBetweenGetAndPTTL(t *testing.T) {
-	srv := startRedis(t)
-	admin := srv.Client(t)
 	ctx := context.Background()
 	key := DefaultKeyPrefix + "evt_split"
-	admin.Set(ctx, key, aDoneRecord, time.Hour)
-	tr, cache, paused, resume := pausingTracker(t, srv.Addr)
-
-	tr.learn(key)
-	<-paused                          // GET written, PTTL not yet
-	time.Sleep(50 * time.Millisecond) // Redis ran the GET
+	admin, tr, cache, resume := lookUpPausedAfterGet(t, key)
 	admin.Del(ctx, key)
 	admin.Set(ctx, key, "inflight:other-instance", time.Minute)
 	close(resume)
@@ -489,16 +490,9 @@ func TestRedisLocalCacheKeyChangedBetweenGetAndPTTL(t *testing.T) {
 // stay pending for ever (it would never be cached again, and 1024 such
 // keys would stop the cache learning at all). (Found by review.)
 func TestRedisLocalCacheLookUpCutBetweenGetAndPTTL(t *testing.T) {
-	srv := startRedis(t)
-	admin := srv.Client(t)
 	ctx := context.Background()
 	key := DefaultKeyPrefix + "evt_cut"
-	admin.Set(ctx, key, aDoneRecord, time.Hour)
-	tr, cache, paused, resume := pausingTracker(t, srv.Addr)
-
-	tr.learn(key)
-	<-paused
-	time.Sleep(50 * time.Millisecond) // the reader has the GET's reply
+	admin, tr, cache, resume := lookUpPausedAfterGet(t, key)
 	admin.Do(ctx, "CLIENT", "KILL", "ID", trackingClientID(t, admin))
 	close(resume)
 	waitFor(t, "a new tracking connection", func() bool { return tr.conns.Load() == 2 && cache.live.Load() })
