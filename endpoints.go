@@ -1,15 +1,16 @@
 package sanghodedup
 
 import (
-	"context"
 	"crypto/sha256"
 	"fmt"
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
 
 // endpoints records the handlers of every loaded config: which secret
@@ -18,8 +19,8 @@ import (
 var endpoints = struct {
 	sync.Mutex
 	seq      uint64
-	byConfig map[context.Context]*configEndpoints
-}{byConfig: map[context.Context]*configEndpoints{}}
+	byConfig map[any]*configEndpoints
+}{byConfig: map[any]*configEndpoints{}}
 
 type configEndpoints struct {
 	seq      uint64 // configs loaded later have higher numbers
@@ -30,7 +31,21 @@ type configEndpoints struct {
 
 type endpointUse struct {
 	secrets [sha256.Size]byte // of the sorted secret set; never printed
-	handler int               // 1-based, in provisioning order
+	handler string            // "#n" in provisioning order, and its server's listeners
+}
+
+// configOf names the loaded config ctx belongs to. Caddy provisions each
+// server's handlers with a context of its own (the config's, wrapped with
+// the server as a value), so the context itself names a server, not the
+// config: two site blocks would each get a registry and swallow each
+// other's events unchecked. The wrapping keeps the config's cancellation,
+// so its Done channel is one for every server of one config, and another
+// for the next config (a reload).
+func configOf(ctx caddy.Context) any {
+	if done := ctx.Done(); done != nil {
+		return done
+	}
+	return ctx.Context // a context that is never cancelled: not Caddy's
 }
 
 // stateSharer is implemented by stores whose state other handlers can
@@ -68,17 +83,20 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 
 	endpoints.Lock()
 	defer endpoints.Unlock()
-	cfg := endpoints.byConfig[ctx.Context]
+	h.cfgKey = configOf(ctx)
+	cfg := endpoints.byConfig[h.cfgKey]
 	if cfg == nil {
 		endpoints.seq++
 		cfg = &configEndpoints{seq: endpoints.seq, uses: map[string]endpointUse{}, names: map[string]*Handler{}}
-		endpoints.byConfig[ctx.Context] = cfg
+		endpoints.byConfig[h.cfgKey] = cfg
 	}
-	h.cfgKey = ctx.Context
 	cfg.handlers++
-	use.handler = cfg.handlers
+	use.handler = "#" + strconv.Itoa(cfg.handlers)
+	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && len(srv.Listen) > 0 {
+		use.handler += " (listening on " + strings.Join(srv.Listen, " ") + ")"
+	}
 	if prev, ok := cfg.uses[where]; ok && prev.secrets != use.secrets {
-		return fmt.Errorf("sangho_dedup handlers #%d and #%d (in config order) share one store (%s) with different secrets: one endpoint would answer the other's events as duplicates and its backend would never see them; give each endpoint its own key_prefix",
+		return fmt.Errorf("sangho_dedup handlers %s and %s share one store (%s) with different secrets: one endpoint would answer the other's events as duplicates and its backend would never see them; give each endpoint its own key_prefix",
 			prev.handler, use.handler, where)
 	} else if !ok {
 		cfg.uses[where] = use

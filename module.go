@@ -10,7 +10,6 @@
 package sanghodedup
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -231,7 +230,7 @@ type Handler struct {
 	pass       bool
 	retryAfter string
 	renewEvery time.Duration
-	cfgKey     context.Context // the config this handler belongs to
+	cfgKey     any // the config this handler belongs to (configOf)
 
 	requireBodyID bool
 	sigMemory     time.Duration // how long a signed message's ID is remembered (the ID not signed)
