@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -224,5 +226,38 @@ func TestOperationsCaddyfileErrors(t *testing.T) {
 	}
 	if err := h.Validate(); err == nil || !strings.Contains(err.Error(), "on_payload_mismatch") {
 		t.Errorf("Validate of a bad on_payload_mismatch: %v", err)
+	}
+}
+
+// The command reaches an admin endpoint on a unix socket, the layout
+// many packaged Caddys use (admin unix//run/caddy-admin.sock): Caddy
+// refuses a request that carries an Origin there, and its own CLI sends
+// none.
+func TestCommandOverUnixSocketAdmin(t *testing.T) {
+	ownDataDir(t)
+	dir, err := os.MkdirTemp("/tmp", "sd-admin") // a socket path must be short
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := "unix/" + filepath.Join(dir, "admin.sock")
+	l := ledger.New(t)
+	port := freePort(t)
+	cfg := strings.Replace(serverCaddyfile(port, dedupSite(l.Addr, "store memory\n\t\tname sock")), "admin off", "admin "+sock, 1)
+	adapted, _ := adaptCaddyfile(t, cfg)
+	if err := caddy.Load([]byte(adapted), true); err != nil {
+		t.Fatalf("loading config: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	s := &adminServer{caddyServer: &caddyServer{url: "http://127.0.0.1:" + strconv.Itoa(port) + "/webhook", port: port}, admin: sock}
+	if a := send(t, s.url, bodyA, ""); a.status != 200 {
+		t.Fatalf("delivery: %d %s", a.status, a.body)
+	}
+	code, out, err := s.cli(t, "get", "evt_1QZtest000000000001")
+	if code != 0 || err != nil || !strings.Contains(out, "processed") {
+		t.Fatalf("get over %s: exit %d, %v\n%s", sock, code, err, out)
+	}
+	if code, out, err := s.cli(t, "forget", "evt_1QZtest000000000001"); code != 0 || err != nil {
+		t.Fatalf("forget over %s: exit %d, %v\n%s", sock, code, err, out)
 	}
 }

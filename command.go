@@ -80,13 +80,13 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 	if addr == "" {
 		addr = caddy.DefaultAdminListen
 	}
-	client, origin, err := adminClient(addr)
+	client, base, origin, err := adminClient(addr)
 	if err != nil {
 		return 2, err
 	}
 	if name == "" {
 		var list []EndpointInfo
-		if status, body, err := adminDo(client, origin, http.MethodGet, "/sangho_dedup/"); err != nil {
+		if status, body, err := adminDo(client, base, origin, http.MethodGet, "/sangho_dedup/"); err != nil {
 			return 2, err
 		} else if status != http.StatusOK {
 			return 2, fmt.Errorf("listing the endpoints: %s", apiMessage(status, body))
@@ -113,7 +113,7 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 			uri += "?force=true"
 		}
 	}
-	status, body, err := adminDo(client, origin, method, uri)
+	status, body, err := adminDo(client, base, origin, method, uri)
 	if err != nil {
 		return 2, err
 	}
@@ -174,15 +174,20 @@ func apiMessage(status int, body []byte) string {
 }
 
 // adminClient dials Caddy's admin address (tcp, unix socket) the way
-// caddy's own commands do; the origin is sent as Origin header.
-func adminClient(addr string) (*http.Client, string, error) {
+// caddy's own commands do (caddycmd.AdminAPIRequest, which cannot serve
+// here: it turns every answer >= 400 into an error string, and a 404
+// carries the absent event's JSON). It returns the URL base to request
+// and the Origin header to send: none on a unix socket, where Caddy
+// refuses a request that carries one.
+func adminClient(addr string) (client *http.Client, base, origin string, err error) {
 	na, err := caddy.ParseNetworkAddress(addr)
 	if err != nil || na.PortRangeSize() > 1 {
-		return nil, "", fmt.Errorf("invalid admin address %s: %v", addr, err)
+		return nil, "", "", fmt.Errorf("invalid admin address %s: %v", addr, err)
 	}
-	origin := "http://" + na.JoinHostPort(0)
+	base = "http://" + na.JoinHostPort(0)
+	origin = base
 	if na.IsUnixNetwork() {
-		origin = "http://127.0.0.1"
+		base, origin = "http://127.0.0.1", ""     // the host is not used, only required
 		na.Host, _, _ = strings.Cut(na.Host, "|") // socket permission bits
 	}
 	return &http.Client{
@@ -191,15 +196,17 @@ func adminClient(addr string) (*http.Client, string, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, na.Network, na.JoinHostPort(0))
 		}},
-	}, origin, nil
+	}, base, origin, nil
 }
 
-func adminDo(client *http.Client, origin, method, uri string) (int, []byte, error) {
-	req, err := http.NewRequest(method, origin+uri, nil)
+func adminDo(client *http.Client, base, origin, method, uri string) (int, []byte, error) {
+	req, err := http.NewRequest(method, base+uri, nil)
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header.Set("Origin", origin)
+	if origin != "" {
+		req.Header.Set("Origin", origin)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return 0, nil, fmt.Errorf("reaching Caddy's admin API: %v", err)
