@@ -39,7 +39,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
-		return h.reject(r, repl, outcomeBadRequest, http.StatusMethodNotAllowed, errMethod, "")
+		return h.reject(w, r, repl, outcomeBadRequest, http.StatusMethodNotAllowed, errMethod, "")
 	}
 
 	body, status, err := h.readBody(r)
@@ -48,18 +48,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		if status == http.StatusRequestEntityTooLarge {
 			oc = outcomeTooLarge
 		}
-		return h.reject(r, repl, oc, status, err, "")
+		return h.reject(w, r, repl, oc, status, err, "")
 	}
 	defer body.done()
 
 	vd, err := h.scheme.Verify(r, body.bytes())
 	if err != nil {
-		return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
+		return h.reject(w, r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
 	}
 
 	ev, err := h.eventOf(r, body.bytes(), &vd)
 	if err != nil {
-		return h.reject(r, repl, outcomeBadRequest, http.StatusBadRequest, err, "")
+		return h.reject(w, r, repl, outcomeBadRequest, http.StatusBadRequest, err, "")
 	}
 	id, typ := ev.id, ev.typ
 	repl.Set("http.sangho_dedup.event_id", id)
@@ -93,7 +93,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 					zap.String("on_payload_mismatch", h.OnPayloadMismatch))
 				if h.OnPayloadMismatch != mismatchLog {
 					w.Header().Set("Sangho-Dedup", "payload_mismatch")
-					return h.reject(r, repl, outcomePayloadMismatch, http.StatusUnprocessableEntity, errPayloadMismatch, id)
+					return h.reject(w, r, repl, outcomePayloadMismatch, http.StatusUnprocessableEntity, errPayloadMismatch, id)
 				}
 				h.outcome(repl, outcomePayloadMismatch)
 				return h.answerDuplicate(w, r, body)
@@ -108,7 +108,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	case InFlight:
 		w.Header().Set("Retry-After", h.retryAfter)
 		w.Header().Set("Sangho-Dedup", "in_flight")
-		return h.reject(r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
+		return h.reject(w, r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
 	}
 
 	// Claimed: from here on the delivery is one value, settled once.
@@ -119,7 +119,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		d.sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
 		if err := d.bindSignature(); err != nil {
 			if errors.Is(err, errSigReplayed) {
-				return h.reject(r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, id)
+				return h.reject(w, r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, id)
 			}
 			return h.storeFailed(w, r, next, repl, id, err)
 		}
@@ -162,7 +162,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	}
 	h.logger.Error("store failed", zap.String("event_id", id), zap.String("on_store_error", h.OnStoreError), zap.Error(err))
 	w.Header().Set("Retry-After", h.retryAfter)
-	return h.reject(r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
+	return h.reject(w, r, repl, outcomeStoreError, http.StatusServiceUnavailable, errStore, id)
 }
 
 // delivery is one delivery past its claim: which event it is, the lease
@@ -526,9 +526,14 @@ func (h *Handler) leave() {
 	}
 }
 
-// reject answers a request that is not passed on, as a Caddy error so
-// that handle_errors can shape it.
-func (h *Handler) reject(r *http.Request, repl *caddy.Replacer, outcome string, status int, err error, id string) error {
+// reject answers a request that is not passed on. Where the server has
+// error routes (handle_errors), as a Caddy error that they can shape.
+// Elsewhere it writes the status itself, as Caddy would (an empty body):
+// Caddy's error log line for a returned error carries the request's
+// headers, the signature among them (Caddy redacts only Authorization
+// and cookies), and this handler logs the rejection itself, with no
+// header.
+func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, outcome string, status int, err error, id string) error {
 	h.outcome(repl, outcome)
 	if ce := h.logger.Check(zapcore.DebugLevel, "delivery rejected"); ce != nil {
 		// As Caddy's access log names the client: the address alone,
@@ -539,6 +544,10 @@ func (h *Handler) reject(r *http.Request, repl *caddy.Replacer, outcome string, 
 		}
 		ce.Write(zap.String("outcome", outcome), zap.Int("status", status), zap.String("event_id", id),
 			zap.String("remote_ip", ip), zap.String("remote_port", port), zap.Error(err))
+	}
+	if srv, ok := r.Context().Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && (srv.Errors == nil || len(srv.Errors.Routes) == 0) {
+		w.WriteHeader(status)
+		return nil
 	}
 	return caddyhttp.Error(status, err)
 }
