@@ -1,6 +1,8 @@
 package sanghodedup
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -127,6 +129,44 @@ func TestCheckUnixTimeCanonical(t *testing.T) {
 		_, err := h.scheme.Verify(r, []byte(body))
 		if want := map[bool]error{true: nil, false: errSigMalformed}[sent == ts]; !errors.Is(err, want) {
 			t.Errorf("timestamp %q: %v, want %v", sent, err, want)
+		}
+	}
+}
+
+// TestToleranceBounded: a tolerance above MaxTolerance is a config error
+// naming tolerance. Before, 2×tolerance+1s (how long a signed message is
+// bound to its ID) overflowed past ~53,375 days and went negative, which
+// switched the replay binding off without a word; that sum now
+// saturates, and the largest tolerance allowed binds for 2×it+1s.
+func TestToleranceBounded(t *testing.T) {
+	off := false
+	huge := caddy.Duration(60000 * 24 * time.Hour)
+	for _, c := range []struct {
+		tolerance caddy.Duration
+		ok        bool
+	}{
+		{caddy.Duration(MaxTolerance), true},
+		{caddy.Duration(MaxTolerance + time.Nanosecond), false},
+		{huge, false},
+	} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`), Tolerance: c.tolerance, RequireBodyID: &off}
+		err := h.Provision(ctx)
+		if err == nil {
+			err = h.Validate()
+		}
+		cancel()
+		if h.sigMemory <= 0 {
+			t.Errorf("tolerance %v: the signed message is bound to its ID for %v", time.Duration(c.tolerance), h.sigMemory)
+		}
+		if c.ok {
+			if err != nil || h.sigMemory != 2*MaxTolerance+time.Second {
+				t.Errorf("tolerance %v: %v, bound for %v; want accepted, bound for %v", time.Duration(c.tolerance), err, h.sigMemory, 2*MaxTolerance+time.Second)
+			}
+			continue
+		}
+		if err == nil || !strings.HasPrefix(err.Error(), "tolerance: ") {
+			t.Errorf("tolerance %v: %v, want a config error naming tolerance", time.Duration(c.tolerance), err)
 		}
 	}
 }
