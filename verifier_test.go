@@ -461,6 +461,12 @@ func TestSchemeConfigErrors(t *testing.T) {
 			"signed_content has {id} but there is no event ID header"},
 		{"hmac bad header name", `{"scheme":"hmac","header":"X Sig","id_field":"id"}`, nil, nil,
 			`header "X Sig" is not a valid header name`},
+		{"hmac parts not kept apart", `{"scheme":"hmac","header":"X-Sig","id_header":"X-Id","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}"}`, nil, nil,
+			`provider hmac: signed_content "{id}{timestamp}{body}": {id} and {timestamp} are not kept apart`},
+		{"hmac timestamp_format", `{"scheme":"hmac","header":"X-Sig","id_field":"id","timestamp_header":"X-Ts","timestamp_format":"iso8601"}`, nil, nil,
+			`provider hmac: timestamp_format must be unix or rfc3339, not "iso8601"`},
+		{"tolerance over the maximum", `{"scheme":"stripe"}`, nil, func(h *Handler) { h.Tolerance = caddy.Duration(8 * 24 * time.Hour) },
+			"tolerance: at most 168h0m0s (7 days), not 192h0m0s"},
 		{"standard_webhooks secret not base64", `{"scheme":"standard_webhooks"}`, []string{swSecret1, "whsec_not*base64!"}, nil,
 			"secret #2: a standard_webhooks secret is whsec_ followed by base64"},
 		{"standard_webhooks signing key", `{"scheme":"standard_webhooks"}`, []string{"whsk_c2VjcmV0"}, nil,
@@ -486,6 +492,9 @@ func TestSchemeConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
 			continue
+		}
+		if strings.Count(err.Error(), "provider hmac:") > 1 {
+			t.Errorf("%s: the provider named twice: %v", c.name, err)
 		}
 		for _, s := range secrets {
 			if strings.Contains(err.Error(), strings.TrimPrefix(strings.TrimPrefix(s, "whsec_"), "whsk_")) {
