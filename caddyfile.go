@@ -157,6 +157,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			name := d.Val()
 			mod, err := caddyfile.UnmarshalModule(d, "http.sangho_dedup.verifiers."+name)
 			if err != nil {
+				// The one prefix: the schemes' parsers add none.
 				return fmt.Errorf("provider %s: %w", name, err)
 			}
 			m.VerifierRaw = caddyconfig.JSONModuleObject(mod, "scheme", name, nil)

@@ -52,11 +52,11 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 		"provider":                                                "wrong argument count",
 		"provider nosuch":                                         "http.sangho_dedup.verifiers.nosuch",
 		"provider github\nprovider shopify":                       "provider given more than once",
-		"provider github extra":                                   `provider github takes no arguments, found "extra"`,
-		"provider stripe {\ntolerance 1m\n}":                      `provider stripe takes no options, found "tolerance"`,
-		"provider standard_webhooks {\nsvix on\n}":                `provider standard_webhooks takes no options, found "svix"`,
+		"provider github extra":                                   `provider github: takes no arguments, found "extra"`,
+		"provider stripe {\ntolerance 1m\n}":                      `provider stripe: takes no options, found "tolerance"`,
+		"provider standard_webhooks {\nsvix on\n}":                `provider standard_webhooks: takes no options, found "svix"`,
 		"provider hmac extra {\n}":                                "wrong argument count",
-		hmacBlock("frobnicate 1"):                                 `unrecognized provider hmac option "frobnicate"`,
+		hmacBlock("frobnicate 1"):                                 `provider hmac: unrecognized option "frobnicate"`,
 		hmacBlock("algorithm md5"):                                `algorithm must be sha256, sha512 or sha1, not "md5"`,
 		hmacBlock("encoding base32"):                              `encoding must be hex or base64, not "base32"`,
 		hmacBlock("algorithm sha1\nalgorithm sha256"):             "algorithm given more than once",
@@ -71,6 +71,26 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}"))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want it to contain %q", in, err, want)
+		}
+	}
+}
+
+// TestCaddyfileProviderErrorsExact: a provider's Caddyfile error is
+// prefixed once with the provider's name (it read "provider hmac:
+// provider hmac: ..." when both the scheme and the handler's parser
+// added it).
+func TestCaddyfileProviderErrorsExact(t *testing.T) {
+	for in, want := range map[string]string{
+		"provider hmac {\nheader X-Sig\nid_field id\nalgorithm md5\n}": `provider hmac: algorithm must be sha256, sha512 or sha1, not "md5", at Testfile:7`,
+		"provider hmac {\nheader X-Sig\nheader X-Other\n}":             `provider hmac: header given more than once, at Testfile:5`,
+		"provider hmac {\nfrobnicate 1\n}":                             `provider hmac: unrecognized option "frobnicate", at Testfile:4`,
+		"provider github extra":                                        `provider github: takes no arguments, found "extra", at Testfile:3`,
+		"provider stripe {\ntolerance 1m\n}":                           `provider stripe: takes no options, found "tolerance", at Testfile:4`,
+	} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}"))
+		if err == nil || err.Error() != want {
+			t.Errorf("%q: error %v, want %s", in, err, want)
 		}
 	}
 }

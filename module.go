@@ -41,6 +41,14 @@ const (
 	// still deliver an event; a shorter retention gives up the promise.
 	RedeliveryWindow = 48 * time.Hour
 
+	// MaxTolerance bounds tolerance. Every built-in sender signs each
+	// attempt afresh and asks for minutes (Stripe, Standard Webhooks,
+	// Slack 5m, Twitch 10m); a week covers a sender that keeps its
+	// first timestamp through days of retries, and anything longer keeps
+	// a captured delivery valid so long that the timestamp protects
+	// nothing.
+	MaxTolerance = 7 * 24 * time.Hour
+
 	// MaxMaxBodySize bounds max_body_size: every body is held in memory
 	// whole until the backend has read it.
 	MaxMaxBodySize = 64 << 20
@@ -134,10 +142,10 @@ type Handler struct {
 	Secrets []string `json:"secret,omitempty"`
 
 	// How far the signature timestamp t may be from this server's clock,
-	// in either direction, compared exactly (not in whole seconds).
-	// Default: the scheme's, 5m for every built-in scheme that signs a
-	// timestamp. A scheme that signs none (github, shopify, hmac without
-	// timestamp_header) refuses it.
+	// in either direction, compared exactly (not in whole seconds); at
+	// most 7 days (168h). Default: the scheme's, 5m for every built-in
+	// scheme that signs a timestamp. A scheme that signs none (github,
+	// shopify, hmac without timestamp_header) refuses it.
 	Tolerance caddy.Duration `json:"tolerance,omitempty"`
 
 	// Largest accepted request body, in bytes, at most 64 MiB (67108864).
@@ -378,6 +386,8 @@ func (h *Handler) Validate() error {
 	switch {
 	case h.scheme.timestamp && h.Tolerance <= 0:
 		return errors.New("tolerance must be positive")
+	case time.Duration(h.Tolerance) > MaxTolerance:
+		return fmt.Errorf("tolerance: at most %v (7 days), not %v", MaxTolerance, time.Duration(h.Tolerance))
 	case h.MaxBodySize <= 0:
 		return errors.New("max_body_size must be positive")
 	case h.MaxBodySize > MaxMaxBodySize:

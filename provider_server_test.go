@@ -3,13 +3,19 @@ package sanghodedup
 import (
 	"bytes"
 	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 )
@@ -95,6 +101,57 @@ var providerCases = []providerCase{
 		timestamp: true, sigHeader: "X-Signature",
 		id: func(n int) string { return "ev_hmac_" + strconv.Itoa(n) },
 	},
+	{
+		// The README's Slack recipe; Slack's Events API: X-Slack-Signature
+		// v0=<hex HMAC-SHA256 of "v0:" + timestamp + ":" + body>, the
+		// timestamp in Unix seconds, the event ID the body's event_id.
+		name: "slack", lines: "provider hmac {\n\t\t\theader X-Slack-Signature\n\t\t\tprefix v0=\n\t\t\ttimestamp_header X-Slack-Request-Timestamp\n\t\t\tsigned_content \"v0:{timestamp}:{body}\"\n\t\t\tid_field event_id\n\t\t}",
+		secrets: [2]string{"8f742231b10e8888abcd99yyyzzz85a5", "slack_rotated_secret_2"}, wrong: "not the configured secret",
+		body: func(id string) string {
+			return `{"token":"XXYYZZ","team_id":"T123ABC456","api_app_id":"A123ABC456","event":{"type":"app_mention","user":"U123ABC456","text":"<@U0LAN0Z89> hi","ts":"1515449522.000016","channel":"C123ABC456"},"type":"event_callback","event_id":"` + id + `","event_time":1515449522}`
+		},
+		sign: func(t *testing.T, r *http.Request, body, id string, at time.Time, secrets ...string) {
+			slackSign(r.Header, body, secrets[0], at)
+		},
+		timestamp: true, sigHeader: "X-Slack-Signature",
+		id: func(n int) string { return "Ev0PV52K2" + strconv.Itoa(n) },
+	},
+	{
+		// The README's Twitch recipe; Twitch EventSub: the HMAC-SHA256 of
+		// message ID + timestamp + body, Twitch-Eventsub-Message-Signature
+		// sha256=<hex>, the timestamp in RFC 3339 with nanoseconds.
+		name: "twitch", lines: "provider hmac {\n\t\t\theader Twitch-Eventsub-Message-Signature\n\t\t\tprefix sha256=\n\t\t\ttimestamp_header Twitch-Eventsub-Message-Timestamp\n\t\t\ttimestamp_format rfc3339\n\t\t\tsigned_content \"{id}{timestamp}{body}\"\n\t\t\tid_header Twitch-Eventsub-Message-Id\n\t\t}",
+		secrets: [2]string{"twitch_eventsub_secret_1", "twitch_eventsub_secret_2"}, wrong: "not the configured secret",
+		body: func(id string) string {
+			return `{"subscription":{"id":"f1c2a387-161a-49f9-a165-0f21d7a4e1c4","type":"channel.follow","version":"2","status":"enabled"},"event":{"user_id":"1337","user_login":"` + id + `","broadcaster_user_id":"12826"}}`
+		},
+		sign: func(t *testing.T, r *http.Request, body, id string, at time.Time, secrets ...string) {
+			twitchSign(r.Header, id, body, secrets[0], at)
+		},
+		timestamp: true, sigHeader: "Twitch-Eventsub-Message-Signature", idHeader: "Twitch-Eventsub-Message-Id", idSigned: true,
+		id: func(n int) string { return fmt.Sprintf("e76c6bd4-55c9-4987-8304-da1588d8%04d", n) },
+	},
+}
+
+// slackSign signs as Slack documents ("Verifying requests from Slack"):
+// X-Slack-Request-Timestamp in Unix seconds, X-Slack-Signature
+// v0=<hex HMAC-SHA256 of "v0:" + timestamp + ":" + body>.
+func slackSign(h http.Header, body, secret string, at time.Time) {
+	ts := strconv.FormatInt(at.Unix(), 10)
+	h.Set("X-Slack-Request-Timestamp", ts)
+	h.Set("X-Slack-Signature", "v0="+hmacWith(secret, "v0:"+ts+":"+body))
+}
+
+// twitchSign signs as Twitch documents ("Verifying the event message"):
+// the HMAC-SHA256 of message ID + timestamp + body, sent as
+// Twitch-Eventsub-Message-Signature sha256=<hex>, the timestamp in RFC
+// 3339 with nanoseconds.
+func twitchSign(h http.Header, id, body, secret string, at time.Time) {
+	ts := at.UTC().Format("2006-01-02T15:04:05.000000000Z07:00")
+	h.Set("Twitch-Eventsub-Message-Id", id)
+	h.Set("Twitch-Eventsub-Message-Timestamp", ts)
+	h.Set("Twitch-Eventsub-Message-Type", "notification")
+	h.Set("Twitch-Eventsub-Message-Signature", "sha256="+hmacWith(secret, id+ts+body))
 }
 
 func hmacWith(secret, content string) string {
@@ -271,4 +328,264 @@ func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 			t.Fatalf("a replay under another ID after forget: %d, want 401", a.status)
 		}
 	})
+}
+
+// readmeSection returns the README's text from the heading line head to
+// the next heading of the same or a higher level.
+func readmeSection(t *testing.T, head string) string {
+	t.Helper()
+	data, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(data)
+	i := strings.Index(s, "\n"+head+"\n")
+	if i < 0 {
+		t.Fatalf("README: no %q heading", head)
+	}
+	s = s[i+1+len(head):]
+	level := head[:strings.IndexByte(head, ' ')+1]
+	for j := 0; j < len(s); j++ {
+		if s[j] == '\n' && strings.HasPrefix(s[j+1:], "#") {
+			h := s[j+1:]
+			if k := strings.IndexByte(h, ' '); k >= 0 && k+1 <= len(level) {
+				return s[:j]
+			}
+		}
+	}
+	return s
+}
+
+// codeBlocks returns the fenced code blocks of text in the language lang.
+func codeBlocks(text, lang string) []string {
+	var blocks []string
+	for {
+		i := strings.Index(text, "```"+lang+"\n")
+		if i < 0 {
+			return blocks
+		}
+		text = text[i+len(lang)+4:]
+		j := strings.Index(text, "```")
+		blocks = append(blocks, text[:j])
+		text = text[j+3:]
+	}
+}
+
+// directiveBlocks cuts a Caddyfile into its top-level blocks, keyed by
+// their first line ("sangho_dedup /slack {").
+func directiveBlocks(t *testing.T, src string) map[string][]string {
+	t.Helper()
+	blocks := map[string][]string{}
+	var head string
+	for _, l := range strings.Split(src, "\n") {
+		switch {
+		case l == "":
+		case head == "":
+			head = l
+		case l == "}":
+			head = ""
+		default:
+			blocks[head] = append(blocks[head], strings.TrimSpace(l))
+		}
+	}
+	return blocks
+}
+
+// caseLines is a provider case's lines, trimmed, one a line.
+func caseLines(p providerCase) []string {
+	var out []string
+	for _, l := range strings.Split(p.lines, "\n") {
+		out = append(out, strings.TrimSpace(l))
+	}
+	return out
+}
+
+func providerCaseNamed(t *testing.T, name string) providerCase {
+	t.Helper()
+	for _, p := range providerCases {
+		if p.name == name {
+			return p
+		}
+	}
+	t.Fatalf("no provider case %q", name)
+	return providerCase{}
+}
+
+// caseVerifier is the verifier JSON a provider case's lines adapt to.
+func caseVerifier(t *testing.T, p providerCase) string {
+	t.Helper()
+	var h Handler
+	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + p.lines + "\n}")); err != nil {
+		t.Fatalf("%s: %v", p.name, err)
+	}
+	return string(h.VerifierRaw)
+}
+
+// TestReadmeProviderRecipes: every recipe of the README's Providers
+// section is one that TestServerProviders runs, signed the way its
+// sender documents: each `sangho_dedup /<name>` block holds the provider
+// lines of the case of that name (besides its secret and key_prefix),
+// and each JSON example the verifier those lines adapt to.
+func TestReadmeProviderRecipes(t *testing.T) {
+	section := readmeSection(t, "## Providers")
+	examples := codeBlocks(section, "caddyfile")
+	if len(examples) == 0 {
+		t.Fatal("README Providers: no caddyfile example")
+	}
+	caseOf := map[string]string{"svix": "standard_webhooks"}
+	seen := 0
+	for head, lines := range directiveBlocks(t, examples[0]) {
+		name, ok := strings.CutPrefix(head, "sangho_dedup /")
+		name, ok2 := strings.CutSuffix(name, " {")
+		if !ok || !ok2 {
+			t.Errorf("README Providers example: unexpected block %q", head)
+			continue
+		}
+		if c, ok := caseOf[name]; ok {
+			name = c
+		}
+		p := providerCaseNamed(t, name)
+		var provider []string
+		for _, l := range lines {
+			if !strings.HasPrefix(l, "secret ") && !strings.HasPrefix(l, "key_prefix ") {
+				provider = append(provider, l)
+			}
+		}
+		if got, want := strings.Join(provider, "\n"), strings.Join(caseLines(p), "\n"); got != want {
+			t.Errorf("README recipe %s:\n%s\nthe tested one:\n%s", head, got, want)
+		}
+		seen++
+	}
+	if seen < 6 {
+		t.Errorf("README Providers example: %d recipes found, want at least 6", seen)
+	}
+	jsons := codeBlocks(section, "json")
+	if len(jsons) == 0 {
+		t.Fatal("README Providers: no JSON example")
+	}
+	dec := json.NewDecoder(strings.NewReader(jsons[0]))
+	n := 0
+	for dec.More() {
+		var h struct {
+			KeyPrefix string          `json:"key_prefix"`
+			Verifier  json.RawMessage `json:"verifier"`
+		}
+		if err := dec.Decode(&h); err != nil {
+			t.Fatalf("README Providers JSON example: %v", err)
+		}
+		p := providerCaseNamed(t, strings.TrimSuffix(h.KeyPrefix, ":"))
+		var got, want any
+		_ = json.Unmarshal(h.Verifier, &got)
+		_ = json.Unmarshal([]byte(caseVerifier(t, p)), &want)
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("README JSON example %s: verifier %s, the tested one %s", h.KeyPrefix, h.Verifier, caseVerifier(t, p))
+		}
+		n++
+	}
+	if n == 0 {
+		t.Error("README Providers JSON example: no handler")
+	}
+}
+
+// TestProviderDocumentedVectors: the Slack and Twitch recipes verify a
+// vector computed outside this code: Slack's own example from "Verifying
+// requests from Slack" (secret, timestamp, slash-command body and
+// signature as Slack's page prints them), and a Twitch message signed by
+// Twitch's rule (message ID + timestamp + body) with
+// `openssl dgst -sha256 -hmac`.
+func TestProviderDocumentedVectors(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		secret  string
+		now     time.Time
+		body    string
+		headers map[string]string
+	}{
+		{"slack", "8f742231b10e8888abcd99yyyzzz85a5", time.Unix(1531420618, 0),
+			"token=xyzz0WbapA4vBCDEFasx0q6G&team_id=T1DC2JH3J&team_domain=testteamnow&channel_id=G8PSS9T3V&channel_name=foobar&user_id=U2CERLKJA&user_name=roadrunner&command=%2Fwebhook-collect&text=&response_url=https%3A%2F%2Fhooks.slack.com%2Fcommands%2FT1DC2JH3J%2F397700885554%2F96rGlfmibIGlgcZRskXaIFfN&trigger_id=398738663015.47445629121.803a0bc887a14d10d2c447fce8b6703c",
+			map[string]string{"X-Slack-Request-Timestamp": "1531420618", "X-Slack-Signature": "v0=a2114d57b48eac39b9ad189dd8316235a7b4a8d21a10bd27519666489c69b503"}},
+		{"twitch", "twitch_eventsub_secret_1", time.Date(2019, 11, 16, 10, 11, 12, 0, time.UTC),
+			`{"subscription":{"id":"f1c2a387-161a-49f9-a165-0f21d7a4e1c4","type":"channel.follow","version":"2"},"event":{"user_id":"1337","user_login":"awesome_user","broadcaster_user_id":"12826"}}`,
+			map[string]string{"Twitch-Eventsub-Message-Id": "e76c6bd4-55c9-4987-8304-da1588d8988b", "Twitch-Eventsub-Message-Timestamp": "2019-11-16T10:11:12.634234626Z",
+				"Twitch-Eventsub-Message-Signature": "sha256=efe40ca1246ad39214d6b73db4c1a75e659f468dca03cc9fd399467c9d285351"}},
+	} {
+		p := providerCaseNamed(t, c.name)
+		h := schemeHandler(t, caseVerifier(t, p), []string{"another secret", c.secret}, func(h *Handler) { h.now = func() time.Time { return c.now } })
+		if _, err := h.scheme.Verify(post(c.body, c.headers), []byte(c.body)); err != nil {
+			t.Errorf("%s: documented vector refused: %v", c.name, err)
+		}
+		if _, err := h.scheme.Verify(post(c.body+" ", c.headers), []byte(c.body+" ")); !errors.Is(err, errSigMismatch) {
+			t.Errorf("%s: a changed body: %v, want a mismatch", c.name, err)
+		}
+	}
+}
+
+// TestServerSlackURLVerification runs the README's Slack route as
+// written (its backend replaced by the ledger): Slack's url_verification
+// request, which has no event_id, is answered by Caddy with its
+// challenge in text/plain and never reaches the backend, in either key
+// order; events still go through sangho_dedup (processed once, then a
+// duplicate); an event whose text mentions url_verification and a
+// challenge is not taken for one; a body over the limit is 413.
+func TestServerSlackURLVerification(t *testing.T) {
+	var recipe string
+	for _, b := range codeBlocks(readmeSection(t, "## Providers"), "caddyfile") {
+		if strings.HasPrefix(b, "route /slack {") {
+			recipe = b
+		}
+	}
+	if recipe == "" {
+		t.Fatal("README Providers: no `route /slack {` example")
+	}
+	const secret = "slack_url_verification_secret"
+	t.Setenv("SLACK_SIGNING_SECRET", secret)
+	l := ledger.New(t)
+	const upstream = "reverse_proxy 127.0.0.1:3000"
+	if !strings.Contains(recipe, upstream) {
+		t.Fatalf("README Slack route: no %q line", upstream)
+	}
+	site := strings.Replace(recipe, upstream, "reverse_proxy "+l.Addr+" {\n\t\theader_up Sangho-Event-ID {http.sangho_dedup.event_id}\n\t}", 1)
+	s := startCaddy(t, site)
+	url := strings.TrimSuffix(s.url, "/webhook") + "/slack"
+	send := func(body string) answer {
+		r, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		slackSign(r.Header, body, secret, time.Now())
+		return do(t, r)
+	}
+	const challenge = "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
+	for _, body := range []string{
+		`{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"` + challenge + `","type":"url_verification"}`,
+		"{\n    \"type\": \"url_verification\",\n    \"challenge\": \"" + challenge + "\",\n    \"token\": \"Jhj5dZrVaK7ZwHHjRyZWjbDl\"\n}",
+	} {
+		a := send(body)
+		if a.status != 200 || a.body != challenge || !strings.HasPrefix(a.header.Get("Content-Type"), "text/plain") {
+			t.Errorf("url_verification %q: %d %q %q, want 200 and the challenge in text/plain", body, a.status, a.body, a.header.Get("Content-Type"))
+		}
+	}
+	p := providerCaseNamed(t, "slack")
+	event := p.body("Ev0URLVERIF1")
+	if a := send(event); a.status != 200 || a.dedup != "" {
+		t.Errorf("an event: %d %q (%s), want processed", a.status, a.dedup, a.body)
+	}
+	if a := send(event); a.status != 200 || a.dedup != "duplicate" {
+		t.Errorf("the event again: %d %q, want a duplicate", a.status, a.dedup)
+	}
+	tricky := strings.Replace(p.body("Ev0URLVERIF2"), `"ts":`, `"challenge":"abc","subtype":"x","kind":{"type":"url_verification"},"ts":`, 1)
+	if a := send(tricky); a.status != 200 || a.dedup != "" || a.body == "abc" {
+		t.Errorf("an event that mentions url_verification: %d %q %q, want processed by the backend", a.status, a.dedup, a.body)
+	}
+	if a := send(`{"type":"url_verification","challenge":"` + strings.Repeat("a", 1<<20) + `"}`); a.status != http.StatusRequestEntityTooLarge {
+		t.Errorf("a body over max_size: %d, want 413", a.status)
+	}
+	if got := l.Received(); len(got) != 2 || got["Ev0URLVERIF1"] != 1 || got["Ev0URLVERIF2"] != 1 {
+		t.Errorf("the backend got %v, want the two events once each and no url_verification", got)
+	}
+	// Without the route, the recipe alone refuses the challenge: it has
+	// no event_id.
+	p.secrets[0] = secret
+	s.load(t, "route /slack {\n"+providerSite(p, l.Addr, "")+"\n}")
+	if a := send(`{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"` + challenge + `","type":"url_verification"}`); a.status != http.StatusBadRequest {
+		t.Errorf("url_verification to sangho_dedup itself: %d %q, want 400", a.status, a.body)
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -277,8 +278,10 @@ func (h *Handler) setupScheme(v Verifier, name string, secrets []string) error {
 	// A signature is valid while the clock is within tolerance of its
 	// timestamp: at most 2×tolerance after it was first accepted (+1 s
 	// for whole seconds). Without a signed timestamp a signature never
-	// expires, so it is remembered as long as the event is.
-	h.sigMemory = 2*time.Duration(h.Tolerance) + time.Second
+	// expires, so it is remembered as long as the event is. Validate
+	// bounds tolerance; the sum saturates anyway, since a negative one
+	// would switch the binding off.
+	h.sigMemory = satAdd(satAdd(time.Duration(h.Tolerance), time.Duration(h.Tolerance)), time.Second)
 	if !s.timestamp {
 		h.sigMemory = time.Duration(h.Retention)
 	}
@@ -290,6 +293,15 @@ func (h *Handler) setupScheme(v Verifier, name string, secrets []string) error {
 		SignedContent:   unsignedID,
 		Now:             h.now,
 	})
+}
+
+// satAdd is a + b for non-negative durations, saturating at the
+// largest duration instead of wrapping negative.
+func satAdd(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // validateScheme checks the options that depend on the scheme.

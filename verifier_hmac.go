@@ -57,17 +57,34 @@ type HMACScheme struct {
 	// a signature without it is refused. Default: none.
 	Prefix string `json:"prefix,omitempty"`
 
-	// Header that carries the signing time, in Unix seconds. With it the
-	// handler's tolerance applies (default 5m) and signed_content must
-	// hold {timestamp}. Default: none (no replay window).
+	// Header that carries the signing time, written as timestamp_format
+	// says. With it the handler's tolerance applies (default 5m) and
+	// signed_content must hold {timestamp}. Default: none (no replay
+	// window).
 	TimestampHeader string `json:"timestamp_header,omitempty"`
+
+	// How the timestamp header writes the time: "unix" (seconds, digits
+	// with no leading zero: 1733140800) or "rfc3339" (Twitch's
+	// 2019-11-16T10:11:12.634234626Z: upper-case T and Z or a ±hh:mm
+	// offset, at most 9 fraction digits). Only those exact forms are
+	// accepted, and the HMAC covers the header's bytes as sent. Default:
+	// unix.
+	TimestampFormat string `json:"timestamp_format,omitempty"`
 
 	// What the HMAC covers: a template in which {body} (exactly once) is
 	// the raw body, {timestamp} the timestamp header's value and {id} the
 	// event ID header's value; any other text is literal, e.g.
-	// "v0:{timestamp}:{body}" (Slack, Zoom) or "{id}{timestamp}{body}".
-	// With {id}, the event ID header is signed. Default: "{body}", or
-	// "{timestamp}.{body}" with timestamp_header.
+	// "v0:{timestamp}:{body}" (Slack) or "{id}{timestamp}{body}" (Twitch,
+	// with timestamp_format rfc3339). With {id}, the event ID header is
+	// signed. Two of {id}, {timestamp} and {body} must be kept apart by
+	// literal text holding a character that cannot occur in one of them
+	// (an ID is letters, digits, _ and -; a Unix timestamp digits), else
+	// the same signed bytes would read as another ID or timestamp and a
+	// captured delivery could be replayed as a new event: "{id}{timestamp}"
+	// with Unix timestamps is refused, "{id}.{timestamp}" is not. An RFC
+	// 3339 timestamp needs no separator: its form shows where it starts
+	// and ends. Default: "{body}", or "{timestamp}.{body}" with
+	// timestamp_header.
 	SignedContent string `json:"signed_content,omitempty"`
 
 	// Header that carries the event ID. The handler's event_id_header
@@ -92,15 +109,29 @@ func (HMACScheme) CaddyModule() caddy.ModuleInfo {
 
 // Provision checks the options and prepares the template.
 func (s *HMACScheme) Provision(caddy.Context) error {
-	return s.setup()
+	if err := s.setup(); err != nil {
+		return fmt.Errorf("provider hmac: %w", err)
+	}
+	return nil
 }
 
+// Timestamp formats of the hmac scheme.
+const (
+	tsUnix    = "unix"
+	tsRFC3339 = "rfc3339"
+)
+
+// setup checks the options and prepares the template. Its errors name
+// the option; the caller says which provider.
 func (s *HMACScheme) setup() error {
 	if s.Algorithm == "" {
 		s.Algorithm = "sha256"
 	}
 	if s.Encoding == "" {
 		s.Encoding = "hex"
+	}
+	if s.TimestampFormat == "" && s.TimestampHeader != "" {
+		s.TimestampFormat = tsUnix
 	}
 	if s.SignedContent == "" {
 		s.SignedContent = "{body}"
@@ -110,13 +141,13 @@ func (s *HMACScheme) setup() error {
 	}
 	for opt, v := range map[string]string{"header": s.Header, "timestamp_header": s.TimestampHeader, "id_header": s.IDHeader} {
 		if v != "" && !validHeaderName(v) {
-			return fmt.Errorf("provider hmac: %s %q is not a valid header name", opt, v)
+			return fmt.Errorf("%s %q is not a valid header name", opt, v)
 		}
 	}
 	if s.IDField != "" && (s.IDField != strings.TrimSpace(s.IDField) || strings.ContainsAny(s.IDField, "\"\\")) {
-		return fmt.Errorf("provider hmac: id_field %q: give the field's name as it is written in the JSON body, without quotes, escapes or spaces", s.IDField)
+		return fmt.Errorf("id_field %q: give the field's name as it is written in the JSON body, without quotes, escapes or spaces", s.IDField)
 	}
-	m := macScheme{prefix: s.Prefix, tsHeader: http.CanonicalHeaderKey(s.TimestampHeader)}
+	m := macScheme{prefix: s.Prefix, tsHeader: http.CanonicalHeaderKey(s.TimestampHeader), tsRFC3339: s.TimestampFormat == tsRFC3339}
 	if err := m.setAlgorithm(s.Algorithm, s.Encoding); err != nil {
 		return err
 	}
@@ -124,12 +155,19 @@ func (s *HMACScheme) setup() error {
 		return err
 	}
 	switch {
+	case s.TimestampFormat != "" && s.TimestampFormat != tsUnix && s.TimestampFormat != tsRFC3339:
+		return fmt.Errorf("timestamp_format must be %s or %s, not %q", tsUnix, tsRFC3339, s.TimestampFormat)
+	case s.TimestampFormat != "" && s.TimestampHeader == "":
+		return errors.New("timestamp_format is set but there is no timestamp_header")
 	case m.hasTS && s.TimestampHeader == "":
-		return errors.New("provider hmac: signed_content has {timestamp} but there is no timestamp_header")
+		return errors.New("signed_content has {timestamp} but there is no timestamp_header")
 	case !m.hasTS && s.TimestampHeader != "":
-		return errors.New("provider hmac: timestamp_header is set but signed_content has no {timestamp}: the timestamp would not be signed")
+		return errors.New("timestamp_header is set but signed_content has no {timestamp}: the timestamp would not be signed")
 	case m.hasID && s.IDField != "":
-		return errors.New("provider hmac: signed_content has {id} (the event ID header) but the ID comes from id_field (the body)")
+		return errors.New("signed_content has {id} (the event ID header) but the ID comes from id_field (the body)")
+	}
+	if err := m.checkSeparated(s.SignedContent); err != nil {
+		return err
 	}
 	s.mac = m
 	return nil
@@ -176,6 +214,7 @@ func (s *HMACScheme) Verify(r *http.Request, body []byte) (Verified, error) {
 //		encoding hex|base64
 //		prefix <text>
 //		timestamp_header <name>
+//		timestamp_format unix|rfc3339
 //		signed_content <template>
 //		id_header <name>
 //		id_field <name>
@@ -185,12 +224,14 @@ func (s *HMACScheme) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	// The handler's parser prefixes each error with "provider hmac: ".
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if err := once(d, seen, "provider hmac", ""); err != nil {
-			return err
+		if seen[opt] {
+			return d.Errf("%s given more than once", opt)
 		}
+		seen[opt] = true
 		var dst *string
 		switch opt {
 		case "header":
@@ -203,6 +244,8 @@ func (s *HMACScheme) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			dst = &s.Prefix
 		case "timestamp_header":
 			dst = &s.TimestampHeader
+		case "timestamp_format":
+			dst = &s.TimestampFormat
 		case "signed_content":
 			dst = &s.SignedContent
 		case "id_header":
@@ -210,7 +253,7 @@ func (s *HMACScheme) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "id_field":
 			dst = &s.IDField
 		default:
-			return d.Errf("unrecognized provider hmac option %q", opt)
+			return d.Errf("unrecognized option %q", opt)
 		}
 		if err := oneArg(d, dst); err != nil {
 			return err
@@ -222,7 +265,7 @@ func (s *HMACScheme) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// Check now, so that the Caddyfile error points at the block.
 	if err := (&HMACScheme{
 		Header: s.Header, Algorithm: s.Algorithm, Encoding: s.Encoding, Prefix: s.Prefix,
-		TimestampHeader: s.TimestampHeader, SignedContent: s.SignedContent, IDHeader: s.IDHeader, IDField: s.IDField,
+		TimestampHeader: s.TimestampHeader, TimestampFormat: s.TimestampFormat, SignedContent: s.SignedContent, IDHeader: s.IDHeader, IDField: s.IDField,
 	}).setup(); err != nil {
 		return d.Err(err.Error())
 	}
@@ -234,15 +277,16 @@ func (s *HMACScheme) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // the body.
 type macScheme struct {
 	// configuration
-	newHash  func() hash.Hash
-	size     int    // MAC length in bytes
-	base64   bool   // else hex
-	prefix   string // before the encoded MAC
-	before   []part // the template before {body}
-	after    []part // and after it
-	hasTS    bool
-	hasID    bool
-	tsHeader string // canonical
+	newHash   func() hash.Hash
+	size      int    // MAC length in bytes
+	base64    bool   // else hex
+	prefix    string // before the encoded MAC
+	before    []part // the template before {body}
+	after     []part // and after it
+	hasTS     bool
+	hasID     bool
+	tsHeader  string // canonical
+	tsRFC3339 bool   // the timestamp is RFC 3339, else Unix seconds
 
 	// from Init
 	header        string
@@ -268,14 +312,14 @@ func (m *macScheme) setAlgorithm(alg, enc string) error {
 	case "sha1":
 		m.newHash, m.size = sha1.New, sha1.Size
 	default:
-		return fmt.Errorf("provider hmac: algorithm must be sha256, sha512 or sha1, not %q", alg)
+		return fmt.Errorf("algorithm must be sha256, sha512 or sha1, not %q", alg)
 	}
 	switch enc {
 	case "hex":
 	case "base64":
 		m.base64 = true
 	default:
-		return fmt.Errorf("provider hmac: encoding must be hex or base64, not %q", enc)
+		return fmt.Errorf("encoding must be hex or base64, not %q", enc)
 	}
 	return nil
 }
@@ -315,16 +359,77 @@ func (m *macScheme) parseTemplate(t string) error {
 			m.hasID = true
 			parts = append(parts, part{kind: 'i'})
 		default:
-			return fmt.Errorf("provider hmac: signed_content %q: only {body}, {timestamp} and {id} may stand in braces", t)
+			return fmt.Errorf("signed_content %q: only {body}, {timestamp} and {id} may stand in braces", t)
 		}
 		i += len(name)
 	}
 	flush()
 	if bodies != 1 {
-		return fmt.Errorf("provider hmac: signed_content %q must hold {body} exactly once", t)
+		return fmt.Errorf("signed_content %q must hold {body} exactly once", t)
 	}
 	m.after = parts
 	return nil
+}
+
+// placeholderNames name the variable parts in errors.
+var placeholderNames = map[byte]string{'b': "{body}", 't': "{timestamp}", 'i': "{id}"}
+
+// checkSeparated refuses a template in which two variable parts are not
+// kept apart: between them there must be literal text holding a byte
+// that cannot occur in one of them, else the signed bytes do not say
+// where one ends and the other starts, and a captured delivery could be
+// sent again with a character moved from one to the other (the ID
+// msg_100 at 1733140800 signs the same bytes as msg_10 at 01733140800)
+// and be taken for a new event. An RFC 3339 timestamp keeps itself apart:
+// it starts with four digits and a '-' and ends with Z or ±hh:mm, so it
+// can neither take nor give a byte.
+func (m *macScheme) checkSeparated(t string) error {
+	seq := append(append(append([]part(nil), m.before...), part{kind: 'b'}), m.after...)
+	var prev byte // the last variable part, 0 before the first
+	lit := ""     // the literal text since it
+	for _, p := range seq {
+		if p.kind == 'l' {
+			lit += p.lit
+			continue
+		}
+		if prev != 0 && !m.apart(prev, lit, p.kind) {
+			hint := `: put between them a character that one of them cannot hold, e.g. "."`
+			if !m.tsRFC3339 && (prev == 't' || p.kind == 't') {
+				hint += ", or, for an RFC 3339 timestamp, set timestamp_format rfc3339"
+			}
+			return fmt.Errorf("signed_content %q: %s and %s are not kept apart, so the same signed bytes could be read with a character moved from one to the other (a replay under another ID)%s",
+				t, placeholderNames[prev], placeholderNames[p.kind], hint)
+		}
+		prev, lit = p.kind, ""
+	}
+	return nil
+}
+
+// apart reports whether the variable parts a and b, with the literal lit
+// between them, cannot trade bytes.
+func (m *macScheme) apart(a byte, lit string, b byte) bool {
+	if m.tsRFC3339 && (a == 't' || b == 't') {
+		return true
+	}
+	for i := 0; i < len(lit); i++ {
+		if !m.mayHold(a, lit[i]) || !m.mayHold(b, lit[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// mayHold reports whether the variable part kind may hold the byte c:
+// an event ID only what validID accepts, a Unix timestamp only digits,
+// the body anything.
+func (m *macScheme) mayHold(kind, c byte) bool {
+	switch kind {
+	case 'i':
+		return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-'
+	case 't':
+		return '0' <= c && c <= '9'
+	}
+	return true
 }
 
 func (m *macScheme) init(c VerifierConfig) error {
@@ -383,7 +488,11 @@ func (m *macScheme) verify(r *http.Request, body []byte) (Verified, error) {
 		if ts, err = requireHeader(r.Header, m.tsHeader); err != nil {
 			return Verified{}, err
 		}
-		if err := checkUnixTime(ts, m.now(), m.tolerance); err != nil {
+		check := checkUnixTime
+		if m.tsRFC3339 {
+			check = checkRFC3339Time
+		}
+		if err := check(ts, m.now(), m.tolerance); err != nil {
 			return Verified{}, err
 		}
 	}
@@ -451,16 +560,72 @@ func firstHeader(h http.Header, names []string) (string, error) {
 }
 
 // checkUnixTime parses a signed timestamp in Unix seconds and checks it
-// is within tolerance of now, in either direction, exactly.
+// is within tolerance of now, in either direction, exactly. Only the
+// canonical form is accepted (digits, no leading zero): the signature
+// covers the header's bytes, and a zero that adds nothing to the time
+// could be a character moved from the part signed before it.
 func checkUnixTime(s string, now time.Time, tolerance time.Duration) error {
-	if !isDigits(s) || len(s) > 18 {
+	if !isDigits(s) || len(s) > 18 || len(s) > 1 && s[0] == '0' {
 		return errSigMalformed
 	}
 	t, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
 		return errSigMalformed
 	}
-	if d := now.Sub(time.Unix(t, 0)); d > tolerance || d < -tolerance {
+	return checkTime(time.Unix(t, 0), now, tolerance)
+}
+
+// checkRFC3339Time parses a signed timestamp in RFC 3339 and checks it
+// is within tolerance of now, in either direction, exactly. Only the
+// strict form is accepted: YYYY-MM-DDThh:mm:ss, an optional fraction of
+// 1 to 9 digits, then Z or ±hh:mm (upper-case T and Z). That form is
+// what keeps it apart from the parts signed next to it (see
+// checkSeparated); the signature covers the header's bytes as sent, so
+// the same instant written another way does not match.
+func checkRFC3339Time(s string, now time.Time, tolerance time.Duration) error {
+	if !strictRFC3339(s) {
+		return errSigMalformed
+	}
+	t, err := time.Parse(time.RFC3339, s) // checks the ranges: month 13, 24:00, ...
+	if err != nil {
+		return errSigMalformed
+	}
+	return checkTime(t, now, tolerance)
+}
+
+// strictRFC3339 reports whether s has the form
+// YYYY-MM-DDThh:mm:ss[.f{1,9}](Z|±hh:mm).
+func strictRFC3339(s string) bool {
+	const shape = "dddd-dd-ddTdd:dd:dd"
+	if len(s) <= len(shape) {
+		return false
+	}
+	for i := 0; i < len(shape); i++ {
+		if shape[i] == 'd' && !isDigits(s[i:i+1]) || shape[i] != 'd' && s[i] != shape[i] {
+			return false
+		}
+	}
+	rest := s[len(shape):]
+	if rest[0] == '.' {
+		n := 1
+		for n < len(rest) && isDigits(rest[n:n+1]) {
+			n++
+		}
+		if n == 1 || n > 10 {
+			return false
+		}
+		rest = rest[n:]
+	}
+	if rest == "Z" {
+		return true
+	}
+	return len(rest) == 6 && (rest[0] == '+' || rest[0] == '-') && isDigits(rest[1:3]) && rest[3] == ':' && isDigits(rest[4:6])
+}
+
+// checkTime checks that t is within tolerance of now, in either
+// direction, exactly. time.Time.Sub saturates, so no t can overflow.
+func checkTime(t, now time.Time, tolerance time.Duration) error {
+	if d := now.Sub(t); d > tolerance || d < -tolerance {
 		return errSigTimestamp
 	}
 	return nil

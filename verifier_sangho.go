@@ -75,15 +75,15 @@ func (*StripeScheme) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	return noOptions(d)
 }
 
-// noOptions accepts a provider line with no arguments and no block.
+// noOptions accepts a provider line with no arguments and no block. The
+// handler's parser prefixes its errors with "provider <name>: ".
 func noOptions(d *caddyfile.Dispenser) error {
 	d.Next() // scheme name
-	name := d.Val()
 	if d.NextArg() {
-		return d.Errf("provider %s takes no arguments, found %q", name, d.Val())
+		return d.Errf("takes no arguments, found %q", d.Val())
 	}
 	if nesting := d.Nesting(); d.NextBlock(nesting) {
-		return d.Errf("provider %s takes no options, found %q", name, d.Val())
+		return d.Errf("takes no options, found %q", d.Val())
 	}
 	return nil
 }

@@ -284,6 +284,11 @@ func TestHMACSchemeTemplates(t *testing.T) {
 		return m.Sum(nil)
 	}
 	hx := func(content string) string { return hex.EncodeToString(mac(content)) }
+	// RFC 3339 as Twitch writes it (nanoseconds), with an offset, stale.
+	const twitchLike = `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","timestamp_header":"X-Ts","timestamp_format":"rfc3339","signed_content":"{id}{timestamp}{body}","id_header":"X-Msg-Id"}`
+	rfc := testNow.UTC().Format("2006-01-02T15:04:05.000000000Z07:00")
+	rfcOffset := testNow.In(time.FixedZone("", 2*3600)).Format(time.RFC3339)
+	rfcStale := testNow.Add(-6 * time.Minute).UTC().Format(time.RFC3339Nano)
 	for _, c := range []struct {
 		name     string
 		verifier string
@@ -299,10 +304,22 @@ func TestHMACSchemeTemplates(t *testing.T) {
 			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+ts+":"+body)}, errSigMissing, ""},
 		{"default timestamp template", `{"scheme":"hmac","header":"X-Sig","timestamp_header":"X-Ts","id_field":"event_id"}`,
 			map[string]string{"X-Sig": hx(ts + "." + body), "X-Ts": ts}, nil, ""},
-		{"twitch-like, signed id", `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}","id_header":"X-Msg-Id"}`,
-			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+ts+body), "X-Ts": ts, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
-		{"twitch-like, id changed", `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}","id_header":"X-Msg-Id"}`,
-			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+ts+body), "X-Ts": ts, "X-Msg-Id": "msg_8"}, errSigMismatch, ""},
+		{"twitch-like, signed id", twitchLike,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfc, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
+		{"twitch-like, id changed", twitchLike,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfc, "X-Msg-Id": "msg_8"}, errSigMismatch, ""},
+		{"twitch-like, no fraction, an offset", twitchLike,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfcOffset+body), "X-Ts": rfcOffset, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
+		{"twitch-like, the same instant written another way than signed", twitchLike,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfcOffset, "X-Msg-Id": "msg_7"}, errSigMismatch, ""},
+		{"twitch-like, stale", twitchLike,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfcStale+body), "X-Ts": rfcStale, "X-Msg-Id": "msg_7"}, errSigTimestamp, ""},
+		{"twitch-like, a Unix timestamp", twitchLike,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+ts+body), "X-Ts": ts, "X-Msg-Id": "msg_7"}, errSigMalformed, ""},
+		{"unix format, an RFC 3339 timestamp", `{"scheme":"hmac","header":"X-Sig","timestamp_header":"X-Ts","timestamp_format":"unix","signed_content":"{id}.{timestamp}.{body}","id_header":"X-Msg-Id"}`,
+			map[string]string{"X-Sig": hx("msg_7." + rfc + "." + body), "X-Ts": rfc, "X-Msg-Id": "msg_7"}, errSigMalformed, ""},
+		{"id and unix timestamp kept apart", `{"scheme":"hmac","header":"X-Sig","timestamp_header":"X-Ts","signed_content":"{id}_{timestamp}.{body}","id_header":"X-Msg-Id"}`,
+			map[string]string{"X-Sig": hx("msg_7_" + ts + "." + body), "X-Ts": ts, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
 		{"suffix", `{"scheme":"hmac","header":"X-Sig","signed_content":"{body}|end","id_field":"event_id","encoding":"base64"}`,
 			map[string]string{"X-Sig": base64.StdEncoding.EncodeToString(mac(body + "|end"))}, nil, ""},
 		{"upper-case hex", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`,
@@ -440,10 +457,16 @@ func TestSchemeConfigErrors(t *testing.T) {
 			"signed_content has {timestamp} but there is no timestamp_header"},
 		{"hmac {id} with id_field", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{id}{body}"}`, nil, nil,
 			"signed_content has {id}"},
-		{"hmac {id} without a header", `{"scheme":"hmac","header":"X-Sig","signed_content":"{id}{body}"}`, nil, nil,
+		{"hmac {id} without a header", `{"scheme":"hmac","header":"X-Sig","signed_content":"{id}.{body}"}`, nil, nil,
 			"signed_content has {id} but there is no event ID header"},
 		{"hmac bad header name", `{"scheme":"hmac","header":"X Sig","id_field":"id"}`, nil, nil,
 			`header "X Sig" is not a valid header name`},
+		{"hmac parts not kept apart", `{"scheme":"hmac","header":"X-Sig","id_header":"X-Id","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}"}`, nil, nil,
+			`provider hmac: signed_content "{id}{timestamp}{body}": {id} and {timestamp} are not kept apart`},
+		{"hmac timestamp_format", `{"scheme":"hmac","header":"X-Sig","id_field":"id","timestamp_header":"X-Ts","timestamp_format":"iso8601"}`, nil, nil,
+			`provider hmac: timestamp_format must be unix or rfc3339, not "iso8601"`},
+		{"tolerance over the maximum", `{"scheme":"stripe"}`, nil, func(h *Handler) { h.Tolerance = caddy.Duration(8 * 24 * time.Hour) },
+			"tolerance: at most 168h0m0s (7 days), not 192h0m0s"},
 		{"standard_webhooks secret not base64", `{"scheme":"standard_webhooks"}`, []string{swSecret1, "whsec_not*base64!"}, nil,
 			"secret #2: a standard_webhooks secret is whsec_ followed by base64"},
 		{"standard_webhooks signing key", `{"scheme":"standard_webhooks"}`, []string{"whsk_c2VjcmV0"}, nil,
@@ -469,6 +492,9 @@ func TestSchemeConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error containing %q", c.name, err, c.want)
 			continue
+		}
+		if strings.Count(err.Error(), "provider hmac:") > 1 {
+			t.Errorf("%s: the provider named twice: %v", c.name, err)
 		}
 		for _, s := range secrets {
 			if strings.Contains(err.Error(), strings.TrimPrefix(strings.TrimPrefix(s, "whsec_"), "whsk_")) {
