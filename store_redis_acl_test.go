@@ -143,7 +143,8 @@ func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
 
 // TestREADMEACLStandalone: the README's ACL line, run as printed, lets
 // the store run every command it needs on a standalone Redis, with and
-// without wait_replicas, the local cache included.
+// without wait_replicas, the local cache included: it stays on past its
+// heartbeats and answers duplicates with no Redis command.
 func TestREADMEACLStandalone(t *testing.T) {
 	line, user, password := readmeACL(t)
 	srv := startRedis(t)
@@ -155,6 +156,60 @@ func TestREADMEACLStandalone(t *testing.T) {
 				WaitReplicas: wait, DisablePipeline: noPipeline, WaitTimeout: caddy.Duration(10 * time.Millisecond)})
 			exerciseStore(t, s, []*redis.Client{admin})
 		}
+	}
+	duplicatesFromCache(t, provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password}), admin)
+}
+
+// duplicatesFromCache checks that s's local cache stays on past its
+// tracking connection's heartbeats, and answers duplicates with no Redis
+// command: of 5 duplicates, the first costs the claim's SET and the
+// look-up's GET and PTTL, the other 4 nothing. (With the README's ACL
+// lacking the heartbeat's permission, the cache came on for a second
+// every 10 s, and every duplicate cost a SET.)
+func duplicatesFromCache(t *testing.T, s *RedisStore, admin *redis.Client) {
+	t.Helper()
+	key := DefaultKeyPrefix + "evt_cached_as_readme_user"
+	processed(t, s, key)
+	waitFor(t, "the local cache's tracking connection", s.cache.live.Load)
+	beats := s.tracker.beats.Load()
+	waitFor(t, "two heartbeats answered on the tracking connection", func() bool { return s.tracker.beats.Load() >= beats+2 })
+	if !s.cache.live.Load() {
+		t.Fatal("the local cache went off after its heartbeats")
+	}
+	cmds := []string{"set", "get", "pttl", "eval", "evalsha"}
+	calls := func() map[string]int64 {
+		m := map[string]int64{}
+		for _, c := range cmds {
+			m[c] = commandCalls(t, admin, c)
+		}
+		return m
+	}
+	before := calls()
+	for i := range 5 {
+		if res, _, err := s.Claim(context.Background(), key, "tok-dup", time.Minute); err != nil || res != AlreadyDone {
+			t.Fatalf("duplicate %d: %v %v", i+1, res, err)
+		}
+		if i == 0 {
+			waitFor(t, "the local cache learning "+key, func() bool { return s.cache.has(key) })
+		}
+	}
+	after := calls()
+	want := map[string]int64{"set": 1, "get": 1, "pttl": 1}
+	for _, c := range cmds {
+		if d := after[c] - before[c]; d != want[c] {
+			t.Errorf("5 duplicates cost %d %s, want %d (all: before %v, after %v)", d, strings.ToUpper(c), want[c], before, after)
+		}
+	}
+	// The heartbeats keep the key tracked: its deletion still reaches
+	// the cache.
+	beats = s.tracker.beats.Load()
+	waitFor(t, "two more heartbeats", func() bool { return s.tracker.beats.Load() >= beats+2 })
+	if err := admin.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the invalidation of "+key+" after heartbeats", func() bool { return !s.cache.has(key) })
+	if res, _, err := s.Claim(context.Background(), key, "tok-new", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("delivery after DEL: %v %v, want claimed", res, err)
 	}
 }
 
