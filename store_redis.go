@@ -36,7 +36,10 @@ func init() {
 // Redis itself keeps the cache true (CLIENT TRACKING on a connection of
 // its own): an entry is dropped as soon as Redis reports its key changed
 // (deleted, expired, rewritten, flushed), and the whole cache is dropped
-// and not used whenever that connection is down.
+// and not used whenever that connection is down. Redis reports nothing
+// for SWAPDB: after swapping the store's database, close the tracking
+// connections (flag t in CLIENT LIST) or the cache keeps answering from
+// the old one.
 //
 // Before its first claim the store checks that the Redis user may run
 // every command it sends (SET, GET, PEXPIRE, DEL, EVAL, EVALSHA, WAIT
@@ -160,8 +163,9 @@ type RedisStore struct {
 	// How many done records to keep in memory, to answer redeliveries of
 	// processed events without asking Redis; 0 turns the cache off.
 	// Redis invalidates an entry when its key changes (server-assisted
-	// client-side caching, CLIENT TRACKING), and the cache is dropped
-	// while its tracking connection is down. Standalone server only: on a
+	// client-side caching, CLIENT TRACKING; not for SWAPDB, which Redis
+	// does not report), and the cache is dropped while its tracking
+	// connection is down. Standalone server only: on a
 	// Cluster and behind Sentinel it is off, and setting it is a config
 	// error. The Redis
 	// user needs CLIENT TRACKING and PTTL besides the store's commands;

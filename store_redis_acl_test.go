@@ -16,10 +16,9 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
-// readmeACL returns the ACL command printed in the README (the one line
-// of a code block that starts with "redis-cli ACL SETUSER"), with the
-// user name and password it sets.
-func readmeACL(t *testing.T) (line, user, password string) {
+// readmeCommand returns the one line of a README code block that starts
+// with prefix.
+func readmeCommand(t *testing.T, prefix string) string {
 	t.Helper()
 	data, err := os.ReadFile("README.md")
 	if err != nil {
@@ -33,14 +32,22 @@ func readmeACL(t *testing.T) (line, user, password string) {
 			inCode = !inCode
 			continue
 		}
-		if inCode && strings.HasPrefix(trimmed, "redis-cli ACL SETUSER ") {
+		if inCode && strings.HasPrefix(trimmed, prefix) {
 			found = append(found, trimmed)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("README: want exactly one `redis-cli ACL SETUSER` line in a code block, found %d: %q", len(found), found)
+		t.Fatalf("README: want exactly one `%s` line in a code block, found %d: %q", prefix, len(found), found)
 	}
-	line = found[0]
+	return found[0]
+}
+
+// readmeACL returns the ACL command printed in the README (the one line
+// of a code block that starts with "redis-cli ACL SETUSER"), with the
+// user name and password it sets.
+func readmeACL(t *testing.T) (line, user, password string) {
+	t.Helper()
+	line = readmeCommand(t, "redis-cli ACL SETUSER ")
 	f := strings.Fields(line)
 	user = f[3]
 	for _, a := range f[4:] {
@@ -58,12 +65,23 @@ func readmeACL(t *testing.T) (line, user, password string) {
 // it, against the Redis at addr.
 func applyACL(t *testing.T, line, addr string) {
 	t.Helper()
+	if out := runREADMELine(t, line, addr); strings.TrimSpace(out) != "OK" {
+		t.Fatalf("README ACL line on %s: %s", addr, out)
+	}
+}
+
+// runREADMELine runs a README line through a shell, as a user would
+// paste it, with every redis-cli in it pointed at the Redis at addr, and
+// returns its output.
+func runREADMELine(t *testing.T, line, addr string) string {
+	t.Helper()
 	redistest.Bin(t, "redis-cli")
 	host, port, _ := net.SplitHostPort(addr)
-	out, err := exec.Command("sh", "-c", "redis-cli -h "+host+" -p "+port+strings.TrimPrefix(line, "redis-cli")).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "OK" {
-		t.Fatalf("README ACL line on %s: %v: %s", addr, err, out)
+	out, err := exec.Command("sh", "-c", strings.ReplaceAll(line, "redis-cli ", "redis-cli -h "+host+" -p "+port+" ")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("README line %q on %s: %v: %s", line, addr, err, out)
 	}
+	return string(out)
 }
 
 var exerciseCount int

@@ -23,9 +23,12 @@ const defaultLocalCache = 10000
 // Redis tracks the key for it (CLIENT TRACKING on the tracker's own
 // connection), drops the entry when Redis says the key changed, and
 // drops everything whenever that connection is lost, since
-// invalidations may have been missed. Entries also expire with the
-// record's time to live. At most max entries are kept; the least
-// recently used go first (CLOCK).
+// invalidations may have been missed, or when Redis invalidates every
+// key (FLUSHDB, FLUSHALL, DEBUG RELOAD, a replica's full resync). Redis
+// sends nothing for SWAPDB (tracking is by key name, not database): the
+// README tells the operator to close the tracking connection after one.
+// Entries also expire with the record's time to live. At most max
+// entries are kept; the least recently used go first (CLOCK).
 type doneCache struct {
 	max int
 	now func() int64 // monotonic nanoseconds
