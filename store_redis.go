@@ -260,7 +260,7 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 	s.poolKey, s.state = opts.poolKey(), opts.stateID()
 	s.users = new(poolUsers)
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return newRedisClient(opts.universal, opts.cacheSize, s.logger.Named("redis")), nil
+		return newRedisClient(opts.universal, opts.cacheSize, s.logger), nil
 	})
 	if err != nil {
 		return err

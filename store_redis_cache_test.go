@@ -3,7 +3,11 @@ package sanghodedup
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
@@ -629,4 +634,53 @@ func TestRedisLocalCacheBlindToSWAPDB(t *testing.T) {
 		t.Fatalf("redelivery after the remedy: %v %v, want claimed", res, err)
 	}
 	waitFor(t, "tracking back", func() bool { return s.tracker.conns.Load() > conns && s.cache.live.Load() })
+}
+
+// TestRedisStoreLoggerName: the local cache's lines come from the
+// store's own logger, http.sangho_dedup.stores.redis, the name the
+// README gives (they came from ...stores.redis.redis).
+func TestRedisStoreLoggerName(t *testing.T) {
+	srv := startRedis(t)
+	pw := aclUser(t, srv.Client(t), "notrack", "", "+client|tracking")
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	ownDataDir(t)
+	cfg, _ := adaptCaddyfile(t, fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+		format json
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		store redis {
+			address %s
+			username notrack
+			password %s
+		}
+	}
+	respond 200
+}
+`, logFile, freePort(t), secret1, srv.Addr, pw))
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer caddy.Stop()
+	var line map[string]any
+	waitFor(t, "the local cache's warning in the log", func() bool {
+		data, _ := os.ReadFile(logFile)
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.Contains(l, `"local_cache off"`) {
+				return json.Unmarshal([]byte(l), &line) == nil
+			}
+		}
+		return false
+	})
+	if line["logger"] != "http.sangho_dedup.stores.redis" {
+		t.Fatalf("local_cache off logged by %q, want http.sangho_dedup.stores.redis", line["logger"])
+	}
 }
