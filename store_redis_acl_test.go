@@ -178,6 +178,36 @@ func TestREADMEACLStandalone(t *testing.T) {
 	duplicatesFromCache(t, provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password}), admin)
 }
 
+// TestREADMEACLWithDB: a db other than 0 makes every connection run
+// SELECT, which the README's ACL line does not grant: the first claim
+// names the missing permission, and granting +select, as the README
+// says, is enough for every operation, the local cache included.
+func TestREADMEACLWithDB(t *testing.T) {
+	line, user, password := readmeACL(t)
+	srv := startRedis(t)
+	applyACL(t, line, srv.Addr)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	s := &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, DB: 1}
+	logs := observeStore(s)
+	provisionRedisStore(t, s)
+	s.check.retryEvery = 0
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_db", "tok", time.Minute); err == nil {
+		t.Fatal("claim in db 1 without SELECT permission: no error")
+	}
+	if e := logs.FilterMessage(permLog).All(); len(e) != 1 || e[0].ContextMap()["command"] != "select" {
+		t.Fatalf("logs %v; want one error naming select", logs.All())
+	}
+	waitFor(t, "the local cache's warning naming SELECT", func() bool {
+		e := logs.FilterMessage("local_cache off").All()
+		return len(e) == 1 && strings.Contains(e[0].ContextMap()["needs"].(string), "SELECT")
+	})
+	must(t, admin.Do(ctx, "ACL", "SETUSER", user, "+select").Err())
+	must(t, admin.Do(ctx, "ACL", "LOG", "RESET").Err())
+	s = provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, DB: 1, PoolSize: 2})
+	exerciseStore(t, s, []*redis.Client{admin})
+}
+
 // duplicatesFromCache checks that s's local cache stays on past its
 // tracking connection's heartbeats, and answers duplicates with no Redis
 // command: of 5 duplicates, the first costs the claim's SET and the

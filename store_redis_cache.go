@@ -293,7 +293,7 @@ func (t *tracker) run() {
 		if err != nil && err.Error() != lastErr {
 			if isNoPerm(err) {
 				t.logger.Warn("local_cache off", zap.String("cause", "permission"),
-					zap.String("needs", "CLIENT TRACKING, GET and PTTL (the ACL in the README)"), zap.Error(err))
+					zap.String("needs", t.needs()), zap.Error(err))
 			} else {
 				t.logger.Info("local_cache off", zap.String("cause", "tracking connection lost"), zap.Error(err))
 			}
@@ -312,6 +312,19 @@ func (t *tracker) run() {
 			backoff = min(backoff, 5*time.Second)
 		}
 	}
+}
+
+// needs names the commands the tracking connection sends, for the log
+// line that says one was refused.
+func (t *tracker) needs() string {
+	n := "CLIENT TRACKING, GET and PTTL (the ACL in the README)"
+	if t.cs.db != 0 {
+		n += ", SELECT (db)"
+	}
+	if t.cs.clientName != "" {
+		n += ", CLIENT SETNAME (client_name)"
+	}
+	return n
 }
 
 // trackedCall is what a reply on the tracking connection answers.
