@@ -171,11 +171,11 @@ type RedisStore struct {
 	// Redis invalidates an entry when its key changes (server-assisted
 	// client-side caching, CLIENT TRACKING; not for SWAPDB, which Redis
 	// does not report), and the cache is dropped while its tracking
-	// connection is down. Standalone server only: on a
-	// Cluster and behind Sentinel it is off, and setting it is a config
-	// error. The Redis
-	// user needs CLIENT TRACKING and PTTL besides the store's commands;
-	// without them the cache stays off (logged). Default: 10000.
+	// connection is down. Standalone server only: on a Cluster and
+	// behind Sentinel it is off, and setting it is a config error. The
+	// Redis user needs CLIENT TRACKING and PTTL besides the store's
+	// commands; without them the cache stays off (logged). Default:
+	// 10000.
 	LocalCache *int `json:"local_cache,omitempty"`
 
 	client  redis.UniversalClient
