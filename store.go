@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -13,7 +12,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
 
@@ -245,31 +243,9 @@ func newToken() string {
 	return tokenPrefix + strconv.FormatUint(tokenCounter.Add(1), 36)
 }
 
-// stateID names the Redis data this store reaches: the same servers and
-// database, whatever the other connection settings and however they
-// are spelled (address or url; db given or not).
-func (s *RedisStore) stateID() string {
-	repl := caddy.NewReplacer()
-	addrs := make([]string, 0, len(s.Address))
-	for _, a := range s.Address {
-		addrs = append(addrs, repl.ReplaceAll(a, ""))
-	}
-	db := s.DB
-	if u := repl.ReplaceAll(s.URL, ""); u != "" { // no password in the ID
-		if po, err := redis.ParseURL(u); err == nil {
-			addrs, db = []string{po.Addr}, po.DB
-		}
-	}
-	if len(addrs) == 0 {
-		addrs = []string{"127.0.0.1:6379"}
-	}
-	slices.Sort(addrs)
-	id := "redis " + strings.Join(addrs, ",")
-	if m := repl.ReplaceAll(s.MasterName, ""); m != "" {
-		id += " master " + m
-	}
-	return id + " db " + strconv.Itoa(db)
-}
+// stateID names the Redis data this store reaches, as Provision
+// settled it (see resolvedOptions.stateID).
+func (s *RedisStore) stateID() string { return s.state }
 
 // storePool shares store state across config reloads: Redis clients,
 // the memory store's map, the file store's open database.

@@ -6,6 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -36,7 +42,10 @@ func init() {
 // Redis itself keeps the cache true (CLIENT TRACKING on a connection of
 // its own): an entry is dropped as soon as Redis reports its key changed
 // (deleted, expired, rewritten, flushed), and the whole cache is dropped
-// and not used whenever that connection is down.
+// and not used whenever that connection is down. Redis reports nothing
+// for SWAPDB: after swapping the store's database, close the tracking
+// connections (flag t in CLIENT LIST) or the cache keeps answering from
+// the old one.
 //
 // Before its first claim the store checks that the Redis user may run
 // every command it sends (SET, GET, PEXPIRE, DEL, EVAL, EVALSHA, WAIT
@@ -160,12 +169,13 @@ type RedisStore struct {
 	// How many done records to keep in memory, to answer redeliveries of
 	// processed events without asking Redis; 0 turns the cache off.
 	// Redis invalidates an entry when its key changes (server-assisted
-	// client-side caching, CLIENT TRACKING), and the cache is dropped
-	// while its tracking connection is down. Standalone server only: on a
-	// Cluster and behind Sentinel it is off, and setting it is a config
-	// error. The Redis
-	// user needs CLIENT TRACKING and PTTL besides the store's commands;
-	// without them the cache stays off (logged). Default: 10000.
+	// client-side caching, CLIENT TRACKING; not for SWAPDB, which Redis
+	// does not report), and the cache is dropped while its tracking
+	// connection is down. Standalone server only: on a Cluster and
+	// behind Sentinel it is off, and setting it is a config error. The
+	// Redis user needs CLIENT TRACKING and PTTL besides the store's
+	// commands; without them the cache stays off (logged). Default:
+	// 10000.
 	LocalCache *int `json:"local_cache,omitempty"`
 
 	client  redis.UniversalClient
@@ -175,6 +185,7 @@ type RedisStore struct {
 	cache   *doneCache           // nil when off
 	tracker *tracker
 	poolKey string
+	state   string // the Redis data reached, for stateID
 	check   *permCheck
 	logger  *zap.Logger
 	// the read timeout in effect (from ReadTimeout or the url), once
@@ -246,10 +257,10 @@ func (s *RedisStore) Provision(ctx caddy.Context) error {
 			zap.String("option", "tls_insecure_skip_verify or skip_verify"),
 			zap.String("risk", "anyone on the path can read and change the dedup state"))
 	}
-	s.poolKey = opts.poolKey()
+	s.poolKey, s.state = opts.poolKey(), opts.stateID()
 	s.users = new(poolUsers)
 	v, _, err := storePool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
-		return newRedisClient(opts.universal, opts.cacheSize, s.logger.Named("redis")), nil
+		return newRedisClient(opts.universal, opts.cacheSize, s.logger), nil
 	})
 	if err != nil {
 		return err
@@ -297,6 +308,55 @@ func (o resolvedOptions) poolKey() string {
 	b, _ := json.Marshal(o.norm)
 	sum := sha256.Sum256(b) // the password is part of it: keep the key opaque
 	return "sangho_dedup.redis." + hex.EncodeToString(sum[:])
+}
+
+// stateID names the Redis data these options reach: the servers (or
+// Sentinels and master name) and the database, whatever the other
+// settings and however they are given (address or url, db in the url or
+// as an option), each address spelled one way by canonicalRedisAddr.
+// Two stores with the same ID share their keys: the handler refuses two
+// endpoints with different secrets on one ID and key_prefix, and a
+// forget stops the commit retries of its key on that ID.
+func (o resolvedOptions) stateID() string {
+	addrs := make([]string, 0, len(o.universal.Addrs))
+	for _, a := range o.universal.Addrs {
+		addrs = append(addrs, canonicalRedisAddr(a))
+	}
+	slices.Sort(addrs)
+	id := "redis " + strings.Join(slices.Compact(addrs), ",")
+	if m := o.universal.MasterName; m != "" {
+		id += " master " + m
+	}
+	return id + " db " + strconv.Itoa(o.universal.DB)
+}
+
+// canonicalRedisAddr spells an address one way without resolving it
+// (Provision touches no network, and what a name resolves to can
+// change): the host name in lower case without a trailing dot, an IP
+// address in its canonical form, the port as a plain number, and
+// localhost, 127.0.0.1 and ::1 as one (RFC 6761 localhost; Redis listens
+// on both loopback addresses by default, bind 127.0.0.1 -::1). A unix
+// socket's path is cleaned. One server reached by two different names
+// (a DNS name and its IP) still counts as two: the README says so.
+func canonicalRedisAddr(a string) string {
+	if strings.HasPrefix(a, "/") {
+		return filepath.Clean(a)
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return a
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err == nil {
+		port = strconv.FormatUint(p, 10)
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	if host == "127.0.0.1" || host == "::1" {
+		host = "localhost"
+	}
+	return net.JoinHostPort(host, port)
 }
 
 // options resolves placeholders and builds the effective go-redis

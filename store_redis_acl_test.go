@@ -16,10 +16,9 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
-// readmeACL returns the ACL command printed in the README (the one line
-// of a code block that starts with "redis-cli ACL SETUSER"), with the
-// user name and password it sets.
-func readmeACL(t *testing.T) (line, user, password string) {
+// readmeCommand returns the one line of a README code block that starts
+// with prefix.
+func readmeCommand(t *testing.T, prefix string) string {
 	t.Helper()
 	data, err := os.ReadFile("README.md")
 	if err != nil {
@@ -33,14 +32,22 @@ func readmeACL(t *testing.T) (line, user, password string) {
 			inCode = !inCode
 			continue
 		}
-		if inCode && strings.HasPrefix(trimmed, "redis-cli ACL SETUSER ") {
+		if inCode && strings.HasPrefix(trimmed, prefix) {
 			found = append(found, trimmed)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("README: want exactly one `redis-cli ACL SETUSER` line in a code block, found %d: %q", len(found), found)
+		t.Fatalf("README: want exactly one `%s` line in a code block, found %d: %q", prefix, len(found), found)
 	}
-	line = found[0]
+	return found[0]
+}
+
+// readmeACL returns the ACL command printed in the README (the one line
+// of a code block that starts with "redis-cli ACL SETUSER"), with the
+// user name and password it sets.
+func readmeACL(t *testing.T) (line, user, password string) {
+	t.Helper()
+	line = readmeCommand(t, "redis-cli ACL SETUSER ")
 	f := strings.Fields(line)
 	user = f[3]
 	for _, a := range f[4:] {
@@ -58,12 +65,23 @@ func readmeACL(t *testing.T) (line, user, password string) {
 // it, against the Redis at addr.
 func applyACL(t *testing.T, line, addr string) {
 	t.Helper()
+	if out := runREADMELine(t, line, addr); strings.TrimSpace(out) != "OK" {
+		t.Fatalf("README ACL line on %s: %s", addr, out)
+	}
+}
+
+// runREADMELine runs a README line through a shell, as a user would
+// paste it, with every redis-cli in it pointed at the Redis at addr, and
+// returns its output.
+func runREADMELine(t *testing.T, line, addr string) string {
+	t.Helper()
 	redistest.Bin(t, "redis-cli")
 	host, port, _ := net.SplitHostPort(addr)
-	out, err := exec.Command("sh", "-c", "redis-cli -h "+host+" -p "+port+strings.TrimPrefix(line, "redis-cli")).CombinedOutput()
-	if err != nil || strings.TrimSpace(string(out)) != "OK" {
-		t.Fatalf("README ACL line on %s: %v: %s", addr, err, out)
+	out, err := exec.Command("sh", "-c", strings.ReplaceAll(line, "redis-cli ", "redis-cli -h "+host+" -p "+port+" ")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("README line %q on %s: %v: %s", line, addr, err, out)
 	}
+	return string(out)
 }
 
 var exerciseCount int
@@ -143,7 +161,8 @@ func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
 
 // TestREADMEACLStandalone: the README's ACL line, run as printed, lets
 // the store run every command it needs on a standalone Redis, with and
-// without wait_replicas, the local cache included.
+// without wait_replicas, the local cache included: it stays on past its
+// heartbeats and answers duplicates with no Redis command.
 func TestREADMEACLStandalone(t *testing.T) {
 	line, user, password := readmeACL(t)
 	srv := startRedis(t)
@@ -155,6 +174,90 @@ func TestREADMEACLStandalone(t *testing.T) {
 				WaitReplicas: wait, DisablePipeline: noPipeline, WaitTimeout: caddy.Duration(10 * time.Millisecond)})
 			exerciseStore(t, s, []*redis.Client{admin})
 		}
+	}
+	duplicatesFromCache(t, provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password}), admin)
+}
+
+// TestREADMEACLWithDB: a db other than 0 makes every connection run
+// SELECT, which the README's ACL line does not grant: the first claim
+// names the missing permission, and granting +select, as the README
+// says, is enough for every operation, the local cache included.
+func TestREADMEACLWithDB(t *testing.T) {
+	line, user, password := readmeACL(t)
+	srv := startRedis(t)
+	applyACL(t, line, srv.Addr)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	s := &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, DB: 1}
+	logs := observeStore(s)
+	provisionRedisStore(t, s)
+	s.check.retryEvery = 0
+	if _, _, err := s.Claim(ctx, DefaultKeyPrefix+"evt_db", "tok", time.Minute); err == nil {
+		t.Fatal("claim in db 1 without SELECT permission: no error")
+	}
+	if e := logs.FilterMessage(permLog).All(); len(e) != 1 || e[0].ContextMap()["command"] != "select" {
+		t.Fatalf("logs %v; want one error naming select", logs.All())
+	}
+	waitFor(t, "the local cache's warning naming SELECT", func() bool {
+		e := logs.FilterMessage("local_cache off").All()
+		return len(e) == 1 && strings.Contains(e[0].ContextMap()["needs"].(string), "SELECT")
+	})
+	must(t, admin.Do(ctx, "ACL", "SETUSER", user, "+select").Err())
+	must(t, admin.Do(ctx, "ACL", "LOG", "RESET").Err())
+	s = provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, DB: 1, PoolSize: 2})
+	exerciseStore(t, s, []*redis.Client{admin})
+}
+
+// duplicatesFromCache checks that s's local cache stays on past its
+// tracking connection's heartbeats, and answers duplicates with no Redis
+// command: of 5 duplicates, the first costs the claim's SET and the
+// look-up's GET and PTTL, the other 4 nothing. (With the README's ACL
+// lacking the heartbeat's permission, the cache came on for a second
+// every 10 s, and every duplicate cost a SET.)
+func duplicatesFromCache(t *testing.T, s *RedisStore, admin *redis.Client) {
+	t.Helper()
+	key := DefaultKeyPrefix + "evt_cached_as_readme_user"
+	processed(t, s, key)
+	waitFor(t, "the local cache's tracking connection", s.cache.live.Load)
+	beats := s.tracker.beats.Load()
+	waitFor(t, "two heartbeats answered on the tracking connection", func() bool { return s.tracker.beats.Load() >= beats+2 })
+	if !s.cache.live.Load() {
+		t.Fatal("the local cache went off after its heartbeats")
+	}
+	cmds := []string{"set", "get", "pttl", "eval", "evalsha"}
+	calls := func() map[string]int64 {
+		m := map[string]int64{}
+		for _, c := range cmds {
+			m[c] = commandCalls(t, admin, c)
+		}
+		return m
+	}
+	before := calls()
+	for i := range 5 {
+		if res, _, err := s.Claim(context.Background(), key, "tok-dup", time.Minute); err != nil || res != AlreadyDone {
+			t.Fatalf("duplicate %d: %v %v", i+1, res, err)
+		}
+		if i == 0 {
+			waitFor(t, "the local cache learning "+key, func() bool { return s.cache.has(key) })
+		}
+	}
+	after := calls()
+	want := map[string]int64{"set": 1, "get": 1, "pttl": 1}
+	for _, c := range cmds {
+		if d := after[c] - before[c]; d != want[c] {
+			t.Errorf("5 duplicates cost %d %s, want %d (all: before %v, after %v)", d, strings.ToUpper(c), want[c], before, after)
+		}
+	}
+	// The heartbeats keep the key tracked: its deletion still reaches
+	// the cache.
+	beats = s.tracker.beats.Load()
+	waitFor(t, "two more heartbeats", func() bool { return s.tracker.beats.Load() >= beats+2 })
+	if err := admin.Del(context.Background(), key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the invalidation of "+key+" after heartbeats", func() bool { return !s.cache.has(key) })
+	if res, _, err := s.Claim(context.Background(), key, "tok-new", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("delivery after DEL: %v %v, want claimed", res, err)
 	}
 }
 

@@ -23,9 +23,12 @@ const defaultLocalCache = 10000
 // Redis tracks the key for it (CLIENT TRACKING on the tracker's own
 // connection), drops the entry when Redis says the key changed, and
 // drops everything whenever that connection is lost, since
-// invalidations may have been missed. Entries also expire with the
-// record's time to live. At most max entries are kept; the least
-// recently used go first (CLOCK).
+// invalidations may have been missed, or when Redis invalidates every
+// key (FLUSHDB, FLUSHALL, DEBUG RELOAD, a replica's full resync). Redis
+// sends nothing for SWAPDB (tracking is by key name, not database): the
+// README tells the operator to close the tracking connection after one.
+// Entries also expire with the record's time to live. At most max
+// entries are kept; the least recently used go first (CLOCK).
 type doneCache struct {
 	max int
 	now func() int64 // monotonic nanoseconds
@@ -83,7 +86,7 @@ func (c *doneCache) get(key string) (string, bool) {
 	}
 	now := c.now()
 	if now-c.heard.Load() > c.staleness {
-		// The tracking connection has not answered its pings: it may
+		// The tracking connection has not answered its heartbeats: it may
 		// be cut off silently, and invalidations with it.
 		return "", false
 	}
@@ -198,9 +201,9 @@ func (c *doneCache) len() int {
 // CLIENT TRACKING (RESP3, default mode: Redis remembers the keys this
 // connection reads and pushes an invalidation when one changes), reads
 // the done records the store asks it to learn (GET and PTTL, so that
-// Redis tracks them), applies invalidations, and pings every second. It
-// redials after a failure, with the cache empty and not served until
-// tracking is on again.
+// Redis tracks them), applies invalidations, and sends a heartbeat every
+// second. It redials after a failure, with the cache empty and not
+// served until tracking is on again.
 type tracker struct {
 	cs     connSettings
 	cache  *doneCache
@@ -216,6 +219,7 @@ type tracker struct {
 	mu      sync.Mutex
 	pending map[string]bool // keys queued or awaiting their reply
 	conns   atomic.Int64    // tracking connections established, for tests
+	beats   atomic.Int64    // heartbeats answered, for tests
 }
 
 // maxLearnQueue bounds the keys waiting to be looked up: past it a
@@ -289,7 +293,7 @@ func (t *tracker) run() {
 		if err != nil && err.Error() != lastErr {
 			if isNoPerm(err) {
 				t.logger.Warn("local_cache off", zap.String("cause", "permission"),
-					zap.String("needs", "CLIENT TRACKING, GET and PTTL (the ACL in the README)"), zap.Error(err))
+					zap.String("needs", t.needs()), zap.Error(err))
 			} else {
 				t.logger.Info("local_cache off", zap.String("cause", "tracking connection lost"), zap.Error(err))
 			}
@@ -310,9 +314,22 @@ func (t *tracker) run() {
 	}
 }
 
+// needs names the commands the tracking connection sends, for the log
+// line that says one was refused.
+func (t *tracker) needs() string {
+	n := "CLIENT TRACKING, GET and PTTL (the ACL in the README)"
+	if t.cs.db != 0 {
+		n += ", SELECT (db)"
+	}
+	if t.cs.clientName != "" {
+		n += ", CLIENT SETNAME (client_name)"
+	}
+	return n
+}
+
 // trackedCall is what a reply on the tracking connection answers.
 type trackedCall struct {
-	op   byte // 'g' GET, 't' PTTL, 'p' PING
+	op   byte // 'g' GET, 't' PTTL, 'p' heartbeat
 	key  string
 	sent int64
 	gen  uint64 // the cache's forget generation when sent
@@ -369,8 +386,11 @@ func (t *tracker) session() error {
 	return err
 }
 
-// write sends the lookups the store asks for, and a PING every
-// pingEvery.
+// write sends the lookups the store asks for, and a heartbeat every
+// pingEvery when there is nothing to look up. The heartbeat is CLIENT
+// TRACKING ON again, not PING: the cache needs that permission anyway
+// (re-enabling tracking in the same mode keeps the keys tracked), and
+// the README's ACL grants no PING.
 func (t *tracker) write(ctx context.Context, nc net.Conn, mu *sync.Mutex, calls *[]trackedCall) error {
 	tick := time.NewTicker(t.pingEvery)
 	defer tick.Stop()
@@ -402,7 +422,7 @@ func (t *tracker) write(ctx context.Context, nc net.Conn, mu *sync.Mutex, calls 
 			*calls = append(*calls, trackedCall{op: 'g', key: key, sent: now, gen: gen}, trackedCall{op: 't', key: key, sent: now, gen: gen})
 		}
 		if len(keys) == 0 {
-			b = appendCommand(b, "PING")
+			b = appendCommand(b, "CLIENT", "TRACKING", "ON")
 			*calls = append(*calls, trackedCall{op: 'p'})
 		}
 		_ = nc.SetReadDeadline(time.Now().Add(t.pingEvery + t.cs.readTimeout))
@@ -458,6 +478,10 @@ func (t *tracker) read(nc net.Conn, br *bufio.Reader, mu *sync.Mutex, calls *[]t
 		switch c.op {
 		case 'g':
 			val, valKey, valStale = r, c.key, false
+		case 'p':
+			if r.err() == nil {
+				t.beats.Add(1)
+			}
 		case 't':
 			// Cache a done record with what remains of its life (-1:
 			// none set; -2: the key is gone).

@@ -3,7 +3,11 @@ package sanghodedup
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
 // cachedStores provisions n Redis stores on srv as n Caddy instances
@@ -499,4 +506,181 @@ func TestRedisLocalCacheLookUpCutBetweenGetAndPTTL(t *testing.T) {
 	waitFor(t, "the look-up ended", func() bool { return !tr.isPending(key) })
 	tr.learn(key)
 	waitFor(t, "the key cached on the new connection", func() bool { return cache.has(key) })
+}
+
+// cachedDone provisions a store with its local cache on srv, and a
+// processed event whose redelivery the cache answers.
+func cachedDone(t *testing.T, srv *redistest.Server, key string) (*RedisStore, *redis.Client) {
+	t.Helper()
+	admin := srv.Client(t)
+	s := cachedStores(t, srv.Addr, 1)[0]
+	processed(t, s, key)
+	learnDuplicate(t, s, admin, key)
+	return s, admin
+}
+
+// heardAfter waits until s's tracking connection has answered two
+// heartbeats sent after this call: any invalidation Redis pushed before
+// has been applied by then.
+func heardAfter(t *testing.T, s *RedisStore) {
+	t.Helper()
+	beats := s.tracker.beats.Load()
+	waitFor(t, "two heartbeats", func() bool { return s.tracker.beats.Load() >= beats+2 })
+}
+
+// TestRedisLocalCacheSeesBulkChanges: the changes to a cached record
+// that do not name the key in a DEL or SET, one by one: after each, a
+// redelivery is answered by what Redis holds, not by the cache.
+func TestRedisLocalCacheSeesBulkChanges(t *testing.T) {
+	ctx := context.Background()
+	key := DefaultKeyPrefix + "evt_bulk"
+	for _, c := range []struct {
+		name   string
+		change func(t *testing.T, srv *redistest.Server, admin *redis.Client)
+		want   ClaimResult
+	}{
+		{"FLUSHDB", func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+			must(t, admin.FlushDB(ctx).Err())
+		}, Claimed},
+		{"FLUSHDB of another database", func(t *testing.T, srv *redistest.Server, _ *redis.Client) {
+			// Redis does not say which database was flushed: the whole
+			// cache goes, and the record is read from Redis again.
+			db1 := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 1})
+			defer db1.Close()
+			must(t, db1.FlushDB(ctx).Err())
+		}, AlreadyDone},
+		{"MOVE to another database", func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+			must(t, admin.Move(ctx, key, 1).Err())
+		}, Claimed},
+		{"RENAME out of the key", func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+			must(t, admin.Rename(ctx, key, "elsewhere").Err())
+		}, Claimed},
+		{"RENAME onto the key", func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+			must(t, admin.Set(ctx, "elsewhere", "inflight:other", time.Minute).Err())
+			must(t, admin.Rename(ctx, "elsewhere", key).Err())
+		}, InFlight},
+		{"DEBUG RELOAD of an older snapshot", func(t *testing.T, _ *redistest.Server, admin *redis.Client) {
+			must(t, admin.Do(ctx, "DEBUG", "RELOAD", "NOSAVE").Err()) // the SAVE made before the event
+		}, Claimed},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Start(t, "--enable-debug-command", "local")
+			must(t, srv.Client(t).Save(ctx).Err())
+			s, admin := cachedDone(t, srv, key)
+			c.change(t, srv, admin)
+			waitFor(t, "the cache dropping "+key, func() bool { return !s.cache.has(key) })
+			if res, _, err := s.Claim(ctx, key, "tok-after", time.Minute); err != nil || res != c.want {
+				t.Fatalf("redelivery after %s: %v %v, want %v", c.name, res, err, c.want)
+			}
+		})
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRedisLocalCacheReplicaPromotedByHand: the store's Redis demoted
+// by hand to a replica of its former replica (REPLICAOF NO ONE there,
+// REPLICAOF here), which had lost the record meanwhile: the resync
+// replaces the data the cache mirrors; a redelivery must not be answered
+// from the cache (the demoted server refuses the claim: 503, and the
+// sender retries).
+func TestRedisLocalCacheReplicaPromotedByHand(t *testing.T) {
+	ctx := context.Background()
+	key := DefaultKeyPrefix + "evt_promoted"
+	master := redistest.Start(t)
+	replica := redistest.StartReplica(t, master)
+	s, admin := cachedDone(t, master, key)
+	radmin := replica.Client(t)
+	waitFor(t, "the record on the replica", func() bool { return radmin.Exists(ctx, key).Val() == 1 })
+	must(t, radmin.Do(ctx, "REPLICAOF", "NO", "ONE").Err())
+	must(t, radmin.Del(ctx, key).Err())
+	must(t, admin.Do(ctx, "REPLICAOF", "127.0.0.1", replica.Port).Err())
+	waitFor(t, "the old master synced from the new one", func() bool {
+		return strings.Contains(admin.Info(ctx, "replication").Val(), "master_link_status:up") && admin.Exists(ctx, key).Val() == 0
+	})
+	waitFor(t, "the resync emptying the cache", func() bool { return s.cache.len() == 0 })
+	if res, _, err := s.Claim(ctx, key, "tok-after", time.Minute); err == nil || !strings.Contains(err.Error(), "READONLY") {
+		t.Fatalf("redelivery after the demotion: %v %v, want the demoted server's READONLY refusal", res, err)
+	}
+}
+
+// TestRedisLocalCacheBlindToSWAPDB: SWAPDB replaces every key of the
+// store's database and Redis sends no invalidation for it (tracking is by
+// key name): the cache keeps answering the redelivery as a duplicate,
+// as the README says, until the README's remedy closes the tracking
+// connection; then the redelivery is processed.
+func TestRedisLocalCacheBlindToSWAPDB(t *testing.T) {
+	ctx := context.Background()
+	key := DefaultKeyPrefix + "evt_swapped"
+	srv := redistest.Start(t)
+	s, admin := cachedDone(t, srv, key)
+	must(t, admin.Do(ctx, "SWAPDB", 0, 1).Err())
+	heardAfter(t, s)
+	hits := s.cache.hits.Load()
+	if res, _, err := s.Claim(ctx, key, "tok-swapped", time.Minute); err != nil || res != AlreadyDone || s.cache.hits.Load() != hits+1 {
+		t.Fatalf("redelivery after SWAPDB: %v %v, hits %d -> %d; the README says the cache still answers it (update the README if Redis now invalidates)",
+			res, err, hits, s.cache.hits.Load())
+	}
+
+	conns := s.tracker.conns.Load()
+	runREADMELine(t, readmeCommand(t, "redis-cli CLIENT LIST "), srv.Addr)
+	waitFor(t, "the cache emptied by the README's remedy", func() bool { return !s.cache.has(key) })
+	if res, _, err := s.Claim(ctx, key, "tok-after", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("redelivery after the remedy: %v %v, want claimed", res, err)
+	}
+	waitFor(t, "tracking back", func() bool { return s.tracker.conns.Load() > conns && s.cache.live.Load() })
+}
+
+// TestRedisStoreLoggerName: the local cache's lines come from the
+// store's own logger, http.sangho_dedup.stores.redis, the name the
+// README gives (they came from ...stores.redis.redis).
+func TestRedisStoreLoggerName(t *testing.T) {
+	srv := startRedis(t)
+	pw := aclUser(t, srv.Client(t), "notrack", "", "+client|tracking")
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	ownDataDir(t)
+	cfg, _ := adaptCaddyfile(t, fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		output file %s
+		format json
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		store redis {
+			address %s
+			username notrack
+			password %s
+		}
+	}
+	respond 200
+}
+`, logFile, freePort(t), secret1, srv.Addr, pw))
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer caddy.Stop()
+	var line map[string]any
+	waitFor(t, "the local cache's warning in the log", func() bool {
+		data, _ := os.ReadFile(logFile)
+		for _, l := range strings.Split(string(data), "\n") {
+			if strings.Contains(l, `"local_cache off"`) {
+				return json.Unmarshal([]byte(l), &line) == nil
+			}
+		}
+		return false
+	})
+	if line["logger"] != "http.sangho_dedup.stores.redis" {
+		t.Fatalf("local_cache off logged by %q, want http.sangho_dedup.stores.redis", line["logger"])
+	}
 }

@@ -152,3 +152,60 @@ func TestRedisLocalCacheDefaults(t *testing.T) {
 		t.Errorf("negative local_cache: %v", err)
 	}
 }
+
+// TestRedisStateIDSpellings: one Redis spelled two ways is one store
+// state (the one-endpoint-one-prefix check, and a forget stopping the
+// commit retries of its key, compare them); different servers or
+// databases are not. Names are not resolved.
+func TestRedisStateIDSpellings(t *testing.T) {
+	off := 0
+	state := func(s RedisStore) string {
+		t.Helper()
+		s.LocalCache = &off // Provision dials nothing then
+		return provisionRedisStore(t, &s).stateID()
+	}
+	addr := func(a ...string) RedisStore { return RedisStore{Address: a} }
+	same := [][]RedisStore{
+		{addr("127.0.0.1:6379"), addr("localhost:6379"), addr("LocalHost:6379"), addr("[::1]:6379"), addr("[::ffff:127.0.0.1]:6379"),
+			addr("127.0.0.1:06379"), {}, {URL: "redis://localhost"}, {URL: "redis://127.0.0.1:6379/0"}, {URL: "redis://[::1]:6379?db=0"}},
+		{addr("redis.internal:6379"), addr("Redis.Internal.:6379"), {URL: "rediss://redis.INTERNAL:6379"}},
+		{addr("10.0.0.1:7000", "10.0.0.2:7000"), addr("10.0.0.2:7000", "10.0.0.1:7000")},
+		{{URL: "redis://localhost", DB: 2}, {Address: []string{"127.0.0.1:6379"}, DB: 2}, {URL: "redis://127.0.0.1/2"}},
+		{{URL: "unix:///run/redis/redis.sock"}, {URL: "unix:///run/redis//redis.sock"}},
+	}
+	seen := map[string]int{}
+	for i, group := range same {
+		want := state(group[0])
+		for _, s := range group[1:] {
+			if got := state(s); got != want {
+				t.Errorf("group %d: %+v is %q, %+v is %q: one Redis, two store states", i, group[0], want, s, got)
+			}
+		}
+		if j, ok := seen[want]; ok {
+			t.Errorf("groups %d and %d are different Redis data but share the state %q", j, i, want)
+		}
+		seen[want] = i
+	}
+	local := state(same[0][0])
+	for _, other := range []RedisStore{addr("127.0.0.1:6380"), addr("127.0.0.2:6379"), addr("10.0.0.1:6379"), {DB: 1}, {URL: "redis://localhost/1"}} {
+		if got := state(other); got == local {
+			t.Errorf("%+v is %q, the same state as 127.0.0.1:6379 db 0", other, got)
+		}
+	}
+}
+
+// TestServerEndpointsOnRedisSpelledTwoWays: two endpoints (named apart)
+// with different secrets on one Redis and key_prefix, one writing
+// localhost, the other 127.0.0.1, are refused like any two that share
+// state.
+func TestServerEndpointsOnRedisSpelledTwoWays(t *testing.T) {
+	r := startRedis(t)
+	_, port, _ := strings.Cut(r.Addr, ":")
+	cfg, _ := adaptCaddyfile(t, serverCaddyfile(freePort(t), twoEndpoints("127.0.0.1:1", "127.0.0.1:1",
+		"name a\n\t\t\t"+redisStoreLine("localhost:"+port), "name b\n\t\t\t"+redisStoreLine("127.0.0.1:"+port))))
+	err := caddyLoad(cfg)
+	defer caddy.Stop()
+	if err == nil || !strings.Contains(err.Error(), "different secrets") {
+		t.Fatalf("two endpoints with different secrets on one Redis (localhost and 127.0.0.1), one key_prefix: %v, want refused", err)
+	}
+}
