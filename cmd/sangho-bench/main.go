@@ -150,7 +150,9 @@ func redisCalls(c *redis.Client) (int64, map[string]int64) {
 			continue
 		}
 		name := strings.TrimPrefix(line[:strings.IndexByte(line, ':')], "cmdstat_")
-		if name == "info" || name == "hello" || name == "client|setinfo" || name == "ping" {
+		// Connection set-up and the local cache's heartbeat (CLIENT
+		// TRACKING ON, about once a second), not requests' commands.
+		if name == "info" || name == "hello" || name == "client|setinfo" || name == "ping" || name == "client|tracking" {
 			continue
 		}
 		i := strings.Index(line, "calls=")
