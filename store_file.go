@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -634,7 +635,7 @@ func (st *fileState) parkLeases() error {
 			sh.mu.Lock()
 			for key, e := range sh.m {
 				if now.Before(e.expires) {
-					if err := b.Put([]byte(key), fileRecord(uint64(e.expires.UnixNano()), e.val)); err != nil {
+					if err := b.Put([]byte(key), fileRecord(unixNano(e.expires), e.val)); err != nil {
 						sh.mu.Unlock()
 						return err
 					}
@@ -657,7 +658,7 @@ func (st *fileState) unparkLeases() error {
 		now := st.now()
 		err := b.ForEach(func(k, v []byte) error {
 			if len(v) >= 8 {
-				if exp := time.Unix(0, int64(binary.BigEndian.Uint64(v))); now.Before(exp) {
+				if exp := unixTime(binary.BigEndian.Uint64(v)); now.Before(exp) {
 					sh := st.leases.shard(string(k))
 					sh.mu.Lock()
 					sh.m[string(k)] = memEntry{val: string(v[8:]), expires: exp}
@@ -854,7 +855,7 @@ func (tx *fileTx) entry(key string) Entry {
 	if len(raw) < 8 {
 		return Entry{}
 	}
-	exp := time.Unix(0, int64(binary.BigEndian.Uint64(raw)))
+	exp := unixTime(binary.BigEndian.Uint64(raw))
 	if !tx.now.Before(exp) {
 		return Entry{}
 	}
@@ -867,7 +868,7 @@ func (tx *fileTx) get(key string) (string, bool) {
 	if len(raw) < 8 {
 		return "", false
 	}
-	if exp := int64(binary.BigEndian.Uint64(raw)); tx.now.UnixNano() >= exp {
+	if unixNano(tx.now) >= binary.BigEndian.Uint64(raw) {
 		return "", false
 	}
 	return string(raw[8:]), true
@@ -878,11 +879,38 @@ func (tx *fileTx) put(key, val string, ttl time.Duration) error {
 	if err := tx.unindex(key); err != nil {
 		return err
 	}
-	exp := uint64(tx.now.Add(ttl).UnixNano())
+	exp := unixNano(tx.now.Add(ttl))
 	if err := tx.events.Put([]byte(key), fileRecord(exp, val)); err != nil {
 		return err
 	}
 	return tx.expiry.Put(expiryKey(exp, key), nil)
+}
+
+// unixNano is t in Unix nanoseconds as the file keeps expiries,
+// saturated: a time past the last that int64 nanoseconds can hold (in
+// the year 2262) is that last one, never wrapped into the past, so a
+// long ttl cannot turn into an expired record.
+func unixNano(t time.Time) uint64 {
+	switch {
+	case t.After(lastUnixNano):
+		return math.MaxInt64
+	case t.Before(time.Unix(0, 0)):
+		return 0
+	}
+	return uint64(t.UnixNano())
+}
+
+var lastUnixNano = time.Unix(0, math.MaxInt64)
+
+// unixTime is the time of an expiry read from the file. Past the year
+// 2262 it is the last time unixNano writes. (Versions before the
+// saturation wrote such expiries as their int64 bits; read unsigned,
+// those are in the future too, as they were meant to be.)
+func unixTime(exp uint64) time.Time {
+	if exp > math.MaxInt64 {
+		return lastUnixNano
+	}
+	return time.Unix(0, int64(exp))
 }
 
 // fileRecord is a value on disk: the expiry, then the value.
@@ -910,7 +938,7 @@ func expiryKey(exp uint64, key string) []byte {
 
 // sweep deletes up to max expired entries, oldest first.
 func (tx *fileTx) sweep(max int) (int, error) {
-	now := uint64(tx.now.UnixNano())
+	now := unixNano(tx.now)
 	var keys [][]byte
 	c := tx.expiry.Cursor()
 	for k, _ := c.First(); k != nil && len(keys) < max; k, _ = c.Next() {
