@@ -92,10 +92,7 @@ func (s *FileStore) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("file store: path %q: %v", p, err)
 	}
-	// One open file per file, whatever the name it is reached by.
-	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
-		abs = filepath.Join(dir, filepath.Base(abs))
-	}
+	abs = resolvePath(abs) // one open file per file, whatever the name it is reached by
 	s.path = abs
 	if validating() {
 		// `caddy validate` checks the file without creating, locking or
@@ -134,6 +131,36 @@ func (s *FileStore) leave() {
 	if s.users != nil {
 		s.users.leave()
 	}
+}
+
+// resolvePath returns the real path of the database file at abs, every
+// symlink resolved, the file's own name included: two routes that reach
+// one file by different names share one open file (bbolt's lock would
+// refuse the second open). A symlink to a file not created yet is
+// followed to where the file will be; for a name that does not exist,
+// its folder is resolved.
+func resolvePath(abs string) string {
+	for range 40 { // as many links as Linux follows
+		if p, err := filepath.EvalSymlinks(abs); err == nil {
+			return p
+		}
+		fi, err := os.Lstat(abs)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			break
+		}
+		target, err := os.Readlink(abs)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(abs), target)
+		}
+		abs = target
+	}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		return filepath.Join(dir, filepath.Base(abs))
+	}
+	return abs
 }
 
 func filePoolKey(abs string) string { return "sangho_dedup.file." + abs }

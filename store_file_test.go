@@ -847,3 +847,85 @@ func TestLongRetentionOnTheDefaultStore(t *testing.T) {
 		})
 	}
 }
+
+// TestFileStoreOneFileByAnyName: routes that reach one database by
+// different names (a symlinked file, a symlinked folder, a symlink made
+// before the file exists) share the one open file and its state; none
+// fails with "in use by another process". (Found by review: only the
+// folder's symlinks were resolved.)
+func TestFileStoreOneFileByAnyName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// names returns the paths the routes use, creating the links.
+		names func(t *testing.T, dir, real string) []string
+	}{
+		{"symlinked file name", func(t *testing.T, dir, real string) []string {
+			link := filepath.Join(dir, "other", "link.db")
+			mustSymlink(t, real, link)
+			return []string{real, link}
+		}},
+		{"relative symlink, made before the file exists", func(t *testing.T, dir, real string) []string {
+			link := filepath.Join(dir, "link.db")
+			mustSymlink(t, filepath.Join("data", filepath.Base(real)), link)
+			return []string{link, real}
+		}},
+		{"symlinked folder", func(t *testing.T, dir, real string) []string {
+			link := filepath.Join(dir, "other", "folder")
+			mustSymlink(t, filepath.Dir(real), link)
+			return []string{real, filepath.Join(link, filepath.Base(real))}
+		}},
+		{"chain of symlinks", func(t *testing.T, dir, real string) []string {
+			a, b := filepath.Join(dir, "a.db"), filepath.Join(dir, "other", "b.db")
+			mustSymlink(t, real, a)
+			mustSymlink(t, a, b)
+			return []string{b, real, a}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			real := filepath.Join(dir, "data", "dedup.db")
+			if err := os.MkdirAll(filepath.Dir(real), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			var stores []*FileStore
+			for i, p := range c.names(t, dir, real) {
+				ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+				defer cancel()
+				s := &FileStore{Path: p}
+				if err := s.Provision(ctx); err != nil {
+					t.Fatalf("route %d (%s): %v", i+1, p, err)
+				}
+				defer s.Cleanup()
+				stores = append(stores, s)
+			}
+			ctx := context.Background()
+			if _, _, err := stores[0].Claim(ctx, "k", "t", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := stores[0].Commit(ctx, "k", "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range stores[1:] {
+				if s.stateID() != stores[0].stateID() {
+					t.Errorf("route %d: state %q, route 1: %q", i+2, s.stateID(), stores[0].stateID())
+				}
+				if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != AlreadyDone {
+					t.Errorf("route %d: claim = %v, %v; want done", i+2, res, err)
+				}
+			}
+			if fi, err := os.Lstat(real); err != nil || !fi.Mode().IsRegular() {
+				t.Fatalf("the database is not at %s: %v", real, err)
+			}
+		})
+	}
+}
+
+func mustSymlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(link), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+}
