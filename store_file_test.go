@@ -929,3 +929,86 @@ func mustSymlink(t *testing.T, target, link string) {
 		t.Fatal(err)
 	}
 }
+
+// TestFileStoreBboltRecipes runs the README's bbolt commands (the CLI of
+// the bbolt version in go.mod): on the file of a running Caddy they wait
+// for its lock, silently (the README warns); on a copy, and on the file
+// once Caddy stopped, they work.
+func TestFileStoreBboltRecipes(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool to build the bbolt CLI with")
+	}
+	dir := t.TempDir()
+	bbolt := filepath.Join(dir, "bbolt")
+	if out, err := exec.Command(goTool, "build", "-o", bbolt, "go.etcd.io/bbolt/cmd/bbolt").CombinedOutput(); err != nil {
+		t.Fatalf("building the bbolt CLI: %v\n%s", err, out)
+	}
+	run := func(timeout time.Duration, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, bbolt, args...).CombinedOutput()
+		if ctx.Err() != nil {
+			return string(out), ctx.Err()
+		}
+		return string(out), err
+	}
+	path := filepath.Join(dir, "dedup.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &FileStore{state: st}
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "sangho_dedup:evt_1", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "sangho_dedup:evt_1", "t", DoneRecord{ProcessedAt: time.Now(), EventType: "x"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	// Caddy runs: bbolt waits for the lock, printing nothing.
+	if out, err := run(2*time.Second, "keys", path, "events"); !errors.Is(err, context.DeadlineExceeded) || out != "" {
+		t.Fatalf("bbolt keys on the file of a running Caddy: %v %q; want it waiting, silent", err, out)
+	}
+	// A copy can be inspected.
+	look := filepath.Join(dir, "look.db")
+	if out, err := exec.Command("cp", path, look).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	if out, err := run(time.Minute, "check", look); err != nil || !strings.Contains(out, "OK") {
+		t.Fatalf("bbolt check of the copy: %v %q", err, out)
+	}
+	if out, err := run(time.Minute, "keys", look, "events"); err != nil || strings.TrimSpace(out) != "sangho_dedup:evt_1" {
+		t.Fatalf("bbolt keys of the copy: %v %q", err, out)
+	}
+
+	// Caddy stopped: the commands work on the file itself.
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(time.Minute, "keys", path, "events"); err != nil || strings.TrimSpace(out) != "sangho_dedup:evt_1" {
+		t.Fatalf("bbolt keys: %v %q", err, out)
+	}
+	if out, err := run(time.Minute, "get", "--format=ascii-encoded", path, "events", "sangho_dedup:evt_1"); err != nil || !strings.Contains(out, "done:{") || !strings.Contains(out, "processed_at") {
+		t.Fatalf("bbolt get: %v %q", err, out)
+	}
+	backup := filepath.Join(dir, "backup.db")
+	if out, err := exec.Command("cp", path, backup).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	if out, err := run(time.Minute, "check", backup); err != nil || !strings.Contains(out, "OK") {
+		t.Fatalf("bbolt check of the backup: %v %q", err, out)
+	}
+	compacted := filepath.Join(dir, "new.db")
+	if out, err := run(time.Minute, "compact", "-o", compacted, path); err != nil {
+		t.Fatalf("bbolt compact: %v %q", err, out)
+	}
+	if err := os.Rename(compacted, path); err != nil {
+		t.Fatal(err)
+	}
+	st = openTestFileState(t, path, time.Now)
+	if _, done, err := st.read("sangho_dedup:evt_1"); err != nil || !done {
+		t.Fatalf("after compacting: done %v, %v", done, err)
+	}
+}
