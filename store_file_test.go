@@ -23,6 +23,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func openTestFileState(t testing.TB, path string, now func() time.Time) *fileState {
@@ -1010,5 +1012,49 @@ func TestFileStoreBboltRecipes(t *testing.T) {
 	st = openTestFileState(t, path, time.Now)
 	if _, done, err := st.read("sangho_dedup:evt_1"); err != nil || !done {
 		t.Fatalf("after compacting: done %v, %v", done, err)
+	}
+}
+
+// TestAbandonedCommitRetriesLoggedByTheHandler: the exit hook's
+// "commit retries abandoned at exit" comes out through the logger of the
+// handler whose retries it abandons (http.handlers.sangho_dedup, with
+// that handler's sinks), like every other line of the handler. (Found by
+// review: it went to caddy.Log().)
+func TestAbandonedCommitRetriesLoggedByTheHandler(t *testing.T) {
+	defer func(d, g time.Duration) { fileWriteTimeout, exitCommitGrace = d, g }(fileWriteTimeout, exitCommitGrace)
+	fileWriteTimeout, exitCommitGrace = 100*time.Millisecond, 300*time.Millisecond
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	h, _ := newTestHandler(t, func(h *Handler) { h.StoreRaw = []byte(`{"type":"file","path":"` + path + `"}`) })
+	core, logs := observer.New(zapcore.DebugLevel)
+	h.logger = zap.New(core).Named("http.handlers.sangho_dedup")
+	st := h.store.(*FileStore).state
+	block, stalled := make(chan struct{}), make(chan struct{})
+	go st.write(func(*fileTx) error { close(stalled); <-block; return nil }) // a disk that does not answer
+	<-stalled
+	if w, _, _ := serve(h, signedRequest(bodyA, ""), &countingNext{}); w.Code != 200 {
+		t.Fatalf("delivery: %d", w.Code)
+	}
+	if pendingCommits.Load() == 0 {
+		t.Fatal("the commit did not go to the background retries")
+	}
+	go func() {
+		// Once the retries are abandoned, the disk comes back: the exit
+		// hook then parks the leases (it waits for the disk too), and
+		// the retry lands and ends.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if logs.FilterMessage("commit retries abandoned at exit").Len() > 0 {
+				break
+			}
+		}
+		close(block)
+	}()
+	drainCommitRetries(context.Background())
+	waitFor(t, "the commit retry to end", func() bool { return pendingCommits.Load() == 0 })
+	lines := logs.FilterMessage("commit retries abandoned at exit").All()
+	if len(lines) != 1 || lines[0].LoggerName != "http.handlers.sangho_dedup" || lines[0].Level != zapcore.ErrorLevel {
+		t.Fatalf("abandoned retries logged through the handler's logger: %+v", lines)
+	}
+	if f := lines[0].ContextMap(); f["events"] != int64(1) {
+		t.Fatalf("fields %v, want events 1", f)
 	}
 }
