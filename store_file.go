@@ -296,16 +296,21 @@ func (s *FileStore) Commit(_ context.Context, key, token string, rec DoneRecord,
 	// expires after the commit retries give up): a redelivery meanwhile
 	// gets 409, never a second processing.
 	st.leases.renew(key, token, commitRetryFor+time.Minute)
-	var again bool
-	err = st.write(func(tx *fileTx) error {
+	var again, released bool
+	err = st.writeThen(func(tx *fileTx) error {
 		old, live := tx.get(key)
 		again = live && old == enc // a retried commit whose first attempt landed
 		return tx.put(key, enc, retention)
+	}, func() {
+		// Dropped by the writer as soon as the record is on disk, in
+		// order with the other writes, even if this caller gave up
+		// waiting: a forget that follows finds the record, not a lease.
+		released = st.leases.release(key, token)
 	})
 	if err != nil {
 		return false, err
 	}
-	return st.leases.release(key, token) || again, nil
+	return released || again, nil
 }
 
 // Release implements Store.
@@ -335,29 +340,45 @@ func (s *FileStore) Get(_ context.Context, key string) (Entry, error) {
 }
 
 // Forget implements Store: a done record is deleted from the file (on
-// disk when Forget returns); a lease, with force, from memory.
+// disk when Forget returns); a lease, with force, from memory, and the
+// record from the file too.
+//
+// Both go through the writer, after every write queued before: the
+// write of a commit that a stalled disk holds (its caller gave up
+// waiting, its lease kept) lands before the forget, never after it. If
+// the disk does not take the forget in time, it is an error, and
+// nothing was forgotten.
 func (s *FileStore) Forget(_ context.Context, key string, force bool) (Entry, bool, error) {
 	st, err := s.st()
 	if err != nil {
 		return Entry{}, false, err
 	}
-	if e, deleted := st.leases.forget(key, force); e.Value != "" {
-		return e, deleted, nil
+	if !force {
+		if e, ok := st.leases.lookup(key); ok {
+			return e, false, nil // in flight
+		}
 	}
-	var e Entry
-	err = st.write(func(tx *fileTx) error {
-		if e = tx.entry(key); e.Value == "" {
+	var rec, lease Entry
+	err = st.writeThen(func(tx *fileTx) error {
+		if rec = tx.entry(key); rec.Value == "" {
 			return nil
 		}
 		if err := tx.unindex(key); err != nil {
 			return err
 		}
 		return tx.events.Delete([]byte(key))
+	}, func() {
+		if force {
+			lease, _ = st.leases.forget(key, true)
+		}
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return Entry{}, false, err
+	case lease.Value != "":
+		return lease, true, nil
 	}
-	return e, e.Value != "", nil
+	return rec, rec.Value != "", nil
 }
 
 // Entries returns the number of done records in the file, including
@@ -707,9 +728,10 @@ func (st *fileState) unparkLeases() error {
 
 // fileOp is one write waiting for the writer.
 type fileOp struct {
-	fn   func(*fileTx) error
-	err  error
-	done chan struct{}
+	fn    func(*fileTx) error
+	after func() // run by the writer once fn's transaction is on disk, if fn succeeded
+	err   error
+	done  chan struct{}
 }
 
 var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan struct{}, 1)} }}
@@ -727,18 +749,27 @@ var (
 // write runs fn in a write transaction and returns once the transaction
 // is on disk. Concurrent writes share one transaction.
 func (st *fileState) write(fn func(*fileTx) error) error {
+	return st.writeThen(fn, nil)
+}
+
+// writeThen is write, and then after, run by the writer once fn's
+// transaction is on disk (if fn succeeded), in the order of the writes:
+// whether or not the caller is still waiting (a stalled disk), and
+// before any later write. A change to the leases in memory that must
+// follow a write (a commit's release, a forget's) goes there.
+func (st *fileState) writeThen(fn func(*fileTx) error, after func()) error {
 	op := fileOpPool.Get().(*fileOp)
-	op.fn, op.err = fn, nil
+	op.fn, op.after, op.err = fn, after, nil
 	timer := time.NewTimer(fileWriteTimeout)
 	defer timer.Stop()
 	select {
 	case st.ops <- op:
 	case <-st.stop:
-		op.fn = nil
+		op.fn, op.after = nil, nil
 		fileOpPool.Put(op)
 		return errFileClosed
 	case <-timer.C:
-		op.fn = nil
+		op.fn, op.after = nil, nil
 		fileOpPool.Put(op)
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
 	}
@@ -750,7 +781,7 @@ func (st *fileState) write(fn func(*fileTx) error) error {
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
 	}
 	err := op.err
-	op.fn, op.err = nil, nil
+	op.fn, op.after, op.err = nil, nil, nil
 	fileOpPool.Put(op)
 	return err
 }
@@ -789,6 +820,8 @@ func (st *fileState) writer() {
 		for _, op := range batch {
 			if err != nil {
 				op.err = fmt.Errorf("file store: writing %s: %v", st.path, err)
+			} else if op.err == nil && op.after != nil {
+				op.after()
 			}
 			op.done <- struct{}{}
 		}

@@ -1058,3 +1058,128 @@ func TestAbandonedCommitRetriesLoggedByTheHandler(t *testing.T) {
 		t.Fatalf("fields %v, want events 1", f)
 	}
 }
+
+// TestFileStoreForcedForgetDuringStalledCommit: a commit whose write the
+// disk holds (its caller gave up, the event stays leased) and an
+// operator's forced forget meanwhile: the forget is never undone when
+// the write lands. Either it answers an error (it could not be ordered
+// after the held write), or the next delivery is processed. (Found by
+// review: the forget deleted the lease in memory and answered
+// "forgotten", stopping the retries; then the held write landed and the
+// next delivery was answered as a duplicate.)
+func TestFileStoreForcedForgetDuringStalledCommit(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = time.Second
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	h, _ := newTestHandler(t, func(h *Handler) { h.StoreRaw = []byte(`{"type":"file","path":"` + path + `"}`) })
+	st := h.store.(*FileStore).state
+	key := h.KeyPrefix + "evt_1QZtest000000000001"
+
+	// The disk holds the write of the delivery's commit.
+	next := &countingNext{}
+	first := make(chan int, 1)
+	release := holdInStalledWrite(t, st,
+		func() { go func() { w, _, _ := serve(h, signedRequest(bodyA, ""), next); first <- w.Code }() },
+		func() bool {
+			e, ok := st.leases.lookup(key)
+			return ok && time.Until(e.ExpiresAt) > commitRetryFor // the commit extends the lease
+		})
+	if code := <-first; code != 200 { // the commit gave up; retried in the background
+		t.Fatalf("first delivery: %d", code)
+	}
+
+	// The operator forgets the event, forced (it is leased).
+	e, deleted, ferr := h.forget(context.Background(), key, true)
+	t.Logf("forced forget during the stall: %+v, deleted %v, %v", e, deleted, ferr)
+
+	release() // the disk comes back: the held write lands
+	if ferr == nil {
+		if !deleted {
+			t.Fatalf("forced forget of a leased event: not deleted")
+		}
+	} else {
+		// Refused: nothing was forgotten. Once the retries are done, the
+		// operator forgets again.
+		waitFor(t, "the commit retries to end", func() bool { return pendingCommits.Load() == 0 })
+		if _, deleted, err := h.forget(context.Background(), key, false); err != nil || !deleted {
+			t.Fatalf("forget after the disk came back: %v, %v", deleted, err)
+		}
+	}
+	w, _, _ := serve(h, signedRequest(bodyA, ""), next)
+	if w.Code != 200 || w.Header().Get("Sangho-Dedup") != "" || next.calls.Load() != 2 {
+		t.Fatalf("delivery after the forget: %d %q, backend called %d times; want it processed again",
+			w.Code, w.Header().Get("Sangho-Dedup"), next.calls.Load())
+	}
+}
+
+// holdInStalledWrite has the file's disk hold a write: it stalls the
+// writer, calls start to begin the write (ready reports when it has),
+// and stalls the next transaction with that write in it, so that the
+// writer has taken the write but does not complete it. release lets the
+// disk go on and returns once the held write is on disk.
+func holdInStalledWrite(t *testing.T, st *fileState, start func(), ready func() bool) (release func()) {
+	t.Helper()
+	stall := func() (stalled, release chan struct{}) {
+		stalled, release = make(chan struct{}), make(chan struct{})
+		go st.write(func(*fileTx) error { close(stalled); <-release; return nil })
+		return stalled, release
+	}
+	txns, writes := st.txns.Load(), st.writes.Load()
+	stalled1, release1 := stall()
+	<-stalled1
+	start()
+	waitFor(t, "the write to start", ready)
+	time.Sleep(100 * time.Millisecond) // the write is waiting for the writer
+	stalled2, release2 := stall()      // queued behind it
+	time.Sleep(100 * time.Millisecond)
+	close(release1)
+	<-stalled2
+	if n, w := st.txns.Load()-txns, st.writes.Load()-writes; n != 2 || w != 3 {
+		t.Fatalf("setup: %d transactions, %d writes; want the write in the stalled second transaction", n, w)
+	}
+	return func() {
+		close(release2)
+		if err := st.write(func(*fileTx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFileStoreLateCommitDropsItsLease: a commit whose write landed
+// after its caller gave up waiting (a stalled disk) drops its lease when
+// it lands: the event reads as done, and a forget without force removes
+// it. (Before, the lease stayed for the commit retries' 6 minutes: the
+// event read as in flight and a forget was refused, while every
+// redelivery was already a duplicate.)
+func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = time.Second
+	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	s := &FileStore{state: st}
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "k", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	release := holdInStalledWrite(t, st,
+		func() {
+			go func() {
+				_, err := s.Commit(ctx, "k", "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour)
+				committed <- err
+			}()
+		},
+		func() bool { e, ok := st.leases.lookup("k"); return ok && time.Until(e.ExpiresAt) > commitRetryFor })
+	if err := <-committed; !errors.Is(err, errFileStalled) {
+		t.Fatalf("commit while the disk holds its write: %v, want it stalled", err)
+	}
+	release()
+	if e, err := s.Get(ctx, "k"); err != nil || e.State() != "done" {
+		t.Fatalf("after the write landed: %+v, %v; want done", e, err)
+	}
+	if e, deleted, err := s.Forget(ctx, "k", false); err != nil || !deleted || e.State() != "done" {
+		t.Fatalf("forget: %+v, %v, %v; want the done record deleted", e, deleted, err)
+	}
+	if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim after the forget: %v, %v", res, err)
+	}
+}
