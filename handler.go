@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -285,10 +286,10 @@ func (d *delivery) settle(err error) {
 		case cerr != nil:
 			h.logger.Warn("commit failed", zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
 			h.enter()
-			pendingCommits.Add(1)
+			pendingCommits.add(h.logger, 1)
 			go func() {
 				defer h.leave()
-				defer pendingCommits.Add(-1)
+				defer pendingCommits.add(h.logger, -1)
 				defer commitRetries.remove(cr)
 				d.retryCommit(rec, cr)
 			}()
@@ -492,10 +493,44 @@ func (h *Handler) forget(ctx context.Context, key string, force bool) (Entry, bo
 // When the process exits they get exitCommitGrace more to land; those
 // still failing then are abandoned, logged and counted.
 var (
-	pendingCommits  atomic.Int64 // background commit retries of this process
+	pendingCommits  = pendingSet{m: map[*zap.Logger]int64{}} // background commit retries of this process
 	exitCommitGrace = 5 * time.Second
 	onExitOnce      sync.Once
 )
+
+// pendingSet counts background commit retries by the logger of the
+// handler that started them, so that the exit hook logs those it
+// abandons through that handler's logger.
+type pendingSet struct {
+	mu sync.Mutex
+	m  map[*zap.Logger]int64
+}
+
+func (p *pendingSet) add(logger *zap.Logger, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m[logger] += n; p.m[logger] == 0 {
+		delete(p.m, logger)
+	}
+}
+
+// Load returns the number of retries pending, all handlers together.
+func (p *pendingSet) Load() int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n int64
+	for _, k := range p.m {
+		n += k
+	}
+	return n
+}
+
+// byLogger returns the retries pending, by handler logger.
+func (p *pendingSet) byLogger() map[*zap.Logger]int64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.m)
+}
 
 // drainCommitRetries is a process-exit callback (caddy.OnExit): it runs
 // after Caddy stopped serving and cleaned the config up. Then it parks
@@ -505,10 +540,9 @@ func drainCommitRetries(context.Context) {
 	for pendingCommits.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if n := pendingCommits.Load(); n > 0 {
+	for logger, n := range pendingCommits.byLogger() {
 		metrics.commitErr.Add(float64(n))
-		caddy.Log().Named("sangho_dedup").Error("commit retries abandoned at exit",
-			zap.Int64("events", n), zap.Duration("grace", exitCommitGrace))
+		logger.Error("commit retries abandoned at exit", zap.Int64("events", n), zap.Duration("grace", exitCommitGrace))
 	}
 	parkOpenFiles()
 }

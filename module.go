@@ -55,6 +55,17 @@ const (
 
 	// minLockTTL keeps renewals (every lock_ttl/3) meaningful.
 	minLockTTL = 30 * time.Millisecond
+
+	// MaxRetention bounds retention: 10 years (3650d), far beyond any
+	// sender's redeliveries, and far from the year 2262 where Unix
+	// nanoseconds end.
+	MaxRetention = 3650 * 24 * time.Hour
+	// MaxLockTTL bounds lock_ttl: 24 hours. An event whose fate is
+	// unknown (a timeout, a crash) is processed again only after
+	// lock_ttl; Sangho stops redelivering after 48 hours.
+	MaxLockTTL = 24 * time.Hour
+	// MaxRetryAfter bounds retry_after: 24 hours.
+	MaxRetryAfter = 24 * time.Hour
 )
 
 // Values of on_store_error and on_payload_mismatch.
@@ -167,15 +178,17 @@ type Handler struct {
 	// How long a processed event ID is remembered. Sangho never
 	// redelivers after 48 hours; a shorter retention is allowed but
 	// logged as a warning at load, since a later redelivery would be
-	// processed again. Default: 72h.
+	// processed again. At most 3650d (10 years). Default: 72h.
 	Retention caddy.Duration `json:"retention,omitempty"`
 
 	// Lease on an event while the backend processes it, renewed every
 	// lock_ttl/3 while it is in flight. If this Caddy dies, the event can
-	// be processed again after lock_ttl. Default: 30s.
+	// be processed again after lock_ttl. At least 30ms, at most 24h.
+	// Default: 30s.
 	LockTTL caddy.Duration `json:"lock_ttl,omitempty"`
 
-	// Retry-After sent with 409 and 503 answers. Default: 10s.
+	// Retry-After sent with 409 and 503 answers. At most 24h.
+	// Default: 10s.
 	RetryAfter caddy.Duration `json:"retry_after,omitempty"`
 
 	// What to do when the store is unreachable or fails: "reject"
@@ -394,10 +407,16 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("max_body_size must be at most %d bytes (64MiB), not %d", MaxMaxBodySize, h.MaxBodySize)
 	case h.Retention <= 0:
 		return errors.New("retention must be positive")
+	case time.Duration(h.Retention) > MaxRetention:
+		return fmt.Errorf("retention must be at most 3650d (10 years), not %v", time.Duration(h.Retention))
 	case time.Duration(h.LockTTL) < minLockTTL:
 		return fmt.Errorf("lock_ttl must be at least %v", minLockTTL)
+	case time.Duration(h.LockTTL) > MaxLockTTL:
+		return fmt.Errorf("lock_ttl must be at most 24h, not %v", time.Duration(h.LockTTL))
 	case h.RetryAfter <= 0:
 		return errors.New("retry_after must be positive")
+	case time.Duration(h.RetryAfter) > MaxRetryAfter:
+		return fmt.Errorf("retry_after must be at most 24h, not %v", time.Duration(h.RetryAfter))
 	case h.OnStoreError != storeErrorReject && h.OnStoreError != storeErrorPass:
 		return fmt.Errorf("on_store_error must be %q or %q, not %q", storeErrorReject, storeErrorPass, h.OnStoreError)
 	case h.OnPayloadMismatch != mismatchReject && h.OnPayloadMismatch != mismatchLog:

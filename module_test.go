@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -218,5 +219,39 @@ func TestPayloadMismatchDefaults(t *testing.T) {
 			t.Errorf("provider %q: on_payload_mismatch defaults to %q, want %q", scheme, h.OnPayloadMismatch, want)
 		}
 		cancel()
+	}
+}
+
+// TestDurationBounds: every duration option has a documented maximum,
+// and a value past it is an error naming the option; the maximum itself
+// is accepted. (Found by review: retention 100000d validated, and the
+// file store then treated every record as expired.)
+func TestDurationBounds(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, c := range []struct {
+		option string
+		set    func(*Handler, time.Duration)
+		max    time.Duration
+	}{
+		{"retention", func(h *Handler, d time.Duration) { h.Retention = caddy.Duration(d) }, MaxRetention},
+		{"lock_ttl", func(h *Handler, d time.Duration) { h.LockTTL = caddy.Duration(d) }, MaxLockTTL},
+		{"retry_after", func(h *Handler, d time.Duration) { h.RetryAfter = caddy.Duration(d) }, MaxRetryAfter},
+	} {
+		for _, d := range []time.Duration{c.max, c.max + 1, 100000 * 24 * time.Hour, time.Duration(math.MaxInt64)} {
+			h := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+			c.set(h, d)
+			if err := h.Provision(ctx); err != nil {
+				t.Fatalf("%s %v: provision: %v", c.option, d, err)
+			}
+			err := h.Validate()
+			switch {
+			case d <= c.max && err != nil:
+				t.Errorf("%s %v (the maximum): %v", c.option, d, err)
+			case d > c.max && (err == nil || !strings.HasPrefix(err.Error(), c.option+" must be at most")):
+				t.Errorf("%s %v: %v; want an error naming %s and its maximum", c.option, d, err, c.option)
+			}
+			_ = h.Cleanup()
+		}
 	}
 }

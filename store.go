@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"math"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -224,6 +225,15 @@ func classify(val, token string) ClaimResult {
 		return Claimed
 	}
 	return InFlight
+}
+
+// msDuration is ms milliseconds (a time to live that Redis returned)
+// as a Duration, saturated at the longest Duration, never wrapped.
+func msDuration(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // Lease tokens: a random per-process prefix and a counter, unique across

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -91,10 +92,7 @@ func (s *FileStore) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("file store: path %q: %v", p, err)
 	}
-	// One open file per file, whatever the name it is reached by.
-	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
-		abs = filepath.Join(dir, filepath.Base(abs))
-	}
+	abs = resolvePath(abs) // one open file per file, whatever the name it is reached by
 	s.path = abs
 	if validating() {
 		// `caddy validate` checks the file without creating, locking or
@@ -133,6 +131,36 @@ func (s *FileStore) leave() {
 	if s.users != nil {
 		s.users.leave()
 	}
+}
+
+// resolvePath returns the real path of the database file at abs, every
+// symlink resolved, the file's own name included: two routes that reach
+// one file by different names share one open file (bbolt's lock would
+// refuse the second open). A symlink to a file not created yet is
+// followed to where the file will be; for a name that does not exist,
+// its folder is resolved.
+func resolvePath(abs string) string {
+	for range 40 { // as many links as Linux follows
+		if p, err := filepath.EvalSymlinks(abs); err == nil {
+			return p
+		}
+		fi, err := os.Lstat(abs)
+		if err != nil || fi.Mode()&fs.ModeSymlink == 0 {
+			break
+		}
+		target, err := os.Readlink(abs)
+		if err != nil {
+			break
+		}
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(abs), target)
+		}
+		abs = target
+	}
+	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
+		return filepath.Join(dir, filepath.Base(abs))
+	}
+	return abs
 }
 
 func filePoolKey(abs string) string { return "sangho_dedup.file." + abs }
@@ -268,16 +296,21 @@ func (s *FileStore) Commit(_ context.Context, key, token string, rec DoneRecord,
 	// expires after the commit retries give up): a redelivery meanwhile
 	// gets 409, never a second processing.
 	st.leases.renew(key, token, commitRetryFor+time.Minute)
-	var again bool
-	err = st.write(func(tx *fileTx) error {
+	var again, released bool
+	err = st.writeThen(func(tx *fileTx) error {
 		old, live := tx.get(key)
 		again = live && old == enc // a retried commit whose first attempt landed
 		return tx.put(key, enc, retention)
+	}, func() {
+		// Dropped by the writer as soon as the record is on disk, in
+		// order with the other writes, even if this caller gave up
+		// waiting: a forget that follows finds the record, not a lease.
+		released = st.leases.release(key, token)
 	})
 	if err != nil {
 		return false, err
 	}
-	return st.leases.release(key, token) || again, nil
+	return released || again, nil
 }
 
 // Release implements Store.
@@ -307,29 +340,45 @@ func (s *FileStore) Get(_ context.Context, key string) (Entry, error) {
 }
 
 // Forget implements Store: a done record is deleted from the file (on
-// disk when Forget returns); a lease, with force, from memory.
+// disk when Forget returns); a lease, with force, from memory, and the
+// record from the file too.
+//
+// Both go through the writer, after every write queued before: the
+// write of a commit that a stalled disk holds (its caller gave up
+// waiting, its lease kept) lands before the forget, never after it. If
+// the disk does not take the forget in time, it is an error, and
+// nothing was forgotten.
 func (s *FileStore) Forget(_ context.Context, key string, force bool) (Entry, bool, error) {
 	st, err := s.st()
 	if err != nil {
 		return Entry{}, false, err
 	}
-	if e, deleted := st.leases.forget(key, force); e.Value != "" {
-		return e, deleted, nil
+	if !force {
+		if e, ok := st.leases.lookup(key); ok {
+			return e, false, nil // in flight
+		}
 	}
-	var e Entry
-	err = st.write(func(tx *fileTx) error {
-		if e = tx.entry(key); e.Value == "" {
+	var rec, lease Entry
+	err = st.writeThen(func(tx *fileTx) error {
+		if rec = tx.entry(key); rec.Value == "" {
 			return nil
 		}
 		if err := tx.unindex(key); err != nil {
 			return err
 		}
 		return tx.events.Delete([]byte(key))
+	}, func() {
+		if force {
+			lease, _ = st.leases.forget(key, true)
+		}
 	})
-	if err != nil {
+	switch {
+	case err != nil:
 		return Entry{}, false, err
+	case lease.Value != "":
+		return lease, true, nil
 	}
-	return e, e.Value != "", nil
+	return rec, rec.Value != "", nil
 }
 
 // Entries returns the number of done records in the file, including
@@ -634,7 +683,7 @@ func (st *fileState) parkLeases() error {
 			sh.mu.Lock()
 			for key, e := range sh.m {
 				if now.Before(e.expires) {
-					if err := b.Put([]byte(key), fileRecord(uint64(e.expires.UnixNano()), e.val)); err != nil {
+					if err := b.Put([]byte(key), fileRecord(unixNano(e.expires), e.val)); err != nil {
 						sh.mu.Unlock()
 						return err
 					}
@@ -657,7 +706,7 @@ func (st *fileState) unparkLeases() error {
 		now := st.now()
 		err := b.ForEach(func(k, v []byte) error {
 			if len(v) >= 8 {
-				if exp := time.Unix(0, int64(binary.BigEndian.Uint64(v))); now.Before(exp) {
+				if exp := unixTime(binary.BigEndian.Uint64(v)); now.Before(exp) {
 					sh := st.leases.shard(string(k))
 					sh.mu.Lock()
 					sh.m[string(k)] = memEntry{val: string(v[8:]), expires: exp}
@@ -679,9 +728,10 @@ func (st *fileState) unparkLeases() error {
 
 // fileOp is one write waiting for the writer.
 type fileOp struct {
-	fn   func(*fileTx) error
-	err  error
-	done chan struct{}
+	fn    func(*fileTx) error
+	after func() // run by the writer once fn's transaction is on disk, if fn succeeded
+	err   error
+	done  chan struct{}
 }
 
 var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan struct{}, 1)} }}
@@ -699,18 +749,27 @@ var (
 // write runs fn in a write transaction and returns once the transaction
 // is on disk. Concurrent writes share one transaction.
 func (st *fileState) write(fn func(*fileTx) error) error {
+	return st.writeThen(fn, nil)
+}
+
+// writeThen is write, and then after, run by the writer once fn's
+// transaction is on disk (if fn succeeded), in the order of the writes:
+// whether or not the caller is still waiting (a stalled disk), and
+// before any later write. A change to the leases in memory that must
+// follow a write (a commit's release, a forget's) goes there.
+func (st *fileState) writeThen(fn func(*fileTx) error, after func()) error {
 	op := fileOpPool.Get().(*fileOp)
-	op.fn, op.err = fn, nil
+	op.fn, op.after, op.err = fn, after, nil
 	timer := time.NewTimer(fileWriteTimeout)
 	defer timer.Stop()
 	select {
 	case st.ops <- op:
 	case <-st.stop:
-		op.fn = nil
+		op.fn, op.after = nil, nil
 		fileOpPool.Put(op)
 		return errFileClosed
 	case <-timer.C:
-		op.fn = nil
+		op.fn, op.after = nil, nil
 		fileOpPool.Put(op)
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
 	}
@@ -722,7 +781,7 @@ func (st *fileState) write(fn func(*fileTx) error) error {
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
 	}
 	err := op.err
-	op.fn, op.err = nil, nil
+	op.fn, op.after, op.err = nil, nil, nil
 	fileOpPool.Put(op)
 	return err
 }
@@ -761,6 +820,8 @@ func (st *fileState) writer() {
 		for _, op := range batch {
 			if err != nil {
 				op.err = fmt.Errorf("file store: writing %s: %v", st.path, err)
+			} else if op.err == nil && op.after != nil {
+				op.after()
 			}
 			op.done <- struct{}{}
 		}
@@ -854,7 +915,7 @@ func (tx *fileTx) entry(key string) Entry {
 	if len(raw) < 8 {
 		return Entry{}
 	}
-	exp := time.Unix(0, int64(binary.BigEndian.Uint64(raw)))
+	exp := unixTime(binary.BigEndian.Uint64(raw))
 	if !tx.now.Before(exp) {
 		return Entry{}
 	}
@@ -867,7 +928,7 @@ func (tx *fileTx) get(key string) (string, bool) {
 	if len(raw) < 8 {
 		return "", false
 	}
-	if exp := int64(binary.BigEndian.Uint64(raw)); tx.now.UnixNano() >= exp {
+	if unixNano(tx.now) >= binary.BigEndian.Uint64(raw) {
 		return "", false
 	}
 	return string(raw[8:]), true
@@ -878,11 +939,38 @@ func (tx *fileTx) put(key, val string, ttl time.Duration) error {
 	if err := tx.unindex(key); err != nil {
 		return err
 	}
-	exp := uint64(tx.now.Add(ttl).UnixNano())
+	exp := unixNano(tx.now.Add(ttl))
 	if err := tx.events.Put([]byte(key), fileRecord(exp, val)); err != nil {
 		return err
 	}
 	return tx.expiry.Put(expiryKey(exp, key), nil)
+}
+
+// unixNano is t in Unix nanoseconds as the file keeps expiries,
+// saturated: a time past the last that int64 nanoseconds can hold (in
+// the year 2262) is that last one, never wrapped into the past, so a
+// long ttl cannot turn into an expired record.
+func unixNano(t time.Time) uint64 {
+	switch {
+	case t.After(lastUnixNano):
+		return math.MaxInt64
+	case t.Before(time.Unix(0, 0)):
+		return 0
+	}
+	return uint64(t.UnixNano())
+}
+
+var lastUnixNano = time.Unix(0, math.MaxInt64)
+
+// unixTime is the time of an expiry read from the file. Past the year
+// 2262 it is the last time unixNano writes. (Versions before the
+// saturation wrote such expiries as their int64 bits; read unsigned,
+// those are in the future too, as they were meant to be.)
+func unixTime(exp uint64) time.Time {
+	if exp > math.MaxInt64 {
+		return lastUnixNano
+	}
+	return time.Unix(0, int64(exp))
 }
 
 // fileRecord is a value on disk: the expiry, then the value.
@@ -910,7 +998,7 @@ func expiryKey(exp uint64, key string) []byte {
 
 // sweep deletes up to max expired entries, oldest first.
 func (tx *fileTx) sweep(max int) (int, error) {
-	now := uint64(tx.now.UnixNano())
+	now := unixNano(tx.now)
 	var keys [][]byte
 	c := tx.expiry.Cursor()
 	for k, _ := c.First(); k != nil && len(keys) < max; k, _ = c.Next() {

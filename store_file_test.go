@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +23,8 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func openTestFileState(t testing.TB, path string, now func() time.Time) *fileState {
@@ -52,7 +55,7 @@ func fileHarness(t *testing.T) storeHarness {
 		var ttl time.Duration
 		_ = st.db.View(func(tx *bolt.Tx) error {
 			if raw := tx.Bucket(bucketEvents).Get([]byte(key)); len(raw) >= 8 {
-				ttl = time.Unix(0, int64(binary.BigEndian.Uint64(raw))).Sub(clock.Now())
+				ttl = unixTime(binary.BigEndian.Uint64(raw)).Sub(clock.Now())
 				if ttl > 0 {
 					val = string(raw[8:])
 				}
@@ -126,6 +129,29 @@ func TestFileStoreReopenKeepsState(t *testing.T) {
 		if got, _, err := s.Claim(ctx, key, "t9", time.Minute); err != nil || got != want {
 			t.Errorf("after reopening, claim %s = %v, %v; want %v", key, got, err, want)
 		}
+	}
+}
+
+// TestFileStoreParksTheLongestLease: a lease with the longest Duration,
+// parked at a clean stop, is still a lease after the restart: its
+// expiry is saturated on disk, not wrapped into the past. (Found by
+// review with retention; leases are written the same way.)
+func TestFileStoreParksTheLongestLease(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	ctx := context.Background()
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := (&FileStore{state: st}).Claim(ctx, "leased", "t1", time.Duration(math.MaxInt64)); err != nil || res != Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s := &FileStore{state: openTestFileState(t, path, time.Now)}
+	if res, _, err := s.Claim(ctx, "leased", "t2", time.Minute); err != nil || res != InFlight {
+		t.Fatalf("after reopening, claim = %v, %v; want in flight", res, err)
 	}
 }
 
@@ -774,4 +800,386 @@ func testDatabase(t *testing.T) []byte {
 		t.Fatal(err)
 	}
 	return content
+}
+
+// TestLongRetentionOnTheDefaultStore: on the default (file) store, a
+// redelivery is answered as a duplicate with the longest retention
+// allowed, and with a longer one that only a caller skipping Validate
+// can set: the expiry saturates. (Found by review: with retention
+// 100000d the expiry wrapped past 2262 into the past, and every
+// redelivery was processed again, 3 of 3.)
+func TestLongRetentionOnTheDefaultStore(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		retention time.Duration
+	}{
+		{"the maximum", MaxRetention},
+		{"100000d", 100000 * 24 * time.Hour},
+		{"the longest Duration", time.Duration(math.MaxInt64)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := &Handler{Secrets: []string{secret1}, now: testClock, Retention: caddy.Duration(c.retention),
+				KeyPrefix: "long_retention_" + strconv.FormatInt(int64(c.retention), 36) + ":"}
+			ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+			defer cancel()
+			if err := h.Provision(ctx); err != nil {
+				t.Fatal(err)
+			}
+			defer h.Cleanup()
+			if _, ok := h.store.(*FileStore); !ok {
+				t.Fatalf("the default store is %T", h.store)
+			}
+			err := h.Validate()
+			if c.retention <= MaxRetention && err != nil {
+				t.Fatalf("validate: %v", err)
+			}
+			if c.retention > MaxRetention && err == nil {
+				t.Error("validated a retention past the maximum")
+			}
+			next := &countingNext{}
+			for i := range 4 {
+				w, _, _ := serve(h, signedRequest(bodyA, ""), next)
+				if w.Code != 200 || i > 0 && w.Header().Get("Sangho-Dedup") != "duplicate" {
+					t.Fatalf("delivery %d: %d %q; want 200, then duplicates", i+1, w.Code, w.Header().Get("Sangho-Dedup"))
+				}
+			}
+			if n := next.calls.Load(); n != 1 {
+				t.Fatalf("the backend was called %d times, want once", n)
+			}
+		})
+	}
+}
+
+// TestFileStoreOneFileByAnyName: routes that reach one database by
+// different names (a symlinked file, a symlinked folder, a symlink made
+// before the file exists) share the one open file and its state; none
+// fails with "in use by another process". (Found by review: only the
+// folder's symlinks were resolved.)
+func TestFileStoreOneFileByAnyName(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		// names returns the paths the routes use, creating the links.
+		names func(t *testing.T, dir, real string) []string
+	}{
+		{"symlinked file name", func(t *testing.T, dir, real string) []string {
+			link := filepath.Join(dir, "other", "link.db")
+			mustSymlink(t, real, link)
+			return []string{real, link}
+		}},
+		{"relative symlink, made before the file exists", func(t *testing.T, dir, real string) []string {
+			link := filepath.Join(dir, "link.db")
+			mustSymlink(t, filepath.Join("data", filepath.Base(real)), link)
+			return []string{link, real}
+		}},
+		{"symlinked folder", func(t *testing.T, dir, real string) []string {
+			link := filepath.Join(dir, "other", "folder")
+			mustSymlink(t, filepath.Dir(real), link)
+			return []string{real, filepath.Join(link, filepath.Base(real))}
+		}},
+		{"chain of symlinks", func(t *testing.T, dir, real string) []string {
+			a, b := filepath.Join(dir, "a.db"), filepath.Join(dir, "other", "b.db")
+			mustSymlink(t, real, a)
+			mustSymlink(t, a, b)
+			return []string{b, real, a}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			real := filepath.Join(dir, "data", "dedup.db")
+			if err := os.MkdirAll(filepath.Dir(real), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			var stores []*FileStore
+			for i, p := range c.names(t, dir, real) {
+				ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+				defer cancel()
+				s := &FileStore{Path: p}
+				if err := s.Provision(ctx); err != nil {
+					t.Fatalf("route %d (%s): %v", i+1, p, err)
+				}
+				defer s.Cleanup()
+				stores = append(stores, s)
+			}
+			ctx := context.Background()
+			if _, _, err := stores[0].Claim(ctx, "k", "t", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := stores[0].Commit(ctx, "k", "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			for i, s := range stores[1:] {
+				if s.stateID() != stores[0].stateID() {
+					t.Errorf("route %d: state %q, route 1: %q", i+2, s.stateID(), stores[0].stateID())
+				}
+				if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != AlreadyDone {
+					t.Errorf("route %d: claim = %v, %v; want done", i+2, res, err)
+				}
+			}
+			if fi, err := os.Lstat(real); err != nil || !fi.Mode().IsRegular() {
+				t.Fatalf("the database is not at %s: %v", real, err)
+			}
+		})
+	}
+}
+
+func mustSymlink(t *testing.T, target, link string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(link), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFileStoreBboltRecipes runs the README's bbolt commands (the CLI of
+// the bbolt version in go.mod): on the file of a running Caddy they wait
+// for its lock, silently (the README warns); on a copy, and on the file
+// once Caddy stopped, they work.
+func TestFileStoreBboltRecipes(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go tool to build the bbolt CLI with")
+	}
+	dir := t.TempDir()
+	bbolt := filepath.Join(dir, "bbolt")
+	if out, err := exec.Command(goTool, "build", "-o", bbolt, "go.etcd.io/bbolt/cmd/bbolt").CombinedOutput(); err != nil {
+		t.Fatalf("building the bbolt CLI: %v\n%s", err, out)
+	}
+	run := func(timeout time.Duration, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, bbolt, args...).CombinedOutput()
+		if ctx.Err() != nil {
+			return string(out), ctx.Err()
+		}
+		return string(out), err
+	}
+	path := filepath.Join(dir, "dedup.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &FileStore{state: st}
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "sangho_dedup:evt_1", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "sangho_dedup:evt_1", "t", DoneRecord{ProcessedAt: time.Now(), EventType: "x"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+
+	// Caddy runs: bbolt waits for the lock, printing nothing.
+	if out, err := run(2*time.Second, "keys", path, "events"); !errors.Is(err, context.DeadlineExceeded) || out != "" {
+		t.Fatalf("bbolt keys on the file of a running Caddy: %v %q; want it waiting, silent", err, out)
+	}
+	// A copy can be inspected.
+	look := filepath.Join(dir, "look.db")
+	if out, err := exec.Command("cp", path, look).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	if out, err := run(time.Minute, "check", look); err != nil || !strings.Contains(out, "OK") {
+		t.Fatalf("bbolt check of the copy: %v %q", err, out)
+	}
+	if out, err := run(time.Minute, "keys", look, "events"); err != nil || strings.TrimSpace(out) != "sangho_dedup:evt_1" {
+		t.Fatalf("bbolt keys of the copy: %v %q", err, out)
+	}
+
+	// Caddy stopped: the commands work on the file itself.
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run(time.Minute, "keys", path, "events"); err != nil || strings.TrimSpace(out) != "sangho_dedup:evt_1" {
+		t.Fatalf("bbolt keys: %v %q", err, out)
+	}
+	if out, err := run(time.Minute, "get", "--format=ascii-encoded", path, "events", "sangho_dedup:evt_1"); err != nil || !strings.Contains(out, "done:{") || !strings.Contains(out, "processed_at") {
+		t.Fatalf("bbolt get: %v %q", err, out)
+	}
+	backup := filepath.Join(dir, "backup.db")
+	if out, err := exec.Command("cp", path, backup).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v %s", err, out)
+	}
+	if out, err := run(time.Minute, "check", backup); err != nil || !strings.Contains(out, "OK") {
+		t.Fatalf("bbolt check of the backup: %v %q", err, out)
+	}
+	compacted := filepath.Join(dir, "new.db")
+	if out, err := run(time.Minute, "compact", "-o", compacted, path); err != nil {
+		t.Fatalf("bbolt compact: %v %q", err, out)
+	}
+	if err := os.Rename(compacted, path); err != nil {
+		t.Fatal(err)
+	}
+	st = openTestFileState(t, path, time.Now)
+	if _, done, err := st.read("sangho_dedup:evt_1"); err != nil || !done {
+		t.Fatalf("after compacting: done %v, %v", done, err)
+	}
+}
+
+// TestAbandonedCommitRetriesLoggedByTheHandler: the exit hook's
+// "commit retries abandoned at exit" comes out through the logger of the
+// handler whose retries it abandons (http.handlers.sangho_dedup, with
+// that handler's sinks), like every other line of the handler. (Found by
+// review: it went to caddy.Log().)
+func TestAbandonedCommitRetriesLoggedByTheHandler(t *testing.T) {
+	defer func(d, g time.Duration) { fileWriteTimeout, exitCommitGrace = d, g }(fileWriteTimeout, exitCommitGrace)
+	fileWriteTimeout, exitCommitGrace = 100*time.Millisecond, 300*time.Millisecond
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	h, _ := newTestHandler(t, func(h *Handler) { h.StoreRaw = []byte(`{"type":"file","path":"` + path + `"}`) })
+	core, logs := observer.New(zapcore.DebugLevel)
+	h.logger = zap.New(core).Named("http.handlers.sangho_dedup")
+	st := h.store.(*FileStore).state
+	block, stalled := make(chan struct{}), make(chan struct{})
+	go st.write(func(*fileTx) error { close(stalled); <-block; return nil }) // a disk that does not answer
+	<-stalled
+	if w, _, _ := serve(h, signedRequest(bodyA, ""), &countingNext{}); w.Code != 200 {
+		t.Fatalf("delivery: %d", w.Code)
+	}
+	if pendingCommits.Load() == 0 {
+		t.Fatal("the commit did not go to the background retries")
+	}
+	go func() {
+		// Once the retries are abandoned, the disk comes back: the exit
+		// hook then parks the leases (it waits for the disk too), and
+		// the retry lands and ends.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if logs.FilterMessage("commit retries abandoned at exit").Len() > 0 {
+				break
+			}
+		}
+		close(block)
+	}()
+	drainCommitRetries(context.Background())
+	waitFor(t, "the commit retry to end", func() bool { return pendingCommits.Load() == 0 })
+	lines := logs.FilterMessage("commit retries abandoned at exit").All()
+	if len(lines) != 1 || lines[0].LoggerName != "http.handlers.sangho_dedup" || lines[0].Level != zapcore.ErrorLevel {
+		t.Fatalf("abandoned retries logged through the handler's logger: %+v", lines)
+	}
+	if f := lines[0].ContextMap(); f["events"] != int64(1) {
+		t.Fatalf("fields %v, want events 1", f)
+	}
+}
+
+// TestFileStoreForcedForgetDuringStalledCommit: a commit whose write the
+// disk holds (its caller gave up, the event stays leased) and an
+// operator's forced forget meanwhile: the forget is never undone when
+// the write lands. Either it answers an error (it could not be ordered
+// after the held write), or the next delivery is processed. (Found by
+// review: the forget deleted the lease in memory and answered
+// "forgotten", stopping the retries; then the held write landed and the
+// next delivery was answered as a duplicate.)
+func TestFileStoreForcedForgetDuringStalledCommit(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = time.Second
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	h, _ := newTestHandler(t, func(h *Handler) { h.StoreRaw = []byte(`{"type":"file","path":"` + path + `"}`) })
+	st := h.store.(*FileStore).state
+	key := h.KeyPrefix + "evt_1QZtest000000000001"
+
+	// The disk holds the write of the delivery's commit.
+	next := &countingNext{}
+	first := make(chan int, 1)
+	release := holdInStalledWrite(t, st,
+		func() { go func() { w, _, _ := serve(h, signedRequest(bodyA, ""), next); first <- w.Code }() },
+		func() bool {
+			e, ok := st.leases.lookup(key)
+			return ok && time.Until(e.ExpiresAt) > commitRetryFor // the commit extends the lease
+		})
+	if code := <-first; code != 200 { // the commit gave up; retried in the background
+		t.Fatalf("first delivery: %d", code)
+	}
+
+	// The operator forgets the event, forced (it is leased).
+	e, deleted, ferr := h.forget(context.Background(), key, true)
+	t.Logf("forced forget during the stall: %+v, deleted %v, %v", e, deleted, ferr)
+
+	release() // the disk comes back: the held write lands
+	if ferr == nil {
+		if !deleted {
+			t.Fatalf("forced forget of a leased event: not deleted")
+		}
+	} else {
+		// Refused: nothing was forgotten. Once the retries are done, the
+		// operator forgets again.
+		waitFor(t, "the commit retries to end", func() bool { return pendingCommits.Load() == 0 })
+		if _, deleted, err := h.forget(context.Background(), key, false); err != nil || !deleted {
+			t.Fatalf("forget after the disk came back: %v, %v", deleted, err)
+		}
+	}
+	w, _, _ := serve(h, signedRequest(bodyA, ""), next)
+	if w.Code != 200 || w.Header().Get("Sangho-Dedup") != "" || next.calls.Load() != 2 {
+		t.Fatalf("delivery after the forget: %d %q, backend called %d times; want it processed again",
+			w.Code, w.Header().Get("Sangho-Dedup"), next.calls.Load())
+	}
+}
+
+// holdInStalledWrite has the file's disk hold a write: it stalls the
+// writer, calls start to begin the write (ready reports when it has),
+// and stalls the next transaction with that write in it, so that the
+// writer has taken the write but does not complete it. release lets the
+// disk go on and returns once the held write is on disk.
+func holdInStalledWrite(t *testing.T, st *fileState, start func(), ready func() bool) (release func()) {
+	t.Helper()
+	stall := func() (stalled, release chan struct{}) {
+		stalled, release = make(chan struct{}), make(chan struct{})
+		go st.write(func(*fileTx) error { close(stalled); <-release; return nil })
+		return stalled, release
+	}
+	txns, writes := st.txns.Load(), st.writes.Load()
+	stalled1, release1 := stall()
+	<-stalled1
+	start()
+	waitFor(t, "the write to start", ready)
+	time.Sleep(100 * time.Millisecond) // the write is waiting for the writer
+	stalled2, release2 := stall()      // queued behind it
+	time.Sleep(100 * time.Millisecond)
+	close(release1)
+	<-stalled2
+	if n, w := st.txns.Load()-txns, st.writes.Load()-writes; n != 2 || w != 3 {
+		t.Fatalf("setup: %d transactions, %d writes; want the write in the stalled second transaction", n, w)
+	}
+	return func() {
+		close(release2)
+		if err := st.write(func(*fileTx) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestFileStoreLateCommitDropsItsLease: a commit whose write landed
+// after its caller gave up waiting (a stalled disk) drops its lease when
+// it lands: the event reads as done, and a forget without force removes
+// it. (Before, the lease stayed for the commit retries' 6 minutes: the
+// event read as in flight and a forget was refused, while every
+// redelivery was already a duplicate.)
+func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = time.Second
+	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	s := &FileStore{state: st}
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "k", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	committed := make(chan error, 1)
+	release := holdInStalledWrite(t, st,
+		func() {
+			go func() {
+				_, err := s.Commit(ctx, "k", "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour)
+				committed <- err
+			}()
+		},
+		func() bool { e, ok := st.leases.lookup("k"); return ok && time.Until(e.ExpiresAt) > commitRetryFor })
+	if err := <-committed; !errors.Is(err, errFileStalled) {
+		t.Fatalf("commit while the disk holds its write: %v, want it stalled", err)
+	}
+	release()
+	if e, err := s.Get(ctx, "k"); err != nil || e.State() != "done" {
+		t.Fatalf("after the write landed: %+v, %v; want done", e, err)
+	}
+	if e, deleted, err := s.Forget(ctx, "k", false); err != nil || !deleted || e.State() != "done" {
+		t.Fatalf("forget: %+v, %v, %v; want the done record deleted", e, deleted, err)
+	}
+	if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != Claimed {
+		t.Fatalf("claim after the forget: %v, %v", res, err)
+	}
 }

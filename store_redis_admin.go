@@ -69,7 +69,7 @@ func redisEntry(res []any) (Entry, error) {
 	ttl, _ := res[1].(int64)
 	e := Entry{Value: val}
 	if ttl > 0 {
-		e.ExpiresAt = time.Now().Add(time.Duration(ttl) * time.Millisecond)
+		e.ExpiresAt = time.Now().Add(msDuration(ttl))
 	}
 	return e, nil
 }

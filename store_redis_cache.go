@@ -3,6 +3,7 @@ package sanghodedup
 import (
 	"bufio"
 	"context"
+	"math"
 	"net"
 	"strings"
 	"sync"
@@ -488,7 +489,7 @@ func (t *tracker) read(nc net.Conn, br *bufio.Reader, mu *sync.Mutex, calls *[]t
 			if !valStale && val.kind == '$' && strings.HasPrefix(val.str, donePrefix) && r.kind == ':' && r.num != -2 {
 				var exp int64
 				if r.num >= 0 {
-					exp = c.sent + r.num*int64(time.Millisecond)
+					exp = c.sent + int64(min(msDuration(r.num), time.Duration(math.MaxInt64-c.sent)))
 				}
 				t.cache.put(c.key, val.str, exp, c.gen)
 			}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -682,5 +683,29 @@ http://127.0.0.1:%d {
 	})
 	if line["logger"] != "http.sangho_dedup.stores.redis" {
 		t.Fatalf("local_cache off logged by %q, want http.sangho_dedup.stores.redis", line["logger"])
+	}
+}
+
+// TestRedisLongestTTL: a done record whose time to live is longer than
+// a Duration holds in nanoseconds (set by a store used directly, or by
+// hand) is cached and answered from the cache, and its look-up shows an
+// expiry in the future: the milliseconds Redis returns are saturated,
+// never wrapped into the past.
+func TestRedisLongestTTL(t *testing.T) {
+	srv := startRedis(t)
+	admin := srv.Client(t)
+	s := cachedStores(t, srv.Addr, 1)[0]
+	ctx := context.Background()
+	rec := DoneRecord{ProcessedAt: time.Now(), EventType: "x"}.encode()
+	for _, ms := range []int64{math.MaxInt64 / int64(time.Millisecond), 1 << 53} {
+		key := DefaultKeyPrefix + "evt_long_" + strconv.FormatInt(ms, 10)
+		if err := admin.Do(ctx, "SET", key, rec, "PX", ms).Err(); err != nil {
+			t.Fatal(err)
+		}
+		learnDuplicate(t, s, admin, key)
+		e, err := s.Get(ctx, key)
+		if err != nil || e.State() != "done" || !e.ExpiresAt.After(time.Now().AddDate(200, 0, 0)) {
+			t.Fatalf("PX %d: get = %+v, %v; want done, expiring centuries from now", ms, e, err)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -356,6 +357,26 @@ func runStoreContract(t *testing.T, newHarness func(*testing.T) storeHarness) {
 			t.Fatalf("key still there after forget: %q", v)
 		}
 		mustClaim(t, h, "k", "tok3", lockTTL, Claimed)
+	})
+	// A store used directly (not through a handler's Validate) may be
+	// given the longest Duration: its expiry saturates, never wraps into
+	// the past. (Found by review: the file store wrote expiries past 2262
+	// as negative Unix nanoseconds, so every record was already expired.)
+	t.Run("the longest ttl never wraps into the past", func(t *testing.T) {
+		h := newHarness(t)
+		const forever = time.Duration(math.MaxInt64)
+		mustClaim(t, h, "k", "tok1", forever, Claimed)
+		mustClaim(t, h, "k", "tok2", lockTTL, InFlight)
+		if held, err := h.store.Commit(ctx, "k", "tok1", rec, forever); err != nil || !held {
+			t.Fatalf("commit = %v, %v; want held", held, err)
+		}
+		for i := range 3 {
+			mustClaim(t, h, "k", "tok"+strconv.Itoa(3+i), lockTTL, AlreadyDone)
+		}
+		e, err := h.store.Get(ctx, "k")
+		if err != nil || e.State() != "done" || !e.ExpiresAt.After(time.Now().AddDate(200, 0, 0)) {
+			t.Fatalf("get = %+v, %v; want done, expiring centuries from now", e, err)
+		}
 	})
 	t.Run("event types are stored as JSON strings", func(t *testing.T) {
 		h := newHarness(t)
