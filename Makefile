@@ -1,5 +1,5 @@
 # Targets for people; CI runs .ci/run.
-.PHONY: test bench fuzz reliability distributions soak build
+.PHONY: test bench fuzz reliability distributions soak build panels
 
 build:
 	go build -o caddy ./cmd/caddy
@@ -44,3 +44,8 @@ bench:
 	go build -o bench/out/sangho-bench ./cmd/sangho-bench
 	./bench/out/sangho-bench --caddy bench/out/caddy --out bench/RESULTS.md
 	go test -run '^$$' -bench . -benchmem -count 3 . | tee bench/out/go-bench.txt
+
+# The dashboard's panel pictures (monitoring/panels), drawn from a run of
+# the real-Prometheus test with 90 s of mixed traffic.
+panels:
+	MONITORING_PANELS=write go test -count=1 -run TestRealCaddyAndPrometheus ./monitoring

@@ -17,6 +17,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
@@ -36,6 +37,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		repl = caddy.NewReplacer()
+	}
+	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+		defer h.annotateSpan(span, repl) // see tracing.go
 	}
 
 	if r.Method != http.MethodPost {
@@ -188,6 +192,8 @@ type delivery struct {
 // process runs the next handler while holding the lease, then settles
 // the event: commit, release or hold (see settle).
 func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	metrics.inFlight.Inc()
+	defer metrics.inFlight.Dec()
 	d.startLease()
 	d.sw.ResponseWriter = w
 	finished := false
@@ -302,6 +308,7 @@ func (d *delivery) settle(err error) {
 	case release:
 		released, rerr := d.release(d.ctx)
 		h.outcome(d.repl, outcomeReleased)
+		spanEvent(d.ctx, spanEventReleased, status, err, 0)
 		switch {
 		case rerr != nil:
 			h.logger.Error("release failed", zap.String("event_id", d.id), zap.Int("status", status),
@@ -314,6 +321,7 @@ func (d *delivery) settle(err error) {
 		}
 	case hold:
 		h.outcome(d.repl, outcomeHeld)
+		spanEvent(d.ctx, spanEventHeld, status, err, time.Duration(h.LockTTL))
 		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
 	}
 }
@@ -569,6 +577,9 @@ func (h *Handler) leave() {
 // header.
 func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, outcome string, status int, err error, id string) error {
 	h.outcome(repl, outcome)
+	if outcome == outcomeInvalidSignature {
+		metrics.sigReason[sigFailureReason(err)].Inc()
+	}
 	if ce := h.logger.Check(zapcore.DebugLevel, "delivery rejected"); ce != nil {
 		// As Caddy's access log names the client: the address alone,
 		// then the port (none for a Unix socket).
@@ -588,7 +599,7 @@ func (h *Handler) reject(w http.ResponseWriter, r *http.Request, repl *caddy.Rep
 
 func (h *Handler) outcome(repl *caddy.Replacer, outcome string) {
 	repl.Set("http.sangho_dedup.outcome", outcome)
-	metrics.outcome[outcome].Inc()
+	h.outcomes[outcome].Inc()
 }
 
 func (h *Handler) debug(msg, id, typ string) {

@@ -456,12 +456,12 @@ func TestStoreErrorRejectOrPass(t *testing.T) {
 		t.Fatalf("reject: %d %q %q calls %d", w.Code, w.Header().Get("Retry-After"), outcomeOf(repl), next.calls.Load())
 	}
 	hp, _ := newTestHandler(t, func(h *Handler) { redisDown(h); h.OnStoreError = "pass" })
-	before := testutil.ToFloat64(metrics.outcome[outcomeUnchecked])
+	before := testutil.ToFloat64(hp.outcomes[outcomeUnchecked])
 	w, repl, _ = serve(hp, signedRequest(bodyA, ""), next)
 	if w.Code != 200 || outcomeOf(repl) != outcomeUnchecked || next.calls.Load() != 1 {
 		t.Fatalf("pass: %d %q calls %d", w.Code, outcomeOf(repl), next.calls.Load())
 	}
-	if d := testutil.ToFloat64(metrics.outcome[outcomeUnchecked]) - before; d != 1 {
+	if d := testutil.ToFloat64(hp.outcomes[outcomeUnchecked]) - before; d != 1 {
 		t.Fatalf("unchecked counter moved by %v", d)
 	}
 }
@@ -471,7 +471,11 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	read := func() map[string]float64 {
 		m := map[string]float64{}
 		for _, o := range allOutcomes {
-			m[o] = testutil.ToFloat64(metrics.outcome[o])
+			// The endpoint label is the handler's name, its key_prefix by default.
+			m[o] = testutil.ToFloat64(metrics.events.WithLabelValues("metrics:", o))
+		}
+		for _, r := range sigReasons {
+			m["signature "+r] = testutil.ToFloat64(metrics.sigReason[r])
 		}
 		return m
 	}
@@ -479,8 +483,12 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	serve(h, signedRequest(bodyA, ""), &countingNext{})
 	serve(h, signedRequest(bodyA, ""), &countingNext{})
 	serve(h, signedRequest(bodyA, "", secret2), &countingNext{})
+	noSig := signedRequest(bodyA, "")
+	noSig.Header.Del("Sangho-Signature")
+	serve(h, noSig, &countingNext{})
 	after := read()
-	for o, want := range map[string]float64{outcomeProcessed: 1, outcomeDuplicate: 1, outcomeInvalidSignature: 1} {
+	for o, want := range map[string]float64{outcomeProcessed: 1, outcomeDuplicate: 1, outcomeInvalidSignature: 2,
+		"signature mismatch": 1, "signature missing": 1, "signature other": 0} {
 		if got := after[o] - before[o]; got != want {
 			t.Errorf("%s moved by %v, want %v", o, got, want)
 		}

@@ -36,22 +36,41 @@ const (
 	opRelease = "release"
 )
 
+// Why a signature was refused: the reason label of
+// caddy_sangho_dedup_signature_failures_total (see sigFailureReason).
+var sigReasons = []string{"missing", "malformed", "timestamp", "mismatch", "replayed", "other"}
+
+// What the Redis store's checks found: the problem label of
+// caddy_sangho_dedup_redis_problems_total, one per log line
+// (redis permission missing, redis may evict keys, redis has evicted keys).
+const (
+	redisPermissionMissing = "permission_missing"
+	redisMayEvict          = "may_evict"
+	redisEvictedKeys       = "evicted_keys"
+)
+
 // The collectors are created once per process and registered with the
 // registry of every config that provisions the handler, so their counts
-// survive config reloads. No label ever holds an event ID.
+// survive config reloads. No label ever holds an event ID: the endpoint
+// label is the handler's name (config, not traffic).
 var metrics = struct {
-	events       *prometheus.CounterVec
-	storeOps     *prometheus.HistogramVec
-	leaseLost    prometheus.Counter
-	commitErr    prometheus.Counter
-	unreplicated prometheus.Counter
+	events        *prometheus.CounterVec
+	storeOps      *prometheus.HistogramVec
+	leaseLost     prometheus.Counter
+	commitErr     prometheus.Counter
+	unreplicated  prometheus.Counter
+	sigFailures   *prometheus.CounterVec
+	inFlight      prometheus.Gauge
+	commitPending prometheus.GaugeFunc
+	redisProblems *prometheus.CounterVec
+	cacheOff      prometheus.Gauge
 
-	outcome map[string]prometheus.Counter
+	sigReason map[string]prometheus.Counter
 }{
 	events: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "events_total",
-		Help: "Webhook deliveries handled by sangho_dedup, by outcome.",
-	}, []string{"outcome"}),
+		Help: "Webhook deliveries handled by sangho_dedup, by endpoint (the handler's name) and outcome.",
+	}, []string{"endpoint", "outcome"}),
 	storeOps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "store_operation_duration_seconds",
 		Help:    "Latency of dedup store operations, by operation and result (ok or error).",
@@ -69,22 +88,80 @@ var metrics = struct {
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_unreplicated_total",
 		Help: "Done records that fewer replicas than wait_replicas acknowledged in wait_timeout.",
 	}),
+	sigFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "signature_failures_total",
+		Help: "Deliveries refused for their signature (outcome invalid_signature), by reason.",
+	}, []string{"reason"}),
+	inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "events_in_flight",
+		Help: "Events this process has claimed and passed on, not yet settled (committed, released or held).",
+	}),
+	commitPending: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_retries_pending",
+		Help: "Processed events whose done record failed and is being retried in the background.",
+	}, func() float64 { return float64(pendingCommits.Load()) }),
+	redisProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "redis_problems_total",
+		Help: "Problems the Redis store's checks found, by problem: permission_missing, may_evict, evicted_keys.",
+	}, []string{"problem"}),
+	cacheOff: prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "local_cache_off",
+		Help: "Redis stores with a local_cache that is not serving (tracking connection down or refused).",
+	}),
 }
 
 // observers are the histogram children, looked up once.
 var observers = map[string][2]prometheus.Observer{}
 
 func init() {
-	metrics.outcome = make(map[string]prometheus.Counter, len(allOutcomes))
-	for _, o := range allOutcomes {
-		metrics.outcome[o] = metrics.events.WithLabelValues(o)
-	}
 	for _, op := range []string{opClaim, opRenew, opCommit, opRelease} {
 		observers[op] = [2]prometheus.Observer{
 			metrics.storeOps.WithLabelValues(op, "ok"),
 			metrics.storeOps.WithLabelValues(op, "error"),
 		}
 	}
+	metrics.sigReason = make(map[string]prometheus.Counter, len(sigReasons))
+	for _, r := range sigReasons {
+		metrics.sigReason[r] = metrics.sigFailures.WithLabelValues(r)
+	}
+	for _, p := range []string{redisPermissionMissing, redisMayEvict, redisEvictedKeys} {
+		metrics.redisProblems.WithLabelValues(p) // exported at 0, so that a first one is an increase
+	}
+}
+
+// outcomeCounters returns the children of caddy_sangho_dedup_events_total
+// of one endpoint, by outcome: a handler looks them up once, at provision.
+func outcomeCounters(endpoint string) map[string]prometheus.Counter {
+	m := make(map[string]prometheus.Counter, len(allOutcomes))
+	for _, o := range allOutcomes {
+		m[o] = metrics.events.WithLabelValues(endpoint, o)
+	}
+	return m
+}
+
+// sigFailureReason names why a signature was refused.
+func sigFailureReason(err error) string {
+	switch {
+	case errors.Is(err, errSigMissing):
+		return "missing"
+	case errors.Is(err, errSigMalformed), errors.Is(err, errSigPrefix), errors.Is(err, errSigEncoding),
+		errors.Is(err, errSigCount), errors.Is(err, errSWTooMany):
+		return "malformed"
+	case errors.Is(err, errSigTimestamp):
+		return "timestamp"
+	case errors.Is(err, errSigMismatch):
+		return "mismatch"
+	case errors.Is(err, errSigReplayed):
+		return "replayed"
+	}
+	return "other"
+}
+
+// allCollectors are the collectors registerMetrics registers.
+func allCollectors() []prometheus.Collector {
+	return []prometheus.Collector{metrics.events, metrics.storeOps, metrics.leaseLost, metrics.commitErr,
+		metrics.unreplicated, metrics.sigFailures, metrics.inFlight, metrics.commitPending,
+		metrics.redisProblems, metrics.cacheOff}
 }
 
 // registerMetrics adds the collectors to a config's registry; a
@@ -93,7 +170,7 @@ func registerMetrics(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	for _, c := range []prometheus.Collector{metrics.events, metrics.storeOps, metrics.leaseLost, metrics.commitErr, metrics.unreplicated} {
+	for _, c := range allCollectors() {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -253,6 +254,8 @@ type Handler struct {
 	renewEvery time.Duration
 	cfgKey     any // the config this handler belongs to (configOf)
 
+	outcomes map[string]prometheus.Counter // caddy_sangho_dedup_events_total of this endpoint, by outcome
+
 	requireBodyID bool
 	sigMemory     time.Duration // how long a signed message's ID is remembered (the ID not signed)
 }
@@ -361,6 +364,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.registerEndpoint(ctx, secrets); err != nil {
 		return err
 	}
+	h.outcomes = outcomeCounters(h.Name)
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
 

@@ -162,12 +162,23 @@ func TestMetricsRegisteredWithCaddy(t *testing.T) {
 		for _, f := range families {
 			if f.GetName() == "caddy_sangho_dedup_events_total" {
 				found = true
+				var processed float64
 				for _, m := range f.GetMetric() {
+					labels := map[string]string{}
 					for _, l := range m.GetLabel() {
-						if l.GetName() != "outcome" {
+						labels[l.GetName()] = l.GetValue()
+						if l.GetName() != "outcome" && l.GetName() != "endpoint" {
 							t.Errorf("unexpected label %q", l.GetName())
 						}
 					}
+					if labels["endpoint"] == "reg:" && labels["outcome"] == outcomeProcessed {
+						processed = m.GetCounter().GetValue()
+					}
+				}
+				// One series per endpoint (the handler's name, here its
+				// key_prefix), counting across both configs.
+				if processed < 1 {
+					t.Errorf("config %d: no processed count for endpoint \"reg:\"", i)
 				}
 			}
 		}

@@ -216,6 +216,7 @@ type tracker struct {
 	stopped   chan struct{}
 
 	wasOff bool // a failure was logged: say when the cache is back (run's goroutine)
+	off    bool // counted in caddy_sangho_dedup_local_cache_off (run's goroutine)
 
 	mu      sync.Mutex
 	pending map[string]bool // keys queued or awaiting their reply
@@ -275,6 +276,8 @@ func (t *tracker) done(key string) {
 
 func (t *tracker) run() {
 	defer close(t.stopped)
+	t.setOff(true) // until the first tracking connection is up
+	defer t.setOff(false)
 	backoff := 100 * time.Millisecond
 	var lastErr string // the failure last logged, logged once until tracking is back
 	for {
@@ -328,6 +331,19 @@ func (t *tracker) needs() string {
 	return n
 }
 
+// setOff counts this tracker in caddy_sangho_dedup_local_cache_off while
+// its cache is not served.
+func (t *tracker) setOff(off bool) {
+	if off != t.off {
+		t.off = off
+		if off {
+			metrics.cacheOff.Inc()
+		} else {
+			metrics.cacheOff.Dec()
+		}
+	}
+}
+
 // trackedCall is what a reply on the tracking connection answers.
 type trackedCall struct {
 	op   byte // 'g' GET, 't' PTTL, 'p' heartbeat
@@ -364,12 +380,14 @@ func (t *tracker) session() error {
 
 	t.cache.heard.Store(t.cache.now())
 	t.cache.live.Store(true)
+	t.setOff(false)
 	if t.wasOff {
 		t.logger.Info("local_cache on")
 		t.wasOff = false
 	}
 	err = t.read(nc, br, &mu, &calls)
 	t.cache.live.Store(false) // at once: invalidations may be lost from now on
+	t.setOff(true)
 	cancel()
 	if werr := <-werr; err == nil {
 		err = werr

@@ -82,6 +82,7 @@ func (c *permCheck) ensure(ctx context.Context, s *RedisStore, key string) error
 		}
 		fields = append(fields, zap.Int("status", 503), zap.String("fix", "grant it: the ACL in the README"))
 		s.logger.Error("redis permission missing", fields...)
+		metrics.redisProblems.WithLabelValues(redisPermissionMissing).Inc()
 	}
 
 	c.mu.Lock()
@@ -234,6 +235,7 @@ func (s *RedisStore) checkEviction(ctx context.Context) {
 				zap.String("node", node), zap.String("maxmemory_policy", vals["maxmemory-policy"]),
 				zap.String("risk", "an evicted done record lets a redelivery be processed again"),
 				zap.String("fix", "maxmemory-policy noeviction"))
+			metrics.redisProblems.WithLabelValues(redisMayEvict).Inc()
 		}
 		info, err := c.Info(ctx, "stats").Result()
 		if err != nil {
@@ -246,6 +248,7 @@ func (s *RedisStore) checkEviction(ctx context.Context) {
 			s.logger.Warn("redis has evicted keys",
 				zap.String("node", node), zap.Int64("evicted_keys", n),
 				zap.String("risk", "a redelivery of an evicted done record was processed again"))
+			metrics.redisProblems.WithLabelValues(redisEvictedKeys).Inc()
 		}
 		return nil
 	}
