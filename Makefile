@@ -1,5 +1,5 @@
 # Targets for people; CI runs .ci/run.
-.PHONY: test bench fuzz reliability distributions soak build panels
+.PHONY: test test-short lint bench fuzz reliability distributions soak build panels
 
 build:
 	go build -o caddy ./cmd/caddy
@@ -7,6 +7,21 @@ build:
 # The README's test command.
 test:
 	go test -race -count=1 ./...
+
+# The quick tier: no server and no tool but Go (memory and file stores,
+# verifiers, Caddyfile, handler); under a minute.
+test-short:
+	go test -short -count=1 ./...
+
+# gofmt, go vet and staticcheck (fetched through the module proxy at a
+# pinned version; not a dependency of the module).
+STATICCHECK = honnef.co/go/tools/cmd/staticcheck@v0.8.2
+lint:
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	go vet -tags soak ./reliability
+	go run $(STATICCHECK) ./...
+	go run $(STATICCHECK) -tags soak ./reliability
 
 # The reliability suite at 5x the CI size, with its figures.
 reliability:

@@ -667,12 +667,6 @@ func (st *fileState) read(key string) (string, bool, error) {
 	return val, ok, err
 }
 
-// done reports whether key has a live done record.
-func (st *fileState) done(key string) (bool, error) {
-	_, ok, err := st.read(key)
-	return ok, err
-}
-
 // parkLeases writes the live leases to the file (at a clean stop).
 func (st *fileState) parkLeases() error {
 	now := st.now()

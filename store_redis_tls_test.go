@@ -17,7 +17,7 @@ import (
 // tlsStore parses a `store redis` block as a user writes it, provisions
 // it (Caddy's CA pool modules load as in a real config) and runs one
 // claim. It returns the claim's error and the store's load-time logs.
-func tlsStore(t *testing.T, block string) (error, *observer.ObservedLogs) {
+func tlsStore(t *testing.T, block string) (*observer.ObservedLogs, error) {
 	t.Helper()
 	s, err := parseRedisStore(t, block+"\ndial_timeout 2s")
 	if err != nil {
@@ -27,7 +27,7 @@ func tlsStore(t *testing.T, block string) (error, *observer.ObservedLogs) {
 	s.logger = zap.New(core)
 	st := provisionRedisStore(t, &s)
 	_, _, err = st.Claim(context.Background(), DefaultKeyPrefix+"evt_tls", newToken(), time.Minute)
-	return err, logs
+	return logs, err
 }
 
 // TestRedisTLS runs the TLS options against a real redis-server that
@@ -58,7 +58,7 @@ func TestRedisTLS(t *testing.T) {
 		{"no client certificate", addr + "\ntls_trust_pool file " + files.CA + "\n" + name, false, "tls: certificate required"},
 		{"client certificate of another CA", addr + "\ntls_trust_pool file " + files.CA + "\ntls_client_auth " + files.OtherClientCert + " " + files.OtherClientKey + "\n" + name, false, "tls: unknown certificate authority"},
 	} {
-		err, _ := tlsStore(t, c.block)
+		_, err := tlsStore(t, c.block)
 		switch {
 		case c.ok && err != nil:
 			t.Errorf("%s: %v", c.name, err)
@@ -78,7 +78,7 @@ func TestRedisTLS(t *testing.T) {
 func TestRedisTLSNoClientAuth(t *testing.T) {
 	files := redistest.GenerateTLS(t)
 	srv := redistest.StartTLS(t, files, false)
-	if err, _ := tlsStore(t, "address "+srv.Addr+"\ntls_trust_pool file "+files.CA+"\ntls_server_name "+redistest.TLSServerName); err != nil {
+	if _, err := tlsStore(t, "address "+srv.Addr+"\ntls_trust_pool file "+files.CA+"\ntls_server_name "+redistest.TLSServerName); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -90,7 +90,7 @@ func TestRedisTLSInsecureWarned(t *testing.T) {
 	srv := redistest.StartTLS(t, files, false)
 	const warn = "redis TLS certificate not verified"
 	for _, block := range []string{"address " + srv.Addr + "\ntls_insecure_skip_verify", "url rediss://" + srv.Addr + "?skip_verify=true"} {
-		err, logs := tlsStore(t, block)
+		logs, err := tlsStore(t, block)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestRedisTLSInsecureWarned(t *testing.T) {
 			t.Errorf("%q: logs %v; want one warning", block, logs.All())
 		}
 	}
-	err, logs := tlsStore(t, "address "+srv.Addr+"\ntls_trust_pool file "+files.CA+"\ntls_server_name "+redistest.TLSServerName)
+	logs, err := tlsStore(t, "address "+srv.Addr+"\ntls_trust_pool file "+files.CA+"\ntls_server_name "+redistest.TLSServerName)
 	if err != nil || logs.FilterMessage(warn).Len() != 0 {
 		t.Errorf("verified TLS: %v, logs %v", err, logs.All())
 	}

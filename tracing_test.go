@@ -55,7 +55,7 @@ func TestSpanCarriesEvent(t *testing.T) {
 		}
 		got := map[attribute.Key]string{}
 		for _, kv := range spans[0].Attributes {
-			got[kv.Key] = kv.Value.Emit()
+			got[kv.Key] = kv.Value.String()
 		}
 		want := map[attribute.Key]string{
 			"sangho_dedup.outcome": c.outcome, "sangho_dedup.provider": "sangho",
@@ -109,7 +109,7 @@ func TestSpanCarriesEvent(t *testing.T) {
 func eventAttr(e sdktrace.Event, key attribute.Key) string {
 	for _, kv := range e.Attributes {
 		if kv.Key == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

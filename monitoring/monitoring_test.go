@@ -25,10 +25,13 @@ const (
 )
 
 // tool returns the path of promtool or prometheus, or fails the test:
-// these tests never skip for a missing tool (only -short skips the one
-// that runs a real Prometheus).
+// these tests never skip for a missing tool (go test -short leaves them
+// out: that tier needs nothing but Go).
 func tool(t *testing.T, name string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs " + name)
+	}
 	p, err := exec.LookPath(name)
 	if err != nil {
 		t.Fatalf("%s is not installed or not in PATH: the monitoring tests need it (Debian: apt-get install prometheus, which brings promtool; .ci/run installs it)", name)

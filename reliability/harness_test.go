@@ -49,6 +49,10 @@ var scale = func() int {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if testing.Short() {
+		fmt.Println("reliability: -short leaves the suite out (it runs Caddy, Redis and faults as processes)")
+		os.Exit(0)
+	}
 	dir, err := os.MkdirTemp("", "sangho-reliability")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

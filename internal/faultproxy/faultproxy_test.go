@@ -161,11 +161,11 @@ func TestResetAll(t *testing.T) {
 func TestRESP(t *testing.T) {
 	var r resp
 	in := "*3\r\n$3\r\nset\r\n$1\r\nk\r\n$6\r\ndone:1\r\n*1\r\n$4\r\nping\r\n"
-	n, cmds := r.feed([]byte(in[:10]), true)
+	n, _ := r.feed([]byte(in[:10]), true)
 	if n != 0 {
 		t.Fatalf("counted %d in a partial command", n)
 	}
-	n, cmds = r.feed([]byte(in[10:]), true)
+	n, cmds := r.feed([]byte(in[10:]), true)
 	if n != 2 || len(cmds) != 2 || string(cmds[0][2]) != "done:1" || string(cmds[1][0]) != "ping" {
 		t.Fatalf("n=%d cmds=%q", n, cmds)
 	}

@@ -28,9 +28,13 @@ import (
 // Bin returns the path of one of PostgreSQL's programs (initdb, pg_ctl,
 // psql, ...): from $PG_BIN if set, else the newest
 // /usr/lib/postgresql/<version>/bin (Debian keeps them there, off the
-// PATH), else the PATH. It fails the test if there is none.
+// PATH), else the PATH. It fails the test if there is none. go test
+// -short leaves out every test that needs one.
 func Bin(t testing.TB, name string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a real PostgreSQL")
+	}
 	var dirs []string
 	if d := os.Getenv("PG_BIN"); d != "" {
 		dirs = append(dirs, d)

@@ -9,9 +9,6 @@ import (
 // root), answers on its loopback port, keeps a committed row through an
 // immediate stop (a crash, no shutdown checkpoint) and a start.
 func TestServerKeepsCommittedRowsThroughACrash(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts PostgreSQL")
-	}
 	s := Start(t, "synchronous_commit=on")
 	s.Psql(t, "CREATE TABLE t (id text PRIMARY KEY)")
 	s.Psql(t, "INSERT INTO t VALUES ('evt_1') ON CONFLICT DO NOTHING")

@@ -23,9 +23,12 @@ import (
 )
 
 // Bin returns the path of a redis-server (or redis-cli) binary, or fails
-// the test.
+// the test. go test -short leaves out every test that needs one.
 func Bin(t testing.TB, name string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: needs a real " + name)
+	}
 	p, err := exec.LookPath(name)
 	if err != nil {
 		t.Fatalf("%s is not installed or not in PATH: the Redis tests need real Redis 7+ processes (Debian: apt-get install redis-server; .ci/run installs it)", name)
