@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
+	"golang.org/x/net/http/httpguts"
 )
 
 func init() {
@@ -94,14 +95,14 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, &m.EventIDHeader); err != nil {
 				return err
 			}
-			if !validHeaderName(m.EventIDHeader) {
+			if !httpguts.ValidHeaderFieldName(m.EventIDHeader) {
 				return d.Errf("event_id_header: %q is not a valid header name", m.EventIDHeader)
 			}
 		case "signature_header":
 			if err := oneArg(d, &m.SignatureHeader); err != nil {
 				return err
 			}
-			if !validHeaderName(m.SignatureHeader) {
+			if !httpguts.ValidHeaderFieldName(m.SignatureHeader) {
 				return d.Errf("signature_header: %q is not a valid header name", m.SignatureHeader)
 			}
 		case "retention":

@@ -21,6 +21,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"golang.org/x/net/http/httpguts"
 )
 
 func init() {
@@ -425,28 +426,14 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("on_store_error must be %q or %q, not %q", storeErrorReject, storeErrorPass, h.OnStoreError)
 	case h.OnPayloadMismatch != mismatchReject && h.OnPayloadMismatch != mismatchLog:
 		return fmt.Errorf("on_payload_mismatch must be %q or %q, not %q", mismatchReject, mismatchLog, h.OnPayloadMismatch)
-	case h.EventIDHeader != "" && !validHeaderName(h.EventIDHeader):
+	case h.EventIDHeader != "" && !httpguts.ValidHeaderFieldName(h.EventIDHeader):
 		return fmt.Errorf("event_id_header %q is not a valid header name", h.EventIDHeader)
-	case !validHeaderName(h.SignatureHeader):
+	case !httpguts.ValidHeaderFieldName(h.SignatureHeader):
 		return fmt.Errorf("signature_header %q is not a valid header name", h.SignatureHeader)
 	case strings.ContainsAny(h.KeyPrefix, " \t\r\n"):
 		return fmt.Errorf("key_prefix %q must not contain white space", h.KeyPrefix)
 	}
 	return nil
-}
-
-// validHeaderName reports whether s is an HTTP token (RFC 9110).
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }
 
 // Interface guards

@@ -18,6 +18,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"golang.org/x/net/http/httpguts"
 )
 
 func init() {
@@ -140,7 +141,7 @@ func (s *HMACScheme) setup() error {
 		}
 	}
 	for opt, v := range map[string]string{"header": s.Header, "timestamp_header": s.TimestampHeader, "id_header": s.IDHeader} {
-		if v != "" && !validHeaderName(v) {
+		if v != "" && !httpguts.ValidHeaderFieldName(v) {
 			return fmt.Errorf("%s %q is not a valid header name", opt, v)
 		}
 	}
