@@ -346,8 +346,10 @@ func (s *FileStore) Get(_ context.Context, key string) (Entry, error) {
 // Both go through the writer, after every write queued before: the
 // write of a commit that a stalled disk holds (its caller gave up
 // waiting, its lease kept) lands before the forget, never after it. If
-// the disk does not take the forget in time, it is an error, and
-// nothing was forgotten.
+// the disk does not take the forget in time, it is an error: nothing
+// was forgotten if the writer had not taken it yet (errFileStalled);
+// else it may still be applied when the disk answers
+// (errFileWritePending, which says so).
 func (s *FileStore) Forget(_ context.Context, key string, force bool) (Entry, bool, error) {
 	st, err := s.st()
 	if err != nil {
@@ -738,6 +740,9 @@ var errFileClosed = errors.New("file store: the database file is closed (Caddy i
 var (
 	fileWriteTimeout = 5 * time.Second
 	errFileStalled   = errors.New("the disk did not complete the write in time")
+	// errFileWritePending: the writer had taken the write when the time
+	// ran out; it cannot be called off, and lands when the disk answers.
+	errFileWritePending = fmt.Errorf("%w; the write was under way and may still land when the disk answers", errFileStalled)
 )
 
 // write runs fn in a write transaction and returns once the transaction
@@ -772,7 +777,7 @@ func (st *fileState) writeThen(fn func(*fileTx) error, after func()) error {
 	case <-timer.C:
 		// The writer still holds op and may yet write it: it is not
 		// reused. A commit's caller retries; the write is idempotent.
-		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
+		return fmt.Errorf("file store: writing %s: %w", st.path, errFileWritePending)
 	}
 	err := op.err
 	op.fn, op.after, op.err = nil, nil, nil

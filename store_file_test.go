@@ -1183,3 +1183,34 @@ func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
 		t.Fatalf("claim after the forget: %v, %v", res, err)
 	}
 }
+
+// A forget whose transaction the writer has taken when the disk stalls
+// cannot be called off: the write lands when the disk answers. Its error
+// says so (the admin API's 503 carries it), and the record is indeed
+// gone once the disk is back. (It said "nothing was forgotten" and the
+// record was deleted later; found by review.)
+func TestFileStoreForgetTakenByAStalledDisk(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = time.Second
+	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	s := &FileStore{state: st}
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "k", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "k", "t", DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	forgot := make(chan error, 1)
+	release := holdInStalledWrite(t, st,
+		func() { go func() { _, _, err := s.Forget(ctx, "k", false); forgot <- err }() },
+		func() bool { return true })
+	err := <-forgot
+	if !errors.Is(err, errFileWritePending) || !strings.Contains(err.Error(), "may still") {
+		t.Fatalf("forget while the disk holds its transaction: %v, want it to say the forget may still land", err)
+	}
+	release()
+	if e, err := s.Get(ctx, "k"); err != nil || e.State() != "absent" {
+		t.Fatalf("after the disk came back: %+v %v, want the record gone as the error said it might be", e, err)
+	}
+}
