@@ -437,6 +437,14 @@ func (s *RedisStore) options(ctx caddy.Context) (resolvedOptions, error) {
 	if (len(o.Addrs) > 1 || s.Cluster) && o.MasterName == "" && o.DB != 0 {
 		return fail(errors.New("db must be 0 on a Redis Cluster (several addresses, or cluster)"))
 	}
+	for _, d := range []struct {
+		option string
+		value  time.Duration
+	}{{"dial_timeout", o.DialTimeout}, {"read_timeout", o.ReadTimeout}, {"write_timeout", o.WriteTimeout}, {"wait_timeout", time.Duration(s.WaitTimeout)}} {
+		if d.value > MaxRedisTimeout {
+			return fail(fmt.Errorf("%s must be at most %v, not %v", d.option, MaxRedisTimeout, d.value))
+		}
+	}
 	s.readTimeout = o.ReadTimeout
 	if s.readTimeout == 0 {
 		s.readTimeout = 3 * time.Second
@@ -464,6 +472,11 @@ func (s *RedisStore) options(ctx caddy.Context) (resolvedOptions, error) {
 	}
 	return resolvedOptions{universal: o, norm: norm, cacheSize: cacheSize}, nil
 }
+
+// MaxRedisTimeout bounds dial_timeout, read_timeout, write_timeout and
+// wait_timeout (in their options and in a url): a request waits for
+// Redis at most that long, and the deadlines built from them never wrap.
+const MaxRedisTimeout = time.Hour
 
 // Validate checks values that need no placeholder resolution.
 func (s *RedisStore) Validate() error {

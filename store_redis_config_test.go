@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -208,4 +209,41 @@ func TestServerEndpointsOnRedisSpelledTwoWays(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "different secrets") {
 		t.Fatalf("two endpoints with different secrets on one Redis (localhost and 127.0.0.1), one key_prefix: %v, want refused", err)
 	}
+}
+
+// Every Redis timeout is bounded, in its option and in the url, with an
+// error naming it: a read_timeout near the longest Duration validated,
+// and the local cache's read deadline (heartbeat + read_timeout) wrapped
+// into the past, so its connection was dropped every second (found by
+// review).
+func TestRedisTimeoutsBounded(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	over := (MaxRedisTimeout + time.Second).String()
+	for name, store := range map[string]string{
+		"dial_timeout":  `{"type":"redis","address":["127.0.0.1:1"],"dial_timeout":"` + over + `"}`,
+		"read_timeout":  `{"type":"redis","address":["127.0.0.1:1"],"read_timeout":"2562047h47m16.854775807s"}`,
+		"write_timeout": `{"type":"redis","address":["127.0.0.1:1"],"write_timeout":"` + over + `"}`,
+		"wait_timeout":  `{"type":"redis","address":["127.0.0.1:1"],"read_timeout":"1h","wait_timeout":"` + over + `"}`,
+		"url":           `{"type":"redis","url":"redis://127.0.0.1:1/?read_timeout=7201"}`,
+	} {
+		h := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(store)}
+		err := h.Provision(ctx)
+		if err == nil {
+			err = h.Validate()
+		}
+		want := name
+		if name == "url" {
+			want = "read_timeout"
+		}
+		if err == nil || !strings.Contains(err.Error(), want+" must be at most") {
+			t.Errorf("%s: %v; want an error naming %s and its maximum", name, err, want)
+		}
+		_ = h.Cleanup()
+	}
+	h := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"redis","address":["127.0.0.1:1"],"read_timeout":"` + MaxRedisTimeout.String() + `"}`)}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatalf("read_timeout at the maximum: %v", err)
+	}
+	_ = h.Cleanup()
 }
