@@ -52,7 +52,7 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 		"provider":                                                "wrong argument count",
 		"provider nosuch":                                         "http.sangho_dedup.verifiers.nosuch",
 		"provider github\nprovider shopify":                       "provider given more than once",
-		"provider github extra":                                   `provider github: takes no arguments, found "extra"`,
+		"provider github extra":                                   `provider github: takes no arguments (a secret goes in secret)`,
 		"provider stripe {\ntolerance 1m\n}":                      `provider stripe: takes no options, found "tolerance"`,
 		"provider standard_webhooks {\nsvix on\n}":                `provider standard_webhooks: takes no options, found "svix"`,
 		"provider hmac extra {\n}":                                "wrong argument count",
@@ -84,7 +84,9 @@ func TestCaddyfileProviderErrorsExact(t *testing.T) {
 		"provider hmac {\nheader X-Sig\nid_field id\nalgorithm md5\n}": `provider hmac: algorithm must be sha256, sha512 or sha1, not "md5", at Testfile:7`,
 		"provider hmac {\nheader X-Sig\nheader X-Other\n}":             `provider hmac: header given more than once, at Testfile:5`,
 		"provider hmac {\nfrobnicate 1\n}":                             `provider hmac: unrecognized option "frobnicate", at Testfile:4`,
-		"provider github extra":                                        `provider github: takes no arguments, found "extra", at Testfile:3`,
+		"provider github extra":                                        `provider github: takes no arguments (a secret goes in secret), at Testfile:3`,
+		"provider stripe whsec_on_the_wrong_line":                      `provider stripe: takes no arguments (a secret goes in secret), at Testfile:3`,
+		"store memory {\nx\n}":                                         `store memory: takes no options, found "x", at Testfile:4`,
 		"provider stripe {\ntolerance 1m\n}":                           `provider stripe: takes no options, found "tolerance", at Testfile:4`,
 	} {
 		var h Handler

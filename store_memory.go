@@ -69,7 +69,7 @@ func (m *MemoryStore) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	if nesting := d.Nesting(); d.NextBlock(nesting) {
-		return d.Errf("store memory takes no options, found %q", d.Val())
+		return d.Errf("takes no options, found %q", d.Val())
 	}
 	return nil
 }

@@ -80,7 +80,9 @@ func (*StripeScheme) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 func noOptions(d *caddyfile.Dispenser) error {
 	d.Next() // scheme name
 	if d.NextArg() {
-		return d.Errf("takes no arguments, found %q", d.Val())
+		// The value is not quoted: it is often a secret put on the wrong
+		// line (provider stripe whsec_...).
+		return d.Err("takes no arguments (a secret goes in secret)")
 	}
 	if nesting := d.Nesting(); d.NextBlock(nesting) {
 		return d.Errf("takes no options, found %q", d.Val())
