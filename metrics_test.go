@@ -62,14 +62,14 @@ func TestLocalCacheOffGauge(t *testing.T) {
 	gauge := func() float64 { return testutil.ToFloat64(metrics.cacheOff) - base }
 
 	srv := startRedis(t)
-	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, PoolSize: 7})
+	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, PoolSize: 7, LocalCache: intPtr(10000)})
 	waitFor(t, "tracking connection", s.cache.live.Load)
 	if g := gauge(); g != 0 {
 		t.Fatalf("cache serving: gauge moved by %v", g)
 	}
 
 	pw := aclUser(t, srv.Client(t), "notrack", "", "+client|tracking")
-	refused := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: "notrack", Password: pw})
+	refused := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: "notrack", Password: pw, LocalCache: intPtr(10000)})
 	time.Sleep(300 * time.Millisecond) // its first tracking attempt is refused
 	if g := gauge(); g != 1 || refused.cache.live.Load() {
 		t.Fatalf("without CLIENT TRACKING: gauge moved by %v, want 1", g)

@@ -167,15 +167,19 @@ type RedisStore struct {
 	WaitTimeout caddy.Duration `json:"wait_timeout,omitempty"`
 
 	// How many done records to keep in memory, to answer redeliveries of
-	// processed events without asking Redis; 0 turns the cache off.
+	// processed events without asking Redis; 0 or off: no cache. Opt-in:
+	// it pays only where an instance sees the same event again and again
+	// (under realistic redelivery, 1 to 3 redeliveries over several
+	// instances, it costs more than it saves: bench/REDIS-CLIENT-AB.md),
+	// and it cannot see SWAPDB.
 	// Redis invalidates an entry when its key changes (server-assisted
 	// client-side caching, CLIENT TRACKING; not for SWAPDB, which Redis
 	// does not report), and the cache is dropped while its tracking
 	// connection is down. Standalone server only: on a Cluster and
 	// behind Sentinel it is off, and setting it is a config error. The
 	// Redis user needs CLIENT TRACKING and PTTL besides the store's
-	// commands; without them the cache stays off (logged). Default:
-	// 10000.
+	// commands; without them the cache stays off (logged). Default: off
+	// (10000 is a good size where it pays).
 	LocalCache *int `json:"local_cache,omitempty"`
 
 	client  redis.UniversalClient
@@ -452,7 +456,7 @@ func (s *RedisStore) options(ctx caddy.Context) (resolvedOptions, error) {
 	if s.WaitTimeout > 0 && time.Duration(s.WaitTimeout) >= s.readTimeout {
 		return fail(fmt.Errorf("wait_timeout must be shorter than read_timeout (%v), or the WAIT reply times out", s.readTimeout))
 	}
-	cacheSize := defaultLocalCache
+	cacheSize := 0
 	if s.LocalCache != nil {
 		cacheSize = *s.LocalCache
 	}

@@ -159,6 +159,9 @@ func exerciseStore(t *testing.T, s *RedisStore, admins []*redis.Client) {
 	}
 }
 
+// cacheOn is local_cache set (it is off by default).
+var cacheOn = intPtr(10000)
+
 // TestREADMEACLStandalone: the README's ACL line, run as printed, lets
 // the store run every command it needs on a standalone Redis, with and
 // without wait_replicas, the local cache included: it stays on past its
@@ -170,12 +173,12 @@ func TestREADMEACLStandalone(t *testing.T) {
 	admin := srv.Client(t)
 	for _, wait := range []int{0, 1} {
 		for _, noPipeline := range []bool{false, true} {
-			s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password,
+			s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, LocalCache: cacheOn,
 				WaitReplicas: wait, DisablePipeline: noPipeline, WaitTimeout: caddy.Duration(10 * time.Millisecond)})
 			exerciseStore(t, s, []*redis.Client{admin})
 		}
 	}
-	duplicatesFromCache(t, provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password}), admin)
+	duplicatesFromCache(t, provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, LocalCache: cacheOn}), admin)
 }
 
 // TestREADMEACLWithDB: a db other than 0 makes every connection run
@@ -188,7 +191,7 @@ func TestREADMEACLWithDB(t *testing.T) {
 	applyACL(t, line, srv.Addr)
 	admin := srv.Client(t)
 	ctx := context.Background()
-	s := &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, DB: 1}
+	s := &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, LocalCache: cacheOn, DB: 1}
 	logs := observeStore(s)
 	provisionRedisStore(t, s)
 	s.check.retryEvery = 0
@@ -204,7 +207,7 @@ func TestREADMEACLWithDB(t *testing.T) {
 	})
 	must(t, admin.Do(ctx, "ACL", "SETUSER", user, "+select").Err())
 	must(t, admin.Do(ctx, "ACL", "LOG", "RESET").Err())
-	s = provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, DB: 1, PoolSize: 2})
+	s = provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, Username: user, Password: password, LocalCache: cacheOn, DB: 1, PoolSize: 2})
 	exerciseStore(t, s, []*redis.Client{admin})
 }
 

@@ -13,10 +13,6 @@ import (
 	"go.uber.org/zap"
 )
 
-// defaultLocalCache is the number of done records a Redis store keeps
-// in memory unless local_cache says otherwise.
-const defaultLocalCache = 10000
-
 // doneCache holds done records that this process has seen in Redis, so
 // that a redelivery of a processed event is answered without a round
 // trip. A done record changes only when it expires or is deleted (or

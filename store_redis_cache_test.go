@@ -31,9 +31,9 @@ func cachedStores(t *testing.T, addr string, n int) []*RedisStore {
 	t.Helper()
 	var out []*RedisStore
 	for i := range n {
-		s := provisionRedisStore(t, &RedisStore{Address: []string{addr}, PoolSize: 3 + i})
+		s := provisionRedisStore(t, &RedisStore{Address: []string{addr}, PoolSize: 3 + i, LocalCache: cacheOn})
 		if s.cache == nil || s.tracker == nil {
-			t.Fatal("the local cache is off by default")
+			t.Fatal("local_cache set, and no cache")
 		}
 		for _, o := range out {
 			if o.cache == s.cache {
@@ -157,7 +157,7 @@ func TestRedisLocalCacheInvalidatedByOverwriteAndFlush(t *testing.T) {
 func TestRedisLocalCacheDroppedWithTrackingConnection(t *testing.T) {
 	srv := startRedis(t)
 	admin := srv.Client(t)
-	s := &RedisStore{Address: []string{srv.Addr}}
+	s := &RedisStore{Address: []string{srv.Addr}, LocalCache: cacheOn}
 	logs := observeStore(s)
 	provisionRedisStore(t, s)
 	waitFor(t, "tracking connection", s.cache.live.Load)
@@ -281,12 +281,15 @@ func TestDoneCacheExpiryAndBound(t *testing.T) {
 	}
 }
 
-// TestRedisLocalCacheOff: local_cache off: no cache, no tracking
-// connection.
+// TestRedisLocalCacheOff: local_cache off, and no local_cache (the
+// default): no cache, no tracking connection.
 func TestRedisLocalCacheOff(t *testing.T) {
 	srv := startRedis(t)
 	admin := srv.Client(t)
 	off := 0
+	if s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, PoolSize: 4}); s.cache != nil || s.tracker != nil {
+		t.Fatal("no local_cache: a cache")
+	}
 	s := provisionRedisStore(t, &RedisStore{Address: []string{srv.Addr}, LocalCache: &off})
 	if s.cache != nil || s.tracker != nil {
 		t.Fatal("local_cache off: a cache")
@@ -310,7 +313,7 @@ func TestRedisLocalCacheWithoutPermission(t *testing.T) {
 	srv := startRedis(t)
 	admin := srv.Client(t)
 	pw := aclUser(t, admin, "notrack", "", "+client|tracking")
-	s := &RedisStore{Address: []string{srv.Addr}, Username: "notrack", Password: pw}
+	s := &RedisStore{Address: []string{srv.Addr}, Username: "notrack", Password: pw, LocalCache: cacheOn}
 	logs := observeStore(s)
 	provisionRedisStore(t, s)
 	waitFor(t, "the warning", func() bool {
@@ -662,6 +665,7 @@ http://127.0.0.1:%d {
 			address %s
 			username notrack
 			password %s
+			local_cache 10000
 		}
 	}
 	respond 200

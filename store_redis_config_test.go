@@ -135,7 +135,9 @@ func TestRedisLocalCacheDefaults(t *testing.T) {
 		s    RedisStore
 		want int
 	}{
-		{RedisStore{Address: []string{"127.0.0.1:1"}}, defaultLocalCache},
+		// Opt-in: under realistic redelivery the cache costs more than it
+		// saves (bench/REDIS-CLIENT-AB.md), and it cannot see SWAPDB.
+		{RedisStore{Address: []string{"127.0.0.1:1"}}, 0},
 		{RedisStore{Address: []string{"127.0.0.1:1", "127.0.0.1:2"}, MasterName: "m"}, 0},
 		{RedisStore{Address: []string{"127.0.0.1:1"}, MasterName: "m", LocalCache: intPtr(0)}, 0},
 		{RedisStore{Address: []string{"127.0.0.1:1"}, LocalCache: intPtr(7)}, 7},

@@ -230,7 +230,7 @@ http://127.0.0.1:%d {
 		{"commit", redis(f.commitProxy.Addr(), "")},
 		{"replicas", redis(main.Addr, "wait_replicas 1\n\t\t\t\twait_timeout 50ms")},
 		{"acl", redis(main.Addr, "username nopexpire\n\t\t\t\tpassword pw_nopexpire")},
-		{"notrack", redis(main.Addr, "username notrack\n\t\t\t\tpassword pw_notrack")},
+		{"notrack", redis(main.Addr, "username notrack\n\t\t\t\tpassword pw_notrack\n\t\t\t\tlocal_cache 10000")},
 		{"evict", redis(evict.Addr, "")},
 	} {
 		cfg += endpoint(e.name, e.extra, be.url)
