@@ -102,7 +102,7 @@ var providerCases = []providerCase{
 		id: func(n int) string { return "ev_hmac_" + strconv.Itoa(n) },
 	},
 	{
-		// The README's Slack recipe; Slack's Events API: X-Slack-Signature
+		// The Slack recipe of docs/providers.md; Slack's Events API: X-Slack-Signature
 		// v0=<hex HMAC-SHA256 of "v0:" + timestamp + ":" + body>, the
 		// timestamp in Unix seconds, the event ID the body's event_id.
 		name: "slack", lines: "provider hmac {\n\t\t\theader X-Slack-Signature\n\t\t\tprefix v0=\n\t\t\ttimestamp_header X-Slack-Request-Timestamp\n\t\t\tsigned_content \"v0:{timestamp}:{body}\"\n\t\t\tid_field event_id\n\t\t}",
@@ -117,7 +117,7 @@ var providerCases = []providerCase{
 		id: func(n int) string { return "Ev0PV52K2" + strconv.Itoa(n) },
 	},
 	{
-		// The README's Twitch recipe; Twitch EventSub: the HMAC-SHA256 of
+		// The Twitch recipe of docs/providers.md; Twitch EventSub: the HMAC-SHA256 of
 		// message ID + timestamp + body, Twitch-Eventsub-Message-Signature
 		// sha256=<hex>, the timestamp in RFC 3339 with nanoseconds.
 		name: "twitch", lines: "provider hmac {\n\t\t\theader Twitch-Eventsub-Message-Signature\n\t\t\tprefix sha256=\n\t\t\ttimestamp_header Twitch-Eventsub-Message-Timestamp\n\t\t\ttimestamp_format rfc3339\n\t\t\tsigned_content \"{id}{timestamp}{body}\"\n\t\t\tid_header Twitch-Eventsub-Message-Id\n\t\t}",
@@ -330,18 +330,18 @@ func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 	})
 }
 
-// readmeSection returns the README's text from the heading line head to
-// the next heading of the same or a higher level.
-func readmeSection(t *testing.T, head string) string {
+// docSection returns the text of the Markdown file file from the heading
+// line head to the next heading of the same or a higher level.
+func docSection(t *testing.T, file, head string) string {
 	t.Helper()
-	data, err := os.ReadFile("README.md")
+	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := string(data)
+	s := "\n" + string(data)
 	i := strings.Index(s, "\n"+head+"\n")
 	if i < 0 {
-		t.Fatalf("README: no %q heading", head)
+		t.Fatalf("%s: no %q heading", file, head)
 	}
 	s = s[i+1+len(head):]
 	level := head[:strings.IndexByte(head, ' ')+1]
@@ -421,16 +421,17 @@ func caseVerifier(t *testing.T, p providerCase) string {
 	return string(h.VerifierRaw)
 }
 
-// TestReadmeProviderRecipes: every recipe of the README's Providers
-// section is one that TestServerProviders runs, signed the way its
-// sender documents: each `sangho_dedup /<name>` block holds the provider
-// lines of the case of that name (besides its secret and key_prefix),
-// and each JSON example the verifier those lines adapt to.
-func TestReadmeProviderRecipes(t *testing.T) {
-	section := readmeSection(t, "## Providers")
+// TestDocsProviderRecipes: every recipe of docs/providers.md (the
+// Providers reference the README links to) is one that
+// TestServerProviders runs, signed the way its sender documents: each
+// `sangho_dedup /<name>` block holds the provider lines of the case of
+// that name (besides its secret and key_prefix), and each JSON example
+// the verifier those lines adapt to.
+func TestDocsProviderRecipes(t *testing.T) {
+	section := docSection(t, "docs/providers.md", "# Providers")
 	examples := codeBlocks(section, "caddyfile")
 	if len(examples) == 0 {
-		t.Fatal("README Providers: no caddyfile example")
+		t.Fatal("docs/providers.md: no caddyfile example")
 	}
 	caseOf := map[string]string{"svix": "standard_webhooks"}
 	seen := 0
@@ -438,7 +439,7 @@ func TestReadmeProviderRecipes(t *testing.T) {
 		name, ok := strings.CutPrefix(head, "sangho_dedup /")
 		name, ok2 := strings.CutSuffix(name, " {")
 		if !ok || !ok2 {
-			t.Errorf("README Providers example: unexpected block %q", head)
+			t.Errorf("docs/providers.md example: unexpected block %q", head)
 			continue
 		}
 		if c, ok := caseOf[name]; ok {
@@ -452,16 +453,16 @@ func TestReadmeProviderRecipes(t *testing.T) {
 			}
 		}
 		if got, want := strings.Join(provider, "\n"), strings.Join(caseLines(p), "\n"); got != want {
-			t.Errorf("README recipe %s:\n%s\nthe tested one:\n%s", head, got, want)
+			t.Errorf("docs/providers.md recipe %s:\n%s\nthe tested one:\n%s", head, got, want)
 		}
 		seen++
 	}
 	if seen < 6 {
-		t.Errorf("README Providers example: %d recipes found, want at least 6", seen)
+		t.Errorf("docs/providers.md example: %d recipes found, want at least 6", seen)
 	}
 	jsons := codeBlocks(section, "json")
 	if len(jsons) == 0 {
-		t.Fatal("README Providers: no JSON example")
+		t.Fatal("docs/providers.md: no JSON example")
 	}
 	dec := json.NewDecoder(strings.NewReader(jsons[0]))
 	n := 0
@@ -471,19 +472,19 @@ func TestReadmeProviderRecipes(t *testing.T) {
 			Verifier  json.RawMessage `json:"verifier"`
 		}
 		if err := dec.Decode(&h); err != nil {
-			t.Fatalf("README Providers JSON example: %v", err)
+			t.Fatalf("docs/providers.md JSON example: %v", err)
 		}
 		p := providerCaseNamed(t, strings.TrimSuffix(h.KeyPrefix, ":"))
 		var got, want any
 		_ = json.Unmarshal(h.Verifier, &got)
 		_ = json.Unmarshal([]byte(caseVerifier(t, p)), &want)
 		if !reflect.DeepEqual(got, want) {
-			t.Errorf("README JSON example %s: verifier %s, the tested one %s", h.KeyPrefix, h.Verifier, caseVerifier(t, p))
+			t.Errorf("docs/providers.md JSON example %s: verifier %s, the tested one %s", h.KeyPrefix, h.Verifier, caseVerifier(t, p))
 		}
 		n++
 	}
 	if n == 0 {
-		t.Error("README Providers JSON example: no handler")
+		t.Error("docs/providers.md JSON example: no handler")
 	}
 }
 
@@ -520,7 +521,7 @@ func TestProviderDocumentedVectors(t *testing.T) {
 	}
 }
 
-// TestServerSlackURLVerification runs the README's Slack route as
+// TestServerSlackURLVerification runs the Slack route of docs/providers.md as
 // written (its backend replaced by the ledger): Slack's url_verification
 // request, which has no event_id, is answered by Caddy with its
 // challenge in text/plain and never reaches the backend, in either key
@@ -529,20 +530,20 @@ func TestProviderDocumentedVectors(t *testing.T) {
 // challenge is not taken for one; a body over the limit is 413.
 func TestServerSlackURLVerification(t *testing.T) {
 	var recipe string
-	for _, b := range codeBlocks(readmeSection(t, "## Providers"), "caddyfile") {
+	for _, b := range codeBlocks(docSection(t, "docs/providers.md", "# Providers"), "caddyfile") {
 		if strings.HasPrefix(b, "route /slack {") {
 			recipe = b
 		}
 	}
 	if recipe == "" {
-		t.Fatal("README Providers: no `route /slack {` example")
+		t.Fatal("docs/providers.md: no `route /slack {` example")
 	}
 	const secret = "slack_url_verification_secret"
 	t.Setenv("SLACK_SIGNING_SECRET", secret)
 	l := ledger.New(t)
 	const upstream = "reverse_proxy 127.0.0.1:3000"
 	if !strings.Contains(recipe, upstream) {
-		t.Fatalf("README Slack route: no %q line", upstream)
+		t.Fatalf("docs/providers.md Slack route: no %q line", upstream)
 	}
 	site := strings.Replace(recipe, upstream, "reverse_proxy "+l.Addr+" {\n\t\theader_up Sangho-Event-ID {http.sangho_dedup.event_id}\n\t}", 1)
 	s := startCaddy(t, site)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,35 +17,50 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
-// readmeCommand returns the one line of a README code block that starts
-// with prefix.
+// readmeCommand returns the line of a code block that starts with
+// prefix, in the README and the reference in docs/ (the README prints the
+// Redis ACL line, docs/redis.md prints it again with its reasons): at
+// least one such line, and every copy the same, so that none can drift
+// from the one tested.
 func readmeCommand(t *testing.T, prefix string) string {
 	t.Helper()
-	data, err := os.ReadFile("README.md")
+	files, err := filepath.Glob("docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var found []string
-	inCode := false
-	for _, l := range strings.Split(string(data), "\n") {
-		trimmed := strings.TrimSpace(l)
-		if strings.HasPrefix(trimmed, "```") {
-			inCode = !inCode
-			continue
+	var found, where []string
+	for _, file := range append([]string{"README.md"}, files...) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
 		}
-		if inCode && strings.HasPrefix(trimmed, prefix) {
-			found = append(found, trimmed)
+		inCode := false
+		for _, l := range strings.Split(string(data), "\n") {
+			trimmed := strings.TrimSpace(l)
+			if strings.HasPrefix(trimmed, "```") {
+				inCode = !inCode
+				continue
+			}
+			if inCode && strings.HasPrefix(trimmed, prefix) {
+				found = append(found, trimmed)
+				where = append(where, file)
+			}
 		}
 	}
-	if len(found) != 1 {
-		t.Fatalf("README: want exactly one `%s` line in a code block, found %d: %q", prefix, len(found), found)
+	if len(found) == 0 {
+		t.Fatalf("README.md, docs/*.md: no `%s` line in a code block", prefix)
+	}
+	for i := range found {
+		if found[i] != found[0] {
+			t.Fatalf("the `%s` lines differ: %s has %q, %s has %q", prefix, where[0], found[0], where[i], found[i])
+		}
 	}
 	return found[0]
 }
 
-// readmeACL returns the ACL command printed in the README (the one line
-// of a code block that starts with "redis-cli ACL SETUSER"), with the
-// user name and password it sets.
+// readmeACL returns the ACL command printed in the README and
+// docs/redis.md (the line of a code block that starts with
+// "redis-cli ACL SETUSER"), with the user name and password it sets.
 func readmeACL(t *testing.T) (line, user, password string) {
 	t.Helper()
 	line = readmeCommand(t, "redis-cli ACL SETUSER ")

@@ -616,7 +616,7 @@ func TestRedisLocalCacheReplicaPromotedByHand(t *testing.T) {
 // TestRedisLocalCacheBlindToSWAPDB: SWAPDB replaces every key of the
 // store's database and Redis sends no invalidation for it (tracking is by
 // key name): the cache keeps answering the redelivery as a duplicate,
-// as the README says, until the README's remedy closes the tracking
+// as docs/redis.md says, until its remedy closes the tracking
 // connection; then the redelivery is processed.
 func TestRedisLocalCacheBlindToSWAPDB(t *testing.T) {
 	ctx := context.Background()
@@ -627,13 +627,13 @@ func TestRedisLocalCacheBlindToSWAPDB(t *testing.T) {
 	heardAfter(t, s)
 	hits := s.cache.hits.Load()
 	if res, _, err := s.Claim(ctx, key, "tok-swapped", time.Minute); err != nil || res != AlreadyDone || s.cache.hits.Load() != hits+1 {
-		t.Fatalf("redelivery after SWAPDB: %v %v, hits %d -> %d; the README says the cache still answers it (update the README if Redis now invalidates)",
+		t.Fatalf("redelivery after SWAPDB: %v %v, hits %d -> %d; docs/redis.md says the cache still answers it (update docs/redis.md if Redis now invalidates)",
 			res, err, hits, s.cache.hits.Load())
 	}
 
 	conns := s.tracker.conns.Load()
 	runREADMELine(t, readmeCommand(t, "redis-cli CLIENT LIST "), srv.Addr)
-	waitFor(t, "the cache emptied by the README's remedy", func() bool { return !s.cache.has(key) })
+	waitFor(t, "the cache emptied by the remedy of docs/redis.md", func() bool { return !s.cache.has(key) })
 	if res, _, err := s.Claim(ctx, key, "tok-after", time.Minute); err != nil || res != Claimed {
 		t.Fatalf("redelivery after the remedy: %v %v, want claimed", res, err)
 	}

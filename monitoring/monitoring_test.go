@@ -316,18 +316,18 @@ func exporterSeries(t *testing.T) map[string]string {
 	return got
 }
 
-// readmeMetricTable parses the metric table of the README's
-// Observability section: name → type.
-func readmeMetricTable(t *testing.T) map[string]string {
+// docsMetricTable parses the metric table of the Metrics section of
+// docs/observability.md (the README links there): name → type.
+func docsMetricTable(t *testing.T) map[string]string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "docs", "observability.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := string(b)
-	i := strings.Index(s, "\n## Observability")
+	i := strings.Index(s, "\n## Metrics\n")
 	if i < 0 {
-		t.Fatal("README.md has no Observability section")
+		t.Fatal("docs/observability.md has no Metrics section")
 	}
 	s = s[i+1:]
 	if j := strings.Index(s[3:], "\n## "); j >= 0 {
@@ -337,17 +337,17 @@ func readmeMetricTable(t *testing.T) map[string]string {
 	got := map[string]string{}
 	for _, m := range row.FindAllStringSubmatch(s, -1) {
 		if _, dup := got[m[1]]; dup {
-			t.Errorf("README lists %s twice", m[1])
+			t.Errorf("docs/observability.md lists %s twice", m[1])
 		}
 		got[m[1]] = m[2]
 	}
 	return got
 }
 
-// TestREADMEMetricTable: the README's metric table lists every series
-// the exporter registers, with its type, and nothing else.
-func TestREADMEMetricTable(t *testing.T) {
-	exported, table := exporterSeries(t), readmeMetricTable(t)
+// TestDocsMetricTable: the metric table of docs/observability.md lists
+// every series the exporter registers, with its type, and nothing else.
+func TestDocsMetricTable(t *testing.T) {
+	exported, table := exporterSeries(t), docsMetricTable(t)
 	if len(exported) < 5 {
 		t.Fatalf("the exporter registered only %v", exported)
 	}
@@ -365,9 +365,9 @@ func TestREADMEMetricTable(t *testing.T) {
 	sort.Strings(missing)
 	sort.Strings(extra)
 	if len(missing) > 0 {
-		t.Errorf("exported but not in the README's metric table (or with another type): %v", missing)
+		t.Errorf("exported but not in the metric table of docs/observability.md (or with another type): %v", missing)
 	}
 	if len(extra) > 0 {
-		t.Errorf("in the README's metric table but not exported: %v", extra)
+		t.Errorf("in the metric table of docs/observability.md but not exported: %v", extra)
 	}
 }

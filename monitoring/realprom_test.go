@@ -29,7 +29,7 @@ import (
 // The real-Prometheus test: one Caddy built from ./cmd/caddy, with
 // sangho_dedup on the file store and on Redis (several endpoints, some
 // broken on purpose), Caddy's tracing on and an access log written as the
-// README says, scraped every second by Debian's prometheus loaded with
+// docs/observability.md says, scraped every second by Debian's prometheus loaded with
 // the rule file, while deliveries of every outcome arrive. Then every
 // PromQL expression of the dashboard and of the rule file is evaluated
 // through Prometheus's HTTP API. Everything listens on 127.0.0.1.
@@ -54,7 +54,8 @@ type fleet struct {
 func freePort(t *testing.T) int { return redistest.FreePort(t) }
 
 // recipe returns the code block that follows the marker
-// <!-- test: NAME --> in a README.
+// <!-- test: NAME --> in a Markdown file (docs/observability.md, or
+// README.md here).
 func recipe(t *testing.T, readme, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(readme)
@@ -204,9 +205,9 @@ func startFleet(t *testing.T) *fleet {
 	redis := func(addr, more string) string {
 		return "store redis {\n\t\t\t\taddress " + addr + "\n\t\t\t\tdial_timeout 200ms\n\t\t\t\tread_timeout 500ms\n\t\t\t\t" + more + "\n\t\t\t}"
 	}
-	accessLog := strings.ReplaceAll(recipe(t, "../README.md", "access-log"), "/var/log/caddy/webhooks.log", f.accessLog)
-	tracing := recipe(t, "../README.md", "tracing")
-	metricsSite := strings.Replace(recipe(t, "../README.md", "metrics-site"), ":9180 {", "http://"+f.metricsAddr+" {\n\tbind 127.0.0.1", 1)
+	accessLog := strings.ReplaceAll(recipe(t, "../docs/observability.md", "access-log"), "/var/log/caddy/webhooks.log", f.accessLog)
+	tracing := recipe(t, "../docs/observability.md", "tracing")
+	metricsSite := strings.Replace(recipe(t, "../docs/observability.md", "metrics-site"), ":9180 {", "http://"+f.metricsAddr+" {\n\tbind 127.0.0.1", 1)
 	cfg := fmt.Sprintf(`{
 	admin 127.0.0.1:%d
 	auto_https off
@@ -583,11 +584,11 @@ func family(series string) string {
 	return name
 }
 
-// checkExporter: the README's metrics site and Caddy's admin endpoint
-// both serve every series of the README's metric table, and no other of
-// this module.
+// checkExporter: the metrics site of docs/observability.md and Caddy's
+// admin endpoint both serve every series of its metric table, and no
+// other of this module.
 func (f *fleet) checkExporter(t *testing.T) {
-	table := readmeMetricTable(t)
+	table := docsMetricTable(t)
 	for _, u := range []string{"http://" + f.metricsAddr + "/metrics", f.admin + "/metrics"} {
 		got := map[string]bool{}
 		for k := range scrape(t, u) {
@@ -602,7 +603,7 @@ func (f *fleet) checkExporter(t *testing.T) {
 		}
 		for name := range got {
 			if _, ok := table[name]; !ok {
-				t.Errorf("%s serves %s, which the README's table lacks", u, name)
+				t.Errorf("%s serves %s, which the table of docs/observability.md lacks", u, name)
 			}
 		}
 	}
@@ -751,9 +752,9 @@ func (f *fleet) checkAlerts(t *testing.T) {
 	})
 }
 
-// checkAccessLog: the README's access-log recipe puts the outcome and
-// the event ID of each delivery into Caddy's access log, and no
-// signature.
+// checkAccessLog: the access-log recipe of docs/observability.md puts
+// the outcome and the event ID of each delivery into Caddy's access log,
+// and no signature.
 func (f *fleet) checkAccessLog(t *testing.T) {
 	var entries []map[string]any
 	waitFor(t, 10*time.Second, "the access log", func() bool {
@@ -814,7 +815,7 @@ func (s spanStub) attr(k string) string {
 	return ""
 }
 
-// checkTraces: with Caddy's tracing on (the README's recipe), each
+// checkTraces: with Caddy's tracing on (docs/observability.md's recipe), each
 // delivery's span carries the event ID, outcome, provider, store and
 // endpoint, and a held or released event has its span event.
 func (f *fleet) checkTraces(t *testing.T) {

@@ -253,6 +253,10 @@ func TestPanelPictures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	docs, err := os.ReadFile(filepath.Join("..", "docs", "observability.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range loadDashboard(t).Panels {
 		name := panelFile(p)
 		b, err := os.ReadFile(filepath.Join(panelsDir, name))
@@ -266,6 +270,9 @@ func TestPanelPictures(t *testing.T) {
 		}
 		if !bytes.Contains(readme, []byte("panels/"+name)) {
 			t.Errorf("monitoring/README.md does not show panels/%s", name)
+		}
+		if !bytes.Contains(docs, []byte("../monitoring/panels/"+name)) {
+			t.Errorf("docs/observability.md does not show panels/%s", name)
 		}
 	}
 }
