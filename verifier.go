@@ -309,7 +309,7 @@ func (h *Handler) validateScheme() error {
 	s := &h.scheme
 	switch {
 	case !s.timestamp && h.Tolerance != 0:
-		return fmt.Errorf("tolerance: the %s scheme signs no timestamp, so there is no tolerance to set (a captured delivery stays valid: see the README, providers)", s.name)
+		return fmt.Errorf("tolerance: the %s scheme signs no timestamp, so there is no tolerance to set (a captured delivery stays valid: see docs/providers.md)", s.name)
 	case h.RequireBodyID != nil && s.idSource != IDFromBody:
 		return fmt.Errorf("require_body_id: applies only where the event ID comes from the body (sangho, stripe, hmac with id_field); the %s scheme takes it from a %s", s.name, s.idSource)
 	case h.SignatureHeader == "":
