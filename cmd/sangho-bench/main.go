@@ -239,55 +239,7 @@ func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64
 		return err
 	}
 	backend := "127.0.0.1:" + strconv.Itoa(backendPort)
-	caddyfile := fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	log {
-		level ERROR
-	}
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sangho_dedup {
-		secret %s
-		max_body_size 2MiB
-		store memory
-	}
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sangho_dedup {
-		secret %s
-		max_body_size 2MiB
-		store redis {
-			address 127.0.0.1:%d
-			%s
-		}
-	}
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sangho_dedup {
-		secret %s
-		max_body_size 2MiB
-		store file %s
-	}
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	header Content-Type application/json
-	respond "{\"received\":true}" 200
-}
-`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, redisOpts, backend,
-		ports[3], secret, filepath.Join(tmp, "dedup.db"), backend, ports[4])
+	caddyfile := benchCaddyfile(ports, backend, redisPort, redisOpts, filepath.Join(tmp, "dedup.db"))
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -543,4 +495,63 @@ func sortedKeys(m map[string]int) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// benchCaddyfile is the config of the benchmark's one Caddy: one site
+// per target (plain reverse_proxy, sangho_dedup on each store, respond),
+// each endpoint named after its store (one config may not give one name
+// to two stores).
+func benchCaddyfile(ports [5]int, backend string, redisPort int, redisOpts, filePath string) string {
+	return fmt.Sprintf(`{
+	admin off
+	auto_https off
+	persist_config off
+	log {
+		level ERROR
+	}
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	reverse_proxy %s
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		max_body_size 2MiB
+		store memory
+		name memory
+	}
+	reverse_proxy %s
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		max_body_size 2MiB
+		store redis {
+			address 127.0.0.1:%d
+			%s
+		}
+		name redis
+	}
+	reverse_proxy %s
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		secret %s
+		max_body_size 2MiB
+		store file %s
+		name file
+	}
+	reverse_proxy %s
+}
+http://127.0.0.1:%d {
+	bind 127.0.0.1
+	header Content-Type application/json
+	respond "{\"received\":true}" 200
+}
+`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, redisOpts, backend,
+		ports[3], secret, filePath, backend, ports[4])
 }
