@@ -379,3 +379,18 @@ func TestConfigurationReferenceComplete(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeStaysAManual: the README is the user's manual, not the
+// reference: at most readmeMaxLines lines (issue 17 set ~350; it was
+// 1,429 when reference, run logs and evidence lived in it). Reference
+// goes to docs/, measurements to bench/, evidence to reliability/.
+func TestReadmeStaysAManual(t *testing.T) {
+	const readmeMaxLines = 360
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), "\n"); n > readmeMaxLines {
+		t.Errorf("README.md has %d lines, more than %d: move reference to docs/, measurements to bench/README.md, evidence to reliability/README.md", n, readmeMaxLines)
+	}
+}
