@@ -91,12 +91,15 @@ func recoveryTime(t *testing.T, prefix string, urls []string, ok func(id string)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			answers := map[string]int{} // what the probe got instead, for the failure message
 			for time.Since(start) < 20*time.Second {
 				id := fmt.Sprintf("evt_probe_%s_%d", prefix, n.Add(1))
 				for ok != nil && !ok(id) {
 					id = fmt.Sprintf("evt_probe_%s_%d", prefix, n.Add(1))
 				}
-				if status, dedup := deliverOnce(client, u, id); status == 200 && dedup == "" {
+				status, dedup := deliverOnce(client, u, id)
+				answers[fmt.Sprintf("%d%s", status, map[bool]string{true: " " + dedup}[dedup != ""])]++
+				if status == 200 && dedup == "" {
 					d := int64(time.Since(start))
 					for {
 						w := worst.Load()
@@ -108,7 +111,7 @@ func recoveryTime(t *testing.T, prefix string, urls []string, ok func(id string)
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			t.Errorf("%s did not answer a new event 2xx within 20 s of the heal", u)
+			t.Errorf("%s did not answer a new event 2xx within 20 s of the heal; it answered (status, 0 = no answer within 5 s): %v", u, answers)
 		}()
 	}
 	wg.Wait()
