@@ -502,56 +502,17 @@ func sortedKeys(m map[string]int) []string {
 // each endpoint named after its store (one config may not give one name
 // to two stores).
 func benchCaddyfile(ports [5]int, backend string, redisPort int, redisOpts, filePath string) string {
-	return fmt.Sprintf(`{
-	admin off
-	auto_https off
-	persist_config off
-	log {
-		level ERROR
+	site := func(port int, body string) string {
+		return fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1\n%s\n}\n", port, body)
 	}
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sangho_dedup {
-		secret %s
-		max_body_size 2MiB
-		store memory
-		name memory
+	dedup := func(port int, name, store string) string {
+		return site(port, fmt.Sprintf("\tsangho_dedup {\n\t\tsecret %s\n\t\tmax_body_size 2MiB\n\t\t%s\n\t\tname %s\n\t}\n\treverse_proxy %s",
+			secret, store, name, backend))
 	}
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sangho_dedup {
-		secret %s
-		max_body_size 2MiB
-		store redis {
-			address 127.0.0.1:%d
-			%s
-		}
-		name redis
-	}
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sangho_dedup {
-		secret %s
-		max_body_size 2MiB
-		store file %s
-		name file
-	}
-	reverse_proxy %s
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	header Content-Type application/json
-	respond "{\"received\":true}" 200
-}
-`, ports[0], backend, ports[1], secret, backend, ports[2], secret, redisPort, redisOpts, backend,
-		ports[3], secret, filePath, backend, ports[4])
+	return "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n" +
+		site(ports[0], "\treverse_proxy "+backend) +
+		dedup(ports[1], "memory", "store memory") +
+		dedup(ports[2], "redis", fmt.Sprintf("store redis {\n\t\t\taddress 127.0.0.1:%d\n\t\t\t%s\n\t\t}", redisPort, redisOpts)) +
+		dedup(ports[3], "file", "store file "+filePath) +
+		site(ports[4], "\theader Content-Type application/json\n\trespond \"{\\\"received\\\":true}\" 200")
 }
