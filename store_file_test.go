@@ -1214,3 +1214,23 @@ func TestFileStoreForgetTakenByAStalledDisk(t *testing.T) {
 		t.Fatalf("after the disk came back: %+v %v, want the record gone as the error said it might be", e, err)
 	}
 }
+
+// The file's expiry encoding saturates on the write side too: a time
+// past 2262 is written as the last representable nanosecond (not its
+// wrapped int64 bits), and before 1970 as 0; both read back in order.
+func TestUnixNanoSaturates(t *testing.T) {
+	far := time.Now().AddDate(1000, 0, 0)
+	if got := unixNano(far); got != math.MaxInt64 {
+		t.Errorf("unixNano(%v) = %d, want MaxInt64", far, got)
+	}
+	if got := unixNano(time.Unix(-10, 0)); got != 0 {
+		t.Errorf("unixNano(before 1970) = %d, want 0", got)
+	}
+	now := time.Now()
+	if got := unixTime(unixNano(now)); got.UnixNano() != now.UnixNano() {
+		t.Errorf("round trip of %v: %v", now, got)
+	}
+	if !unixTime(unixNano(far)).After(now.AddDate(200, 0, 0)) {
+		t.Error("a saturated expiry does not read as the far future")
+	}
+}
