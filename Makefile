@@ -47,8 +47,8 @@ soak:
 	status=$$?; grep -E '^(\||soak|FIGURES|--- |ok|FAIL)' bench/out/soak.log; exit $$status
 
 fuzz:
-	for f in FuzzSignatureHeader FuzzExtractEvent FuzzHandler FuzzProviderSignatures; do \
-		go test -run '^$$' -fuzz "^$$f\$$" -fuzztime 60s . || exit 1; \
+	for target in ./providers:FuzzSignatureHeader .:FuzzExtractEvent .:FuzzHandler .:FuzzProviderSignatures; do \
+		go test -run '^$$' -fuzz "^$${target#*:}\$$" -fuzztime 60s "$${target%%:*}" || exit 1; \
 	done
 
 # Side-by-side benchmark: backend alone, plain reverse_proxy, sangho_dedup

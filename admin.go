@@ -13,6 +13,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 func init() {
@@ -71,13 +73,13 @@ type EventInfo struct {
 	Fingerprint string     `json:"fingerprint,omitempty"`
 }
 
-func eventInfo(id string, e Entry) EventInfo {
+func eventInfo(id string, e dedup.Entry) EventInfo {
 	info := EventInfo{ID: id, State: e.State()}
 	if !e.ExpiresAt.IsZero() {
 		exp := e.ExpiresAt.UTC().Round(time.Millisecond)
 		info.ExpiresAt = &exp
 	}
-	if rec, ok := decodeDone(e.Value); ok {
+	if rec, ok := dedup.DecodeDone(e.Value); ok {
 		at := rec.ProcessedAt.UTC()
 		info.ProcessedAt, info.EventType, info.Fingerprint = &at, rec.EventType, rec.Fingerprint
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
@@ -42,7 +43,7 @@ func benchProvider(b *testing.B, scheme, store string) {
 	if scheme == "github" {
 		secret = ghSecret1
 	}
-	h := schemeHandler(b, `{"scheme":"`+scheme+`"}`, []string{secret}, func(h *Handler) { h.StoreRaw = []byte(store) })
+	h := providerHandler(b, `{"name":"`+scheme+`"}`, []string{secret}, func(h *Handler) { h.StoreRaw = []byte(store) })
 	h.logger = zap.NewNop()
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -92,7 +93,7 @@ func benchProvider(b *testing.B, scheme, store string) {
 func BenchmarkRedisRecordBytes(b *testing.B) {
 	srv := startRedis(b)
 	c := srv.Client(b)
-	h := schemeHandler(b, `{"scheme":"github"}`, []string{ghSecret1}, func(h *Handler) {
+	h := providerHandler(b, `{"name":"github"}`, []string{ghSecret1}, func(h *Handler) {
 		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"]}`)
 		h.KeyPrefix = "sangho_dedup:"
 	})
@@ -116,10 +117,10 @@ func BenchmarkRedisRecordBytes(b *testing.B) {
 		before := used()
 		for i := range n {
 			id := fmt.Sprintf("evt_%022d", i) // 26 characters
-			key, token, rec := h.KeyPrefix+id, "tok", DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
+			key, token, rec := h.KeyPrefix+id, "tok", dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
 			if kind == "signature" {
 				id = fmt.Sprintf("72d3162e-cc78-11e3-81ab-%012d", i) // a GitHub GUID
-				key, token, rec = signatureKey(h.KeyPrefix, nil, []byte(eventBody(id)), nil), id, DoneRecord{ProcessedAt: time.Now(), EventType: id}
+				key, token, rec = signatureKey(h.KeyPrefix, nil, []byte(eventBody(id)), nil), id, dedup.DoneRecord{ProcessedAt: time.Now(), EventType: id}
 			}
 			if _, _, err := h.store.Claim(ctx, key, token, time.Hour); err != nil {
 				b.Fatal(err)

@@ -2,15 +2,15 @@ package sanghodedup
 
 import (
 	"fmt"
-	"strconv"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/dustin/go-humanize"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 )
 
 func init() {
@@ -30,7 +30,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
 //
 //	sangho_dedup [<matcher>] {
-//		provider <scheme> [{ ... }] # default sangho; stripe, standard_webhooks, github, shopify, hmac {...}
+//		provider <name> [{ ... }] # default sangho; stripe, standard_webhooks, github, shopify, hmac {...}
 //		secret <secret...>          # required; repeatable; a whole {env.X} or {file./path} is resolved
 //		tolerance <duration>        # default: the provider's (5m where it signs a timestamp)
 //		max_body_size <size>        # default 1MiB; 512KB, 1MiB, 1048576; at most 64MiB
@@ -51,11 +51,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 //
-// provider sets the signature scheme (module http.sangho_dedup.verifiers.<scheme>)
+// provider sets the sender's provider (module http.sangho_dedup.providers.<name>)
 // and with it the defaults of signature_header, event_id_header and
 // tolerance, and where the event ID comes from; the options above
-// override those defaults. The hmac scheme takes a block (see
-// HMACScheme.UnmarshalCaddyfile); the others take none.
+// override those defaults. The hmac provider takes a block (see
+// providers.HMAC.UnmarshalCaddyfile); the others take none.
 func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
 	if d.NextArg() {
@@ -64,7 +64,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
 		opt := d.Val()
-		if err := once(d, seen, "sangho_dedup", "secret"); err != nil {
+		if err := cfargs.Once(d, seen, "sangho_dedup", "secret"); err != nil {
 			return err
 		}
 		switch opt {
@@ -75,12 +75,12 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.Secrets = append(m.Secrets, args...)
 		case "tolerance":
-			if err := durationArg(d, &m.Tolerance); err != nil {
+			if err := cfargs.Duration(d, &m.Tolerance); err != nil {
 				return err
 			}
 		case "max_body_size":
 			var s string
-			if err := oneArg(d, &s); err != nil {
+			if err := cfargs.One(d, &s); err != nil {
 				return err
 			}
 			size, err := humanize.ParseBytes(s)
@@ -92,33 +92,33 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.MaxBodySize = int64(size)
 		case "event_id_header":
-			if err := oneArg(d, &m.EventIDHeader); err != nil {
+			if err := cfargs.One(d, &m.EventIDHeader); err != nil {
 				return err
 			}
 			if !httpguts.ValidHeaderFieldName(m.EventIDHeader) {
 				return d.Errf("event_id_header: %q is not a valid header name", m.EventIDHeader)
 			}
 		case "signature_header":
-			if err := oneArg(d, &m.SignatureHeader); err != nil {
+			if err := cfargs.One(d, &m.SignatureHeader); err != nil {
 				return err
 			}
 			if !httpguts.ValidHeaderFieldName(m.SignatureHeader) {
 				return d.Errf("signature_header: %q is not a valid header name", m.SignatureHeader)
 			}
 		case "retention":
-			if err := durationArg(d, &m.Retention); err != nil {
+			if err := cfargs.Duration(d, &m.Retention); err != nil {
 				return err
 			}
 		case "lock_ttl":
-			if err := durationArg(d, &m.LockTTL); err != nil {
+			if err := cfargs.Duration(d, &m.LockTTL); err != nil {
 				return err
 			}
 		case "retry_after":
-			if err := durationArg(d, &m.RetryAfter); err != nil {
+			if err := cfargs.Duration(d, &m.RetryAfter); err != nil {
 				return err
 			}
 		case "on_store_error":
-			if err := oneArg(d, &m.OnStoreError); err != nil {
+			if err := cfargs.One(d, &m.OnStoreError); err != nil {
 				return err
 			}
 			if m.OnStoreError != storeErrorReject && m.OnStoreError != storeErrorPass {
@@ -126,7 +126,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 		case "require_body_id":
 			var v string
-			if err := oneArg(d, &v); err != nil {
+			if err := cfargs.One(d, &v); err != nil {
 				return err
 			}
 			switch v {
@@ -137,15 +137,15 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("require_body_id: must be on or off, not %q", v)
 			}
 		case "key_prefix":
-			if err := oneArg(d, &m.KeyPrefix); err != nil {
+			if err := cfargs.One(d, &m.KeyPrefix); err != nil {
 				return err
 			}
 		case "name":
-			if err := oneArg(d, &m.Name); err != nil {
+			if err := cfargs.One(d, &m.Name); err != nil {
 				return err
 			}
 		case "on_payload_mismatch":
-			if err := oneArg(d, &m.OnPayloadMismatch); err != nil {
+			if err := cfargs.One(d, &m.OnPayloadMismatch); err != nil {
 				return err
 			}
 			if m.OnPayloadMismatch != mismatchReject && m.OnPayloadMismatch != mismatchLog {
@@ -156,12 +156,12 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			name := d.Val()
-			mod, err := caddyfile.UnmarshalModule(d, "http.sangho_dedup.verifiers."+name)
+			mod, err := caddyfile.UnmarshalModule(d, "http.sangho_dedup.providers."+name)
 			if err != nil {
-				// The one prefix: the schemes' parsers add none.
+				// The one prefix: the providers' parsers add none.
 				return fmt.Errorf("provider %s: %w", name, err)
 			}
-			m.VerifierRaw = caddyconfig.JSONModuleObject(mod, "scheme", name, nil)
+			m.ProviderRaw = caddyconfig.JSONModuleObject(mod, "name", name, nil)
 		case "store":
 			if !d.NextArg() {
 				return d.ArgErr()
@@ -179,78 +179,6 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if len(m.Secrets) == 0 {
 		return d.Err("sangho_dedup: at least one secret is required")
 	}
-	return nil
-}
-
-// The helpers below are shared by the Caddyfile parsers of the handler,
-// the stores and the verifiers; their errors name the option.
-
-// once refuses a subdirective given a second time, except the
-// repeatable one (whose values accumulate).
-func once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) error {
-	opt := d.Val()
-	if opt == repeatable {
-		return nil
-	}
-	if seen[opt] {
-		return d.Errf("%s: %s given more than once", who, opt)
-	}
-	seen[opt] = true
-	return nil
-}
-
-// flagArg sets the flag option in d.Val(), which takes no argument.
-func flagArg(d *caddyfile.Dispenser, dst *bool) error {
-	name := d.Val()
-	if d.NextArg() {
-		return d.Errf("%s: takes no argument, got %q", name, d.Val())
-	}
-	*dst = true
-	return nil
-}
-
-// oneArg reads the one argument of the option in d.Val().
-func oneArg(d *caddyfile.Dispenser, dst *string) error {
-	name := d.Val()
-	if d.CountRemainingArgs() == 0 {
-		return d.Errf("%s: needs a value", name)
-	}
-	if !d.AllArgs(dst) {
-		return d.Errf("%s: takes one value, got more", name)
-	}
-	return nil
-}
-
-// intArg reads the one argument of the option in d.Val() as a
-// non-negative whole number.
-func intArg(d *caddyfile.Dispenser, dst *int) error {
-	name, s := d.Val(), ""
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 {
-		return d.Errf("%s: %q is not a non-negative whole number", name, s)
-	}
-	*dst = n
-	return nil
-}
-
-// durationArg reads the one argument of the option in d.Val() as a
-// positive duration (caddy.ParseDuration: 30s, 1h, 2d).
-func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
-	name, s := d.Val(), ""
-	if err := oneArg(d, &s); err != nil {
-		return err
-	}
-	dur, err := caddy.ParseDuration(s)
-	if err != nil {
-		return d.Errf("%s: invalid duration %q: %v", name, s, err)
-	}
-	if dur <= 0 {
-		return d.Errf("%s: duration must be positive, got %q", name, s)
-	}
-	*dst = caddy.Duration(dur)
 	return nil
 }
 

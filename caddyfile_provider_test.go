@@ -12,13 +12,13 @@ import (
 func TestUnmarshalCaddyfileProvider(t *testing.T) {
 	for in, want := range map[string]string{
 		"":                           "",
-		"provider sangho":            `{"scheme":"sangho"}`,
-		"provider stripe":            `{"scheme":"stripe"}`,
-		"provider standard_webhooks": `{"scheme":"standard_webhooks"}`,
-		"provider github":            `{"scheme":"github"}`,
-		"provider shopify":           `{"scheme":"shopify"}`,
-		"provider github {\n}":       `{"scheme":"github"}`,
-		"provider hmac {\nheader X-Sig\nalgorithm sha512\nencoding base64\nprefix sha512=\ntimestamp_header X-Ts\nsigned_content \"{timestamp}:{body}\"\nid_header X-Id\nid_field event_id\n}": `{"scheme":"hmac","header":"X-Sig","algorithm":"sha512","encoding":"base64","prefix":"sha512=","timestamp_header":"X-Ts","signed_content":"{timestamp}:{body}","id_header":"X-Id","id_field":"event_id"}`,
+		"provider sangho":            `{"name":"sangho"}`,
+		"provider stripe":            `{"name":"stripe"}`,
+		"provider standard_webhooks": `{"name":"standard_webhooks"}`,
+		"provider github":            `{"name":"github"}`,
+		"provider shopify":           `{"name":"shopify"}`,
+		"provider github {\n}":       `{"name":"github"}`,
+		"provider hmac {\nheader X-Sig\nalgorithm sha512\nencoding base64\nprefix sha512=\ntimestamp_header X-Ts\nsigned_content \"{timestamp}:{body}\"\nid_header X-Id\nid_field event_id\n}": `{"name":"hmac","header":"X-Sig","algorithm":"sha512","encoding":"base64","prefix":"sha512=","timestamp_header":"X-Ts","signed_content":"{timestamp}:{body}","id_header":"X-Id","id_field":"event_id"}`,
 	} {
 		var h Handler
 		if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}")); err != nil {
@@ -26,18 +26,18 @@ func TestUnmarshalCaddyfileProvider(t *testing.T) {
 			continue
 		}
 		if want == "" {
-			if h.VerifierRaw != nil {
-				t.Errorf("no provider line: verifier %s, want none (sangho by default)", h.VerifierRaw)
+			if h.ProviderRaw != nil {
+				t.Errorf("no provider line: verifier %s, want none (sangho by default)", h.ProviderRaw)
 			}
 			continue
 		}
 		var got, exp any
-		if err := json.Unmarshal(h.VerifierRaw, &got); err != nil {
+		if err := json.Unmarshal(h.ProviderRaw, &got); err != nil {
 			t.Fatal(err)
 		}
 		_ = json.Unmarshal([]byte(want), &exp)
 		if !reflect.DeepEqual(got, exp) {
-			t.Errorf("%q: verifier %s, want %s", in, h.VerifierRaw, want)
+			t.Errorf("%q: verifier %s, want %s", in, h.ProviderRaw, want)
 		}
 	}
 }
@@ -50,7 +50,7 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 	}
 	for in, want := range map[string]string{
 		"provider":                                                "wrong argument count",
-		"provider nosuch":                                         "http.sangho_dedup.verifiers.nosuch",
+		"provider nosuch":                                         "http.sangho_dedup.providers.nosuch",
 		"provider github\nprovider shopify":                       "provider given more than once",
 		"provider github extra":                                   `provider github: takes no arguments (a secret goes in secret)`,
 		"provider stripe {\ntolerance 1m\n}":                      `provider stripe: takes no options, found "tolerance"`,

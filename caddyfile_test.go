@@ -12,8 +12,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
-
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
+
+	redisstore "github.com/sangho/caddy-sangho-dedup/stores/redis"
 )
 
 func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
@@ -70,19 +71,19 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 	}
 	var rs struct {
 		Type string `json:"type"`
-		RedisStore
+		redisstore.Store
 	}
 	if err := json.Unmarshal(store, &rs); err != nil {
 		t.Fatal(err)
 	}
-	wantStore := RedisStore{
+	wantStore := redisstore.Store{
 		Address:    []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
 		MasterName: "mymaster", Username: "app", Password: "{env.REDIS_PASSWORD}", DB: 2, TLS: true,
 		DialTimeout: caddy.Duration(time.Second), ReadTimeout: caddy.Duration(2 * time.Second),
 		WriteTimeout: caddy.Duration(4 * time.Second), PoolSize: 20, DisablePipeline: true,
 	}
-	if rs.Type != "redis" || !reflect.DeepEqual(rs.RedisStore, wantStore) {
-		t.Fatalf("store %s: got %+v\nwant %+v", rs.Type, rs.RedisStore, wantStore)
+	if rs.Type != "redis" || !reflect.DeepEqual(rs.Store, wantStore) {
+		t.Fatalf("store %s: got %+v\nwant %+v", rs.Type, rs.Store, wantStore)
 	}
 }
 

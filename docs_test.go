@@ -5,6 +5,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"reflect"
@@ -15,6 +16,10 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sangho/caddy-sangho-dedup/providers"
+	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
+	redisstore "github.com/sangho/caddy-sangho-dedup/stores/redis"
 )
 
 // The tests of the documentation: the README and docs/ link only to what
@@ -245,9 +250,13 @@ func contains(list []string, s string) bool {
 func caddyfileOptions(t *testing.T) map[string][]string {
 	t.Helper()
 	fset := token.NewFileSet()
-	files, err := filepath.Glob("*.go")
-	if err != nil {
-		t.Fatal(err)
+	var files []string
+	for _, pattern := range []string{"*.go", "stores/*/*.go", "providers/*.go"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, m...)
 	}
 	opts := map[string][]string{}
 	for _, file := range files {
@@ -268,6 +277,9 @@ func caddyfileOptions(t *testing.T) map[string][]string {
 				recv = star.X
 			}
 			typ := recv.(*ast.Ident).Name
+			if dir := filepath.Dir(file); dir != "." {
+				typ = filepath.Base(dir) + "." + typ // redis.Store, providers.HMAC
+			}
 			ast.Inspect(fn.Body, func(n ast.Node) bool {
 				sw, ok := n.(*ast.SwitchStmt)
 				if !ok || !isOptionSwitch(sw.Tag) {
@@ -313,7 +325,7 @@ func TestConfigurationReferenceComplete(t *testing.T) {
 	doc := string(b)
 
 	opts := caddyfileOptions(t)
-	for _, typ := range []string{"Handler", "RedisStore", "HMACScheme", "FileStore"} {
+	for _, typ := range []string{"Handler", "redis.Store", "providers.HMAC", "file.Store"} {
 		if len(opts[typ]) == 0 {
 			t.Errorf("found no Caddyfile option of %s: is the parser still a switch on opt or d.Val()?", typ)
 		}
@@ -337,7 +349,7 @@ func TestConfigurationReferenceComplete(t *testing.T) {
 		t.Errorf("only %d Caddyfile options found", n)
 	}
 
-	for _, v := range []any{Handler{}, FileStore{}, RedisStore{}, HMACScheme{}} {
+	for _, v := range []any{Handler{}, filestore.Store{}, redisstore.Store{}, providers.HMAC{}} {
 		rt := reflect.TypeOf(v)
 		for i := 0; i < rt.NumField(); i++ {
 			name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
@@ -363,7 +375,7 @@ func TestConfigurationReferenceComplete(t *testing.T) {
 			}
 		}
 	}
-	for kw, ns := range map[string]string{"provider": "http.sangho_dedup.verifiers", "store": "http.sangho_dedup.stores"} {
+	for kw, ns := range map[string]string{"provider": "http.sangho_dedup.providers", "store": "http.sangho_dedup.stores"} {
 		var mods []string
 		for _, m := range caddy.GetModules(ns) {
 			mods = append(mods, m.ID.Name())
@@ -392,5 +404,73 @@ func TestReadmeStaysAManual(t *testing.T) {
 	}
 	if n := strings.Count(string(b), "\n"); n > readmeMaxLines {
 		t.Errorf("README.md has %d lines, more than %d: move reference to docs/, measurements to bench/README.md, evidence to reliability/README.md", n, readmeMaxLines)
+	}
+}
+
+// TestReadmeImportGraph: the import graph drawn in the README's Layout
+// section is the one `go list` reports, package by package (imports
+// within the module), and it covers every package of the module but
+// cmd/, reliability/, monitoring/ and bench/ and the test helpers of
+// internal/. So the drawing cannot drift, and a package that starts
+// importing the root or a store shows up in review.
+func TestReadmeImportGraph(t *testing.T) {
+	layout := readmeLayout(t)
+	blocks := codeBlocks(layout, "text")
+	if len(blocks) == 0 {
+		t.Fatal("README Layout has no ```text block with the import graph")
+	}
+	drawn := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(blocks[0]), "\n") {
+		pkg, deps, ok := strings.Cut(l, "->")
+		if !ok {
+			t.Fatalf("README import graph: %q is not `pkg -> deps`", l)
+		}
+		drawn[strings.TrimSpace(pkg)] = strings.Join(strings.Fields(deps), " ")
+	}
+	const module = "github.com/sangho/caddy-sangho-dedup"
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}|{{join .Imports " "}}`, "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	testHelpers := map[string]bool{"internal/faultproxy": true, "internal/ledger": true, "internal/load": true,
+		"internal/pgtest": true, "internal/redistest": true, "internal/sangho": true}
+	actual := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		path, imports, _ := strings.Cut(l, "|")
+		pkg := strings.TrimPrefix(strings.TrimPrefix(path, module), "/")
+		if pkg == "" {
+			pkg = "(root)"
+		}
+		if testHelpers[pkg] || strings.HasPrefix(pkg, "cmd/") || strings.HasPrefix(pkg, "bench") ||
+			pkg == "reliability" || pkg == "monitoring" {
+			continue
+		}
+		var deps []string
+		for _, imp := range strings.Fields(imports) {
+			if imp == module {
+				t.Errorf("%s imports the root package", pkg)
+			} else if rest, ok := strings.CutPrefix(imp, module+"/"); ok {
+				deps = append(deps, rest)
+			}
+		}
+		sort.Strings(deps)
+		actual[pkg] = strings.Join(deps, " ")
+	}
+	for pkg, deps := range actual {
+		d, ok := drawn[pkg]
+		switch {
+		case !ok:
+			t.Errorf("README import graph has no line for %s (-> %s)", pkg, deps)
+		case d != deps:
+			t.Errorf("README import graph: %s -> %s, but it imports %s", pkg, d, deps)
+		}
+	}
+	for pkg := range drawn {
+		if _, ok := actual[pkg]; !ok {
+			t.Errorf("README import graph draws %s, which is not a package of the module", pkg)
+		}
+	}
+	if actual["dedup"] != "" {
+		t.Errorf("dedup must import Caddy only, imports %s", actual["dedup"])
 	}
 }

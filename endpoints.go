@@ -11,6 +11,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 // endpoints records the handlers of every loaded config: which secret
@@ -48,15 +50,11 @@ func configOf(ctx caddy.Context) any {
 	return ctx.Context // a context that is never cancelled: not Caddy's
 }
 
-// stateSharer is implemented by stores whose state other handlers can
-// share: two stores with the same stateID see each other's keys.
-type stateSharer interface{ stateID() string }
-
 // stateOf names the state a store reaches, for comparisons (a handler
 // keeps its store's in storeState).
-func stateOf(s Store) string {
-	if sh, ok := s.(stateSharer); ok {
-		return sh.stateID()
+func stateOf(s dedup.Store) string {
+	if sh, ok := s.(dedup.StateSharer); ok {
+		return sh.StateID()
 	}
 	return fmt.Sprintf("%T %p", s, s)
 }

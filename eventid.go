@@ -55,7 +55,7 @@ func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, e
 }
 
 // extractEventField is extractEvent with the ID in the top-level field
-// named field (e.g. the hmac scheme's id_field). Errors about a field
+// named field (e.g. the hmac provider's id_field). Errors about a field
 // other than "id" name it.
 func extractEventField(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
 	ev, err := extractEventKey(body, headerIDs, requireBodyID, field)

@@ -13,7 +13,7 @@ import (
 // FuzzProviderSignatures: the schemes' header parsers never panic, and
 // a delivery verifies only if it carries the signature the provider
 // would compute: github's hex and shopify's base64 HMAC of the body,
-// the hmac scheme's over its template, a Standard Webhooks v1 entry
+// the hmac provider's over its template, a Standard Webhooks v1 entry
 // equal to the HMAC of `<id>.<timestamp>.<body>`.
 func FuzzProviderSignatures(f *testing.F) {
 	ts := strconv.FormatInt(testNow.Unix(), 10)
@@ -24,10 +24,10 @@ func FuzzProviderSignatures(f *testing.F) {
 	f.Add(uint8(2), "  v1, ,v1 v1,==== ", "", "")
 	f.Add(uint8(0), "sha256=", "", "")
 	schemes := []string{
-		`{"scheme":"github"}`,
-		`{"scheme":"shopify"}`,
-		`{"scheme":"standard_webhooks"}`,
-		`{"scheme":"hmac","header":"X-Sig","prefix":"v0=","timestamp_header":"X-Ts","signed_content":"v0:{timestamp}:{body}","id_field":"id"}`,
+		`{"name":"github"}`,
+		`{"name":"shopify"}`,
+		`{"name":"standard_webhooks"}`,
+		`{"name":"hmac","header":"X-Sig","prefix":"v0=","timestamp_header":"X-Ts","signed_content":"v0:{timestamp}:{body}","id_field":"id"}`,
 	}
 	// The Standard Webhooks secret is whsec_ + base64: its key is the
 	// decoded part.
@@ -38,7 +38,7 @@ func FuzzProviderSignatures(f *testing.F) {
 		if i == 2 {
 			secret = swSecret1
 		}
-		handlers[i] = schemeHandler(f, s, []string{secret}, nil)
+		handlers[i] = providerHandler(f, s, []string{secret}, nil)
 	}
 	f.Fuzz(func(t *testing.T, which uint8, sig, extra, body string) {
 		i := int(which) % len(schemes)
@@ -75,7 +75,7 @@ func FuzzProviderSignatures(f *testing.F) {
 				return strings.EqualFold(sig, "v0="+hex.EncodeToString(mac([]byte(ghSecret1), "v0:"+extra+":"+body)))
 			}
 		}
-		if _, err := h.scheme.Verify(r, []byte(body)); err == nil && !want() {
+		if _, err := h.provider.Verify(r, []byte(body)); err == nil && !want() {
 			t.Fatalf("scheme %d verified %q (extra %q) without the provider's signature", i, sig, extra)
 		}
 	})

@@ -20,6 +20,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 var (
@@ -57,7 +59,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	defer body.done()
 
-	vd, err := h.scheme.Verify(r, body.bytes())
+	vd, err := h.provider.Verify(r, body.bytes())
 	if err != nil {
 		return h.reject(w, r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
 	}
@@ -70,7 +72,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl.Set("http.sangho_dedup.event_id", id)
 	repl.Set("http.sangho_dedup.event_type", typ)
 
-	// Store operations run to completion even if the client goes away,
+	// dedup.Store operations run to completion even if the client goes away,
 	// so that a claim that reached the store is always followed by a
 	// commit or a release. go-redis's timeouts bound them.
 	sctx := context.WithoutCancel(r.Context())
@@ -87,9 +89,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	// Every attempt of one event carries the same body: another body
 	// under a known ID is a bug or an attack, never a duplicate.
-	if res != Claimed {
-		if other := recordFingerprint(found); other != "" && other != fp {
-			if res == InFlight {
+	if res != dedup.Claimed {
+		if other := dedup.Fingerprint(found); other != "" && other != fp {
+			if res == dedup.InFlight {
 				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", "in_flight"),
 					zap.String("fingerprint", fp), zap.String("stored_fingerprint", other))
 			} else {
@@ -106,11 +108,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 	switch res {
-	case AlreadyDone:
+	case dedup.AlreadyDone:
 		h.outcome(repl, outcomeDuplicate)
 		h.debug("duplicate answered", id, typ)
 		return h.answerDuplicate(w, r, body)
-	case InFlight:
+	case dedup.InFlight:
 		w.Header().Set("Retry-After", h.retryAfter)
 		w.Header().Set("Sangho-Dedup", "in_flight")
 		return h.reject(w, r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
@@ -274,7 +276,7 @@ func (d *delivery) settle(err error) {
 	switch judge(status, err) {
 	case commit:
 		h.outcome(d.repl, outcomeProcessed)
-		rec := DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
+		rec := dedup.DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
 		// Registered before the first try, so that a forget meanwhile
 		// waits for it and stops what follows (see Handler.forget).
 		cr := commitRetries.add(h.storeState, d.key)
@@ -327,7 +329,7 @@ func (d *delivery) settle(err error) {
 }
 
 // commit turns the lease into the done record rec.
-func (d *delivery) commit(ctx context.Context, rec DoneRecord) (bool, error) {
+func (d *delivery) commit(ctx context.Context, rec dedup.DoneRecord) (bool, error) {
 	start := time.Now()
 	held, err := d.h.store.Commit(ctx, d.key, d.token, rec, time.Duration(d.h.Retention))
 	observe(opCommit, start, err)
@@ -336,7 +338,7 @@ func (d *delivery) commit(ctx context.Context, rec DoneRecord) (bool, error) {
 
 // commitAll commits, and then writes the signature record when the ID
 // is not signed (see bindSignature).
-func (d *delivery) commitAll(ctx context.Context, rec DoneRecord) (bool, error) {
+func (d *delivery) commitAll(ctx context.Context, rec dedup.DoneRecord) (bool, error) {
 	held, err := d.commit(ctx, rec)
 	if err == nil && d.sigKey != "" {
 		d.commitSignature(ctx, rec)
@@ -360,13 +362,13 @@ func (d *delivery) release(ctx context.Context) (bool, error) {
 // the same fact and its release cannot delete a done record. Retries are
 // frequent (at most every 250 ms) so that the record lands soon after
 // the store is back, before Sangho's next redelivery, and they stop
-// after commitRetryFor. A record written after the lease expired, or
+// after dedup.CommitRetryFor. A record written after the lease expired, or
 // never, is logged at error level; never is counted in
 // caddy_sangho_dedup_commit_errors_total. An operator's forget of the
 // event stops them (see Handler.forget): the record is not written back.
-func (d *delivery) retryCommit(rec DoneRecord, cr *commitRetry) {
+func (d *delivery) retryCommit(rec dedup.DoneRecord, cr *commitRetry) {
 	h := d.h
-	deadline := time.Now().Add(commitRetryFor)
+	deadline := time.Now().Add(dedup.CommitRetryFor)
 	backoff := 50 * time.Millisecond
 	for tries := 1; time.Now().Before(deadline); tries++ {
 		time.Sleep(backoff)
@@ -392,11 +394,8 @@ func (d *delivery) retryCommit(rec DoneRecord, cr *commitRetry) {
 		return
 	}
 	metrics.commitErr.Inc()
-	h.logger.Error("commit abandoned", zap.String("event_id", d.id), zap.Duration("tried_for", commitRetryFor))
+	h.logger.Error("commit abandoned", zap.String("event_id", d.id), zap.Duration("tried_for", dedup.CommitRetryFor))
 }
-
-// commitRetryFor bounds the background retries of a failed commit.
-const commitRetryFor = 5 * time.Minute
 
 // commitRetries are the commits of this process, under way or retried
 // in the background, by the store state and key they write: a forget
@@ -489,7 +488,7 @@ func (cr *commitRetry) attempt(try func() error) (stopped bool, err error) {
 // background commit retries of it, which would write the record back.
 // They are held while the store forgets, and go on if nothing was
 // forgotten because the event is in flight.
-func (h *Handler) forget(ctx context.Context, key string, force bool) (Entry, bool, error) {
+func (h *Handler) forget(ctx context.Context, key string, force bool) (dedup.Entry, bool, error) {
 	release := commitRetries.hold(h.storeState, key)
 	e, deleted, err := h.store.Forget(ctx, key, force)
 	release(err == nil && (deleted || e.Value == ""))
@@ -497,7 +496,7 @@ func (h *Handler) forget(ctx context.Context, key string, force bool) (Entry, bo
 }
 
 // Background commit retries live as long as the store they need (a
-// reload keeps it open for them, see poolUsers), at most commitRetryFor.
+// reload keeps it open for them, see poolUsers), at most dedup.CommitRetryFor.
 // When the process exits they get exitCommitGrace more to land; those
 // still failing then are abandoned, logged and counted.
 var (
@@ -542,7 +541,7 @@ func (p *pendingSet) byLogger() map[*zap.Logger]int64 {
 
 // drainCommitRetries is a process-exit callback (caddy.OnExit): it runs
 // after Caddy stopped serving and cleaned the config up. Then it parks
-// the leases of the files still open (see parkOpenFiles).
+// every store that has something to do at exit (dedup.ExitParker).
 func drainCommitRetries(context.Context) {
 	deadline := time.Now().Add(exitCommitGrace)
 	for pendingCommits.Load() > 0 && time.Now().Before(deadline) {
@@ -552,20 +551,7 @@ func drainCommitRetries(context.Context) {
 		metrics.commitErr.Add(float64(n))
 		logger.Error("commit retries abandoned at exit", zap.Int64("events", n), zap.Duration("grace", exitCommitGrace))
 	}
-	parkOpenFiles()
-}
-
-// enter marks h's store as in use by a delivery or a commit retry.
-func (h *Handler) enter() {
-	if u, ok := h.store.(storeUser); ok {
-		u.enter()
-	}
-}
-
-func (h *Handler) leave() {
-	if u, ok := h.store.(storeUser); ok {
-		u.leave()
-	}
+	parkAtExit()
 }
 
 // reject answers a request that is not passed on. Where the server has

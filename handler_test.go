@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
@@ -179,9 +180,8 @@ func TestHandlerStatusTable(t *testing.T) {
 		}
 	}
 	// Nothing but the processed event left a key behind.
-	st := h.store.(*MemoryStore).state
 	for _, id := range []string{"evt_get", "evt_big", "evt_trunc", "evt_nosig", "evt_other", "evt_stale", "evt_2sig", "evt_a", "evt_b"} {
-		if res, _ := st.claim(h.KeyPrefix+id, "probe", time.Minute); res != Claimed {
+		if res, _, err := h.store.Claim(context.Background(), h.KeyPrefix+id, "probe", time.Minute); err != nil || res != dedup.Claimed {
 			t.Errorf("a rejected request left key %s behind (%v)", id, res)
 		}
 	}
@@ -386,7 +386,7 @@ func TestCommitRetriedWhileLeaseLasts(t *testing.T) {
 	}
 	key := h.KeyPrefix + "evt_1QZtest000000000001"
 	deadline := time.Now().Add(4 * time.Second)
-	for !strings.HasPrefix(rc.Get(context.Background(), key).Val(), donePrefix) {
+	for !strings.HasPrefix(rc.Get(context.Background(), key).Val(), dedup.DonePrefix) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the done record was not written within 4s: %q", rc.Get(context.Background(), key).Val())
 		}
@@ -524,7 +524,7 @@ func TestNoSecretInLogsOrErrors(t *testing.T) {
 	if logs.Len() == 0 {
 		t.Fatal("nothing was logged")
 	}
-	for _, bad := range []string{secret1, secret2, sig[13:40], vectors[0].v1[:20]} {
+	for _, bad := range []string{secret1, secret2, sig[13:40], vectors[0].V1[:20]} {
 		if strings.Contains(all.String(), bad) {
 			t.Fatalf("logs or errors contain %q:\n%s", bad, all.String())
 		}
@@ -579,7 +579,7 @@ func TestPayloadMismatch(t *testing.T) {
 	}
 	t.Run("records without a fingerprint stay duplicates", func(t *testing.T) {
 		h, _ := newTestHandler(t, nil)
-		old := DoneRecord{ProcessedAt: testNow, EventType: "charge.succeeded"} // written before fingerprints
+		old := dedup.DoneRecord{ProcessedAt: testNow, EventType: "charge.succeeded"} // written before fingerprints
 		if _, err := h.store.Commit(context.Background(), h.KeyPrefix+"evt_old", "t", old, time.Hour); err != nil {
 			t.Fatal(err)
 		}
@@ -620,7 +620,7 @@ func TestPayloadMismatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		sum := sha256.Sum256([]byte(first))
-		if rec, _ := decodeDone(e.Value); rec.Fingerprint != hex.EncodeToString(sum[:16]) {
+		if rec, _ := dedup.DecodeDone(e.Value); rec.Fingerprint != hex.EncodeToString(sum[:16]) {
 			t.Fatalf("record %q: fingerprint %q, want the first 16 bytes of the body's SHA-256", e.Value, rec.Fingerprint)
 		}
 	})
@@ -658,7 +658,7 @@ func TestCommitRetriesAtExit(t *testing.T) {
 	if n := pendingCommits.Load(); n != 0 || testutil.ToFloat64(metrics.commitErr) != before {
 		t.Fatalf("a retry that could land within the grace: %d pending, %v counted", n, testutil.ToFloat64(metrics.commitErr)-before)
 	}
-	if !strings.HasPrefix(rc.Get(context.Background(), h.KeyPrefix+"evt_exit_1").Val(), donePrefix) {
+	if !strings.HasPrefix(rc.Get(context.Background(), h.KeyPrefix+"evt_exit_1").Val(), dedup.DonePrefix) {
 		t.Fatal("the done record did not land within the grace")
 	}
 
@@ -755,14 +755,14 @@ func TestForgetStopsCommitRetries(t *testing.T) {
 			t.Fatalf("%s: the commit is not being retried", id)
 		}
 		e, deleted, err := h.forget(ctx, key, force)
-		if err != nil || deleted != force || !strings.HasPrefix(e.Value, inflightPrefix) {
+		if err != nil || deleted != force || !strings.HasPrefix(e.Value, dedup.InflightPrefix) {
 			t.Fatalf("%s: forget (force %v): %q %v %v", id, force, e.Value, deleted, err)
 		}
 		allowSet()
 		waitFor(t, "the retry of "+id+" to end", func() bool { return !retrying(key) })
 		v := admin.Get(ctx, key).Val()
 		if !force {
-			if !strings.HasPrefix(v, donePrefix) {
+			if !strings.HasPrefix(v, dedup.DonePrefix) {
 				t.Fatalf("%s: a forget refused stopped the retry: %q, want the done record", id, v)
 			}
 			continue
@@ -782,12 +782,12 @@ func TestForgetStopsCommitRetries(t *testing.T) {
 // slowFailingCommit blocks the first Commit until released, then fails it
 // (a commit timing out at read_timeout); later Commits go through.
 type slowFailingCommit struct {
-	Store
+	dedup.Store
 	entered, release chan struct{}
 	calls            int
 }
 
-func (s *slowFailingCommit) Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error) {
+func (s *slowFailingCommit) Commit(ctx context.Context, key, token string, rec dedup.DoneRecord, retention time.Duration) (bool, error) {
 	s.calls++
 	if s.calls == 1 {
 		close(s.entered)
@@ -814,7 +814,7 @@ func TestForgetDuringTheFirstCommit(t *testing.T) {
 	go func() { defer close(done); serve(h, signedRequest(eventBody(id), ""), ok) }()
 	<-st.entered
 	type forgot struct {
-		e       Entry
+		e       dedup.Entry
 		deleted bool
 		err     error
 	}
@@ -826,7 +826,7 @@ func TestForgetDuringTheFirstCommit(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the forget is on its way
 	close(st.release)                 // the first commit fails
 	<-done
-	if f := <-fc; f.err != nil || !f.deleted || !strings.HasPrefix(f.e.Value, inflightPrefix) {
+	if f := <-fc; f.err != nil || !f.deleted || !strings.HasPrefix(f.e.Value, dedup.InflightPrefix) {
 		t.Fatalf("forget: %q %v %v", f.e.Value, f.deleted, f.err)
 	}
 	waitFor(t, "the retry to end", func() bool {

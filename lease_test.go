@@ -10,6 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 // TestLeaseRenewal: a backend slower than lock_ttl keeps its lease, and
@@ -60,7 +62,7 @@ func TestLeaseLost(t *testing.T) {
 		if _, _, err := h.store.Forget(ctx, key, true); err != nil {
 			t.Error(err)
 		}
-		if res, _, err := h.store.Claim(ctx, key, "another", time.Minute); err != nil || res != Claimed {
+		if res, _, err := h.store.Claim(ctx, key, "another", time.Minute); err != nil || res != dedup.Claimed {
 			t.Errorf("taking the lease over: %v %v", res, err)
 		}
 		for deadline := time.Now().Add(10 * time.Second); lost("renewal") == 0; time.Sleep(10 * time.Millisecond) {

@@ -4,6 +4,9 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/promreg"
 )
 
 // Outcomes of a delivery: the values of {http.sangho_dedup.outcome} and
@@ -28,7 +31,7 @@ var allOutcomes = []string{
 	outcomePayloadMismatch,
 }
 
-// Store operations, the op label of the latency histogram.
+// dedup.Store operations, the op label of the latency histogram.
 const (
 	opClaim   = "claim"
 	opRenew   = "renew"
@@ -40,15 +43,6 @@ const (
 // caddy_sangho_dedup_signature_failures_total (see sigFailureReason).
 var sigReasons = []string{"missing", "malformed", "timestamp", "mismatch", "replayed", "other"}
 
-// What the Redis store's checks found: the problem label of
-// caddy_sangho_dedup_redis_problems_total, one per log line
-// (redis permission missing, redis may evict keys, redis has evicted keys).
-const (
-	redisPermissionMissing = "permission_missing"
-	redisMayEvict          = "may_evict"
-	redisEvictedKeys       = "evicted_keys"
-)
-
 // The collectors are created once per process and registered with the
 // registry of every config that provisions the handler, so their counts
 // survive config reloads. No label ever holds an event ID: the endpoint
@@ -58,12 +52,9 @@ var metrics = struct {
 	storeOps      *prometheus.HistogramVec
 	leaseLost     prometheus.Counter
 	commitErr     prometheus.Counter
-	unreplicated  prometheus.Counter
 	sigFailures   *prometheus.CounterVec
 	inFlight      prometheus.Gauge
 	commitPending prometheus.GaugeFunc
-	redisProblems *prometheus.CounterVec
-	cacheOff      prometheus.Gauge
 
 	sigReason map[string]prometheus.Counter
 }{
@@ -84,10 +75,6 @@ var metrics = struct {
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_errors_total",
 		Help: "Events the backend processed (2xx) whose done record could not be written.",
 	}),
-	unreplicated: prometheus.NewCounter(prometheus.CounterOpts{
-		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_unreplicated_total",
-		Help: "Done records that fewer replicas than wait_replicas acknowledged in wait_timeout.",
-	}),
 	sigFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "signature_failures_total",
 		Help: "Deliveries refused for their signature (outcome invalid_signature), by reason.",
@@ -100,14 +87,6 @@ var metrics = struct {
 		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "commit_retries_pending",
 		Help: "Processed events whose done record failed and is being retried in the background.",
 	}, func() float64 { return float64(pendingCommits.Load()) }),
-	redisProblems: prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "redis_problems_total",
-		Help: "Problems the Redis store's checks found, by problem: permission_missing, may_evict, evicted_keys.",
-	}, []string{"problem"}),
-	cacheOff: prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: "caddy", Subsystem: "sangho_dedup", Name: "local_cache_off",
-		Help: "Redis stores with a local_cache that is not serving (tracking connection down or refused).",
-	}),
 }
 
 // observers are the histogram children, looked up once.
@@ -124,9 +103,6 @@ func init() {
 	for _, r := range sigReasons {
 		metrics.sigReason[r] = metrics.sigFailures.WithLabelValues(r)
 	}
-	for _, p := range []string{redisPermissionMissing, redisMayEvict, redisEvictedKeys} {
-		metrics.redisProblems.WithLabelValues(p) // exported at 0, so that a first one is an increase
-	}
 }
 
 // outcomeCounters returns the children of caddy_sangho_dedup_events_total
@@ -139,17 +115,17 @@ func outcomeCounters(endpoint string) map[string]prometheus.Counter {
 	return m
 }
 
-// sigFailureReason names why a signature was refused.
+// sigFailureReason names why a signature was refused: the provider's
+// error wraps one of dedup's ErrSignature* reasons.
 func sigFailureReason(err error) string {
 	switch {
-	case errors.Is(err, errSigMissing):
+	case errors.Is(err, dedup.ErrSignatureMissing):
 		return "missing"
-	case errors.Is(err, errSigMalformed), errors.Is(err, errSigPrefix), errors.Is(err, errSigEncoding),
-		errors.Is(err, errSigCount), errors.Is(err, errSWTooMany):
+	case errors.Is(err, dedup.ErrSignatureMalformed):
 		return "malformed"
-	case errors.Is(err, errSigTimestamp):
+	case errors.Is(err, dedup.ErrSignatureTimestamp):
 		return "timestamp"
-	case errors.Is(err, errSigMismatch):
+	case errors.Is(err, dedup.ErrSignatureMismatch):
 		return "mismatch"
 	case errors.Is(err, errSigReplayed):
 		return "replayed"
@@ -160,23 +136,11 @@ func sigFailureReason(err error) string {
 // allCollectors are the collectors registerMetrics registers.
 func allCollectors() []prometheus.Collector {
 	return []prometheus.Collector{metrics.events, metrics.storeOps, metrics.leaseLost, metrics.commitErr,
-		metrics.unreplicated, metrics.sigFailures, metrics.inFlight, metrics.commitPending,
-		metrics.redisProblems, metrics.cacheOff}
+		metrics.sigFailures, metrics.inFlight, metrics.commitPending}
 }
 
 // registerMetrics adds the collectors to a config's registry; a
 // collector already there (a reload) is fine.
 func registerMetrics(reg prometheus.Registerer) error {
-	if reg == nil {
-		return nil
-	}
-	for _, c := range allCollectors() {
-		if err := reg.Register(c); err != nil {
-			var are prometheus.AlreadyRegisteredError
-			if !errors.As(err, &are) {
-				return err
-			}
-		}
-	}
-	return nil
+	return promreg.Register(reg, allCollectors()...)
 }

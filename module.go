@@ -1,7 +1,7 @@
 // Package sanghodedup is a Caddy HTTP handler that makes any webhook
 // backend idempotent for at-least-once deliveries: it buffers the body
 // (bounded), verifies the sender's signature (Sangho's by default;
-// Stripe, Standard Webhooks, GitHub, Shopify, a generic HMAC, or a scheme
+// Stripe, Standard Webhooks, GitHub, Shopify, a generic HMAC, or a provider
 // another plugin adds), claims the event ID atomically in a store (a
 // file, Redis or memory), answers duplicates itself, passes new events to
 // the next handler, and records an event as done only once the backend
@@ -22,6 +22,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/providers"
+
+	// The modules this handler loads by default: every store and every
+	// provider registers itself.
+	_ "github.com/sangho/caddy-sangho-dedup/stores/file"
+	_ "github.com/sangho/caddy-sangho-dedup/stores/memory"
+	_ "github.com/sangho/caddy-sangho-dedup/stores/redis"
 )
 
 func init() {
@@ -30,10 +39,10 @@ func init() {
 
 // Defaults.
 const (
-	DefaultTolerance       = 5 * time.Minute
+	DefaultTolerance       = providers.DefaultTolerance
 	DefaultMaxBodySize     = 1 << 20
-	DefaultEventIDHeader   = "Sangho-Event-ID"
-	DefaultSignatureHeader = "Sangho-Signature"
+	DefaultEventIDHeader   = providers.SanghoEventIDHeader
+	DefaultSignatureHeader = providers.SanghoSignatureHeader
 	DefaultRetention       = 72 * time.Hour
 	DefaultLockTTL         = 30 * time.Second
 	DefaultRetryAfter      = 10 * time.Second
@@ -81,7 +90,7 @@ const (
 
 // Handler verifies and deduplicates webhook deliveries in front of any
 // backend: Sangho's by default, another sender's with `verifier` (a
-// scheme of http.sangho_dedup.verifiers: `stripe`, `standard_webhooks`,
+// provider of http.sangho_dedup.providers: `stripe`, `standard_webhooks`,
 // `github`, `shopify`, `hmac`). It reads the body (at most
 // `max_body_size`), verifies the signature, takes the event ID (from the
 // signed body, or from a header), claims the ID in the `store`, passes a
@@ -156,8 +165,8 @@ type Handler struct {
 
 	// How far the signature timestamp t may be from this server's clock,
 	// in either direction, compared exactly (not in whole seconds); at
-	// most 7 days (168h). Default: the scheme's, 5m for every built-in
-	// scheme that signs a timestamp. A scheme that signs none (github,
+	// most 7 days (168h). Default: the provider's, 5m for every built-in
+	// provider that signs a timestamp. A provider that signs none (github,
 	// shopify, hmac without timestamp_header) refuses it.
 	Tolerance caddy.Duration `json:"tolerance,omitempty"`
 
@@ -165,13 +174,13 @@ type Handler struct {
 	// Default: 1 MiB (1048576).
 	MaxBodySize int64 `json:"max_body_size,omitempty"`
 
-	// Header that carries the event ID. Default: the scheme's:
+	// Header that carries the event ID. Default: the provider's:
 	// Sangho-Event-ID (sangho), none (stripe), webhook-id
 	// (standard_webhooks), X-GitHub-Delivery (github), X-Shopify-Event-Id
 	// then X-Shopify-Webhook-Id (shopify), id_header (hmac).
 	EventIDHeader string `json:"event_id_header,omitempty"`
 
-	// Header that carries the signature. Default: the scheme's:
+	// Header that carries the signature. Default: the provider's:
 	// Sangho-Signature (sangho), Stripe-Signature (stripe),
 	// webhook-signature (standard_webhooks), X-Hub-Signature-256 (github),
 	// X-Shopify-Hmac-Sha256 (shopify), header (hmac).
@@ -228,26 +237,29 @@ type Handler struct {
 	// header; each signed message (t and body) is then remembered in the
 	// store, under key_prefix + "sig:" + its SHA-256, for twice the
 	// tolerance, with the ID it first came with, and its reuse with
-	// another ID is answered 401. Only for schemes that take the ID from
+	// another ID is answered 401. Only for providers that take the ID from
 	// the body (sangho, stripe, hmac with id_field; for hmac the field is
-	// id_field); any other scheme refuses it. Default: true.
+	// id_field); any other provider refuses it. Default: true.
 	RequireBodyID *bool `json:"require_body_id,omitempty"`
 
-	// The signature scheme (http.sangho_dedup.verifiers): sangho,
+	// The sender's provider (http.sangho_dedup.providers): sangho,
 	// stripe, standard_webhooks, github, shopify or hmac, or one another
 	// plugin adds. It sets the default headers, where the event ID comes
-	// from and the default tolerance. Default: {"scheme": "sangho"}.
-	VerifierRaw json.RawMessage `json:"verifier,omitempty" caddy:"namespace=http.sangho_dedup.verifiers inline_key=scheme"`
+	// from and the default tolerance. Default: {"name": "sangho"}.
+	ProviderRaw json.RawMessage `json:"provider,omitempty" caddy:"namespace=http.sangho_dedup.providers inline_key=name"`
+
+	// Deprecated: the shape before v0.3, {"provider": "<name>", ...};
+	// accepted with a warning for one release, as provider.
+	VerifierRaw json.RawMessage `json:"verifier,omitempty"`
 
 	// The store module (http.sangho_dedup.stores). Default: file, a
 	// durable database file in Caddy's data directory, for one instance;
 	// redis for several instances; memory for tests.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
-	store      Store
-	storeState string    // stateOf(store): what other handlers and commits compare
-	scheme     scheme    // the signature scheme, settled at provision
-	verifier   *verifier // the Sangho-format engine of the sangho and stripe schemes, else nil
+	store      dedup.Store
+	storeState string   // stateOf(store): what other handlers and commits compare
+	provider   provider // the sender's provider, settled at provision
 	logger     *zap.Logger
 	now        func() time.Time // the clock; a test sets its own before Provision
 	pass       bool
@@ -315,20 +327,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(secrets) == 0 {
 		return errors.New("at least one secret is required")
 	}
-	if h.VerifierRaw == nil {
-		h.VerifierRaw = json.RawMessage(`{"scheme":"sangho"}`)
+	if err := h.upgradeVerifier(); err != nil {
+		return err
 	}
-	vmod, err := ctx.LoadModule(h, "VerifierRaw")
+	if h.ProviderRaw == nil {
+		h.ProviderRaw = json.RawMessage(`{"name":"sangho"}`)
+	}
+	pmod, err := ctx.LoadModule(h, "ProviderRaw")
 	if err != nil {
-		return fmt.Errorf("loading verifier: %w", err)
+		return fmt.Errorf("provider: %w", err)
 	}
-	v, ok := vmod.(Verifier)
+	v, ok := pmod.(dedup.Provider)
 	if !ok {
-		return fmt.Errorf("module %T is not a sangho_dedup verifier", vmod)
+		return fmt.Errorf("provider: module %T is not a sangho_dedup provider", pmod)
 	}
 	name := v.(caddy.Module).CaddyModule().ID.Name()
-	if err := h.setupScheme(v, name, secrets); err != nil {
-		return fmt.Errorf("verifier %s: %w", name, err)
+	if err := h.setupProvider(v, name, secrets); err != nil {
+		return fmt.Errorf("provider %s: %w", name, err)
 	}
 	if h.OnPayloadMismatch == "" {
 		// Sangho's contract: every attempt carries the same body bytes.
@@ -338,9 +353,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if name == "sangho" {
 			h.OnPayloadMismatch = mismatchReject
 		}
-	}
-	if e, ok := v.(interface{ sigEngine() *verifier }); ok {
-		h.verifier = e.sigEngine()
 	}
 	if r := time.Duration(h.Retention); name == "sangho" && r > 0 && r < RedeliveryWindow {
 		h.logger.Warn("retention shorter than redelivery window", zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
@@ -353,11 +365,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("loading store: %w", err)
 	}
-	store, ok := mod.(Store)
+	store, ok := mod.(dedup.Store)
 	if !ok {
 		return fmt.Errorf("module %T is not a sangho_dedup store", mod)
 	}
 	h.store, h.storeState = store, stateOf(store)
+	noteExitParker(store)
 	onExitOnce.Do(func() { caddy.OnExit(drainCommitRetries) })
 	if h.Name == "" {
 		h.Name = h.KeyPrefix
@@ -398,11 +411,11 @@ func resolveSecret(repl *caddy.Replacer, n int, s string) (string, error) {
 
 // Validate checks the configuration.
 func (h *Handler) Validate() error {
-	if err := h.validateScheme(); err != nil {
+	if err := h.validateProvider(); err != nil {
 		return err
 	}
 	switch {
-	case h.scheme.timestamp && h.Tolerance <= 0:
+	case h.provider.timestamp && h.Tolerance <= 0:
 		return errors.New("tolerance must be positive")
 	case time.Duration(h.Tolerance) > MaxTolerance:
 		return fmt.Errorf("tolerance: at most %v (7 days), not %v", MaxTolerance, time.Duration(h.Tolerance))
@@ -443,3 +456,33 @@ var (
 	_ caddy.CleanerUpper          = (*Handler)(nil)
 	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
 )
+
+// upgradeVerifier turns the deprecated JSON shape "verifier":
+// {"provider": "<name>", ...} into "provider": {"name": "<name>", ...},
+// with a warning.
+func (h *Handler) upgradeVerifier() error {
+	if h.VerifierRaw == nil {
+		return nil
+	}
+	if h.ProviderRaw != nil {
+		return errors.New(`verifier: deprecated, and provider is set too: keep "provider" only`)
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(h.VerifierRaw, &obj); err != nil {
+		return fmt.Errorf("verifier: %w", err)
+	}
+	name, ok := obj["scheme"]
+	if !ok {
+		return errors.New(`verifier: no "scheme" (and "verifier" is deprecated: use "provider": {"name": ...})`)
+	}
+	delete(obj, "scheme")
+	obj["name"] = name
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return fmt.Errorf("verifier: %w", err)
+	}
+	h.ProviderRaw, h.VerifierRaw = raw, nil
+	h.logger.Warn(`"verifier" is deprecated and will be removed in the next release: write "provider": {"name": ...}`,
+		zap.ByteString("provider", name))
+	return nil
+}

@@ -1,10 +1,13 @@
 package sanghodedup
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -16,12 +19,8 @@ import (
 )
 
 // TestMain keeps the tests away from the user's Caddy data directory:
-// the default (file) store lives there. It also runs the helper
-// processes of the file store's tests (see fileHelperMain).
+// the default (file) store lives there.
 func TestMain(m *testing.M) {
-	if os.Getenv(fileHelperEnv) != "" {
-		os.Exit(fileHelperMain())
-	}
 	dir, err := os.MkdirTemp("", "sangho-dedup-test-data-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -65,7 +64,7 @@ func TestProvisionErrors(t *testing.T) {
 	if err := h.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.verifier.verify("t=1733140800,v1="+vectors[0].v1, []byte(bodyA)); err != nil {
+	if err := verifySangho(h, "t=1733140800,v1="+vectors[0].V1, []byte(bodyA)); err != nil {
 		t.Fatalf("secret from {env.X} not resolved: %v", err)
 	}
 }
@@ -107,10 +106,10 @@ func TestSecretPlaceholders(t *testing.T) {
 			t.Errorf("%q: %v", c.secret, err)
 			continue
 		}
-		if err := h.verifier.verify(signedWith(c.accepts), body); err != nil {
+		if err := verifySangho(h, signedWith(c.accepts), body); err != nil {
 			t.Errorf("secret %q: a request signed with %q is refused: %v", c.secret, c.accepts, err)
 		}
-		if err := h.verifier.verify(signedWith(c.refuses), body); err == nil {
+		if err := verifySangho(h, signedWith(c.refuses), body); err == nil {
 			t.Errorf("secret %q: a request signed with %q is accepted", c.secret, c.refuses)
 		}
 	}
@@ -221,7 +220,7 @@ func TestPayloadMismatchDefaults(t *testing.T) {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		h := &Handler{Secrets: []string{"whsec_x"}, StoreRaw: json.RawMessage(`{"type":"memory"}`)}
 		if scheme != "" {
-			h.VerifierRaw = json.RawMessage(`{"scheme":"` + scheme + `"}`)
+			h.ProviderRaw = json.RawMessage(`{"name":"` + scheme + `"}`)
 		}
 		if err := h.Provision(ctx); err != nil {
 			t.Fatalf("%s: %v", scheme, err)
@@ -264,5 +263,39 @@ func TestDurationBounds(t *testing.T) {
 			}
 			_ = h.Cleanup()
 		}
+	}
+}
+
+// verifySangho checks a Sangho-Signature header through h's provider.
+func verifySangho(h *Handler, header string, body []byte) error {
+	r := httptest.NewRequest(http.MethodPost, "/", bytes.NewReader(body))
+	r.Header.Set("Sangho-Signature", header)
+	_, err := h.provider.Verify(r, body)
+	return err
+}
+
+// TestDeprecatedVerifierShape: the JSON shape before v0.3,
+// "verifier": {"scheme": ...}, still loads as that provider (its
+// options kept), for one release; with "provider" as well it is refused.
+func TestDeprecatedVerifierShape(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	h := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: "deprecated:",
+		VerifierRaw: json.RawMessage(`{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`)}
+	if err := h.Provision(ctx); err != nil {
+		t.Fatalf("the old shape: %v", err)
+	}
+	if h.provider.name != "hmac" || h.SignatureHeader != "X-Sig" || h.provider.idField != "event_id" {
+		t.Fatalf("the old shape loaded provider %q, header %q, id field %q; want hmac, X-Sig, event_id", h.provider.name, h.SignatureHeader, h.provider.idField)
+	}
+	both := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: "deprecated2:",
+		VerifierRaw: json.RawMessage(`{"scheme":"github"}`), ProviderRaw: json.RawMessage(`{"name":"github"}`)}
+	if err := both.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), "verifier: deprecated, and provider is set too") {
+		t.Fatalf("both shapes: %v, want an error naming verifier", err)
+	}
+	noScheme := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: "deprecated3:",
+		VerifierRaw: json.RawMessage(`{"header":"X-Sig"}`)}
+	if err := noScheme.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), `verifier: no "scheme"`) {
+		t.Fatalf("old shape without a scheme: %v", err)
 	}
 }

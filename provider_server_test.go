@@ -17,6 +17,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
 )
 
@@ -418,7 +419,7 @@ func caseVerifier(t *testing.T, p providerCase) string {
 	if err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + p.lines + "\n}")); err != nil {
 		t.Fatalf("%s: %v", p.name, err)
 	}
-	return string(h.VerifierRaw)
+	return string(h.ProviderRaw)
 }
 
 // TestDocsProviderRecipes: every recipe of docs/providers.md (the
@@ -469,17 +470,17 @@ func TestDocsProviderRecipes(t *testing.T) {
 	for dec.More() {
 		var h struct {
 			KeyPrefix string          `json:"key_prefix"`
-			Verifier  json.RawMessage `json:"verifier"`
+			Provider  json.RawMessage `json:"provider"`
 		}
 		if err := dec.Decode(&h); err != nil {
 			t.Fatalf("docs/providers.md JSON example: %v", err)
 		}
 		p := providerCaseNamed(t, strings.TrimSuffix(h.KeyPrefix, ":"))
 		var got, want any
-		_ = json.Unmarshal(h.Verifier, &got)
+		_ = json.Unmarshal(h.Provider, &got)
 		_ = json.Unmarshal([]byte(caseVerifier(t, p)), &want)
 		if !reflect.DeepEqual(got, want) {
-			t.Errorf("docs/providers.md JSON example %s: verifier %s, the tested one %s", h.KeyPrefix, h.Verifier, caseVerifier(t, p))
+			t.Errorf("docs/providers.md JSON example %s: verifier %s, the tested one %s", h.KeyPrefix, h.Provider, caseVerifier(t, p))
 		}
 		n++
 	}
@@ -511,11 +512,11 @@ func TestProviderDocumentedVectors(t *testing.T) {
 				"Twitch-Eventsub-Message-Signature": "sha256=efe40ca1246ad39214d6b73db4c1a75e659f468dca03cc9fd399467c9d285351"}},
 	} {
 		p := providerCaseNamed(t, c.name)
-		h := schemeHandler(t, caseVerifier(t, p), []string{"another secret", c.secret}, func(h *Handler) { h.now = func() time.Time { return c.now } })
-		if _, err := h.scheme.Verify(post(c.body, c.headers), []byte(c.body)); err != nil {
+		h := providerHandler(t, caseVerifier(t, p), []string{"another secret", c.secret}, func(h *Handler) { h.now = func() time.Time { return c.now } })
+		if _, err := h.provider.Verify(post(c.body, c.headers), []byte(c.body)); err != nil {
 			t.Errorf("%s: documented vector refused: %v", c.name, err)
 		}
-		if _, err := h.scheme.Verify(post(c.body+" ", c.headers), []byte(c.body+" ")); !errors.Is(err, errSigMismatch) {
+		if _, err := h.provider.Verify(post(c.body+" ", c.headers), []byte(c.body+" ")); !errors.Is(err, dedup.ErrSignatureMismatch) {
 			t.Errorf("%s: a changed body: %v, want a mismatch", c.name, err)
 		}
 	}

@@ -34,7 +34,7 @@ const (
 // recording.
 func (h *Handler) annotateSpan(span trace.Span, repl *caddy.Replacer) {
 	attrs := make([]attribute.KeyValue, 0, 6)
-	attrs = append(attrs, attribute.String(attrProvider, h.scheme.name), attribute.String(attrEndpoint, h.Name))
+	attrs = append(attrs, attribute.String(attrProvider, h.provider.name), attribute.String(attrEndpoint, h.Name))
 	if m, ok := h.store.(caddy.Module); ok {
 		attrs = append(attrs, attribute.String(attrStore, m.CaddyModule().ID.Name()))
 	}

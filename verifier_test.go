@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/hmac"
+	"crypto/sha1"
 	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"hash"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -20,6 +23,9 @@ import (
 	"github.com/google/go-github/v84/github"
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"github.com/stripe/stripe-go/v82/webhook"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/providers"
 )
 
 // Test vectors come from each provider's own library or documentation
@@ -90,12 +96,12 @@ func shopifySig(body, secret string) string {
 	return base64.StdEncoding.EncodeToString(mac.Sum(nil))
 }
 
-// schemeHandler provisions a handler with the given verifier JSON.
-func schemeHandler(t testing.TB, verifier string, secrets []string, configure func(*Handler)) *Handler {
+// providerHandler provisions a handler with the given provider JSON.
+func providerHandler(t testing.TB, provider string, secrets []string, configure func(*Handler)) *Handler {
 	t.Helper()
 	h, _ := newTestHandler(t, func(h *Handler) {
 		h.Secrets = secrets
-		h.VerifierRaw = json.RawMessage(verifier)
+		h.ProviderRaw = json.RawMessage(provider)
 		h.KeyPrefix = testPrefix(t) + ":"
 		if configure != nil {
 			configure(h)
@@ -151,45 +157,45 @@ func TestProviderVectors(t *testing.T) {
 	}
 	stripeAt := testNow.Add(-time.Minute)
 	vectors := []vector{
-		{"stripe library", `{"scheme":"stripe"}`, stripeSecret, testNow, bodyA,
+		{"stripe library", `{"name":"stripe"}`, stripeSecret, testNow, bodyA,
 			map[string]string{"Stripe-Signature": stripeHeader(stripeAt, bodyA, stripeSecret)}, ""},
-		{"stripe library, rolled secret (two v1)", `{"scheme":"stripe"}`, stripeSecret, testNow, bodyA,
+		{"stripe library, rolled secret (two v1)", `{"name":"stripe"}`, stripeSecret, testNow, bodyA,
 			map[string]string{"Stripe-Signature": stripeHeader(stripeAt, bodyA, "whsec_old", stripeSecret)}, ""},
-		{"standard webhooks library", `{"scheme":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
+		{"standard webhooks library", `{"name":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
 			map[string]string{"webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-timestamp": "1614265330",
 				"webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}, "msg_p5jXN8AQM9LWM0D4loKWxJek"},
-		{"svix header names", `{"scheme":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
+		{"svix header names", `{"name":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
 			map[string]string{"svix-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "svix-timestamp": "1614265330",
 				"svix-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}, "msg_p5jXN8AQM9LWM0D4loKWxJek"},
-		{"standard webhooks, unknown versions and other signatures ignored", `{"scheme":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
+		{"standard webhooks, unknown versions and other signatures ignored", `{"name":"standard_webhooks"}`, swSecret1, swLibAt, `{"test": 2432232314}`,
 			map[string]string{"webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek", "webhook-timestamp": "1614265330",
 				"webhook-signature": "v2,abc v1,AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA= v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="}, "msg_p5jXN8AQM9LWM0D4loKWxJek"},
-		{"github documented example", `{"scheme":"github"}`, ghSecret1, testNow, "Hello, World!",
+		{"github documented example", `{"name":"github"}`, ghSecret1, testNow, "Hello, World!",
 			map[string]string{"X-Hub-Signature-256": ghDocSig}, ""},
-		{"shopify library", `{"scheme":"shopify"}`, shopSecret1, testNow, shopBody,
+		{"shopify library", `{"name":"shopify"}`, shopSecret1, testNow, shopBody,
 			map[string]string{"X-Shopify-Hmac-Sha256": shopDocSig}, ""},
-		{"hmac as github", `{"scheme":"hmac","header":"X-Hub-Signature-256","prefix":"sha256=","id_header":"X-GitHub-Delivery"}`, ghSecret1, testNow, "Hello, World!",
+		{"hmac as github", `{"name":"hmac","header":"X-Hub-Signature-256","prefix":"sha256=","id_header":"X-GitHub-Delivery"}`, ghSecret1, testNow, "Hello, World!",
 			map[string]string{"X-Hub-Signature-256": ghDocSig}, ""},
-		{"hmac as shopify", `{"scheme":"hmac","header":"X-Shopify-Hmac-Sha256","encoding":"base64","id_header":"X-Shopify-Event-Id"}`, shopSecret1, testNow, shopBody,
+		{"hmac as shopify", `{"name":"hmac","header":"X-Shopify-Hmac-Sha256","encoding":"base64","id_header":"X-Shopify-Event-Id"}`, shopSecret1, testNow, shopBody,
 			map[string]string{"X-Shopify-Hmac-Sha256": shopDocSig}, ""},
 	}
 	for _, v := range vectors {
 		t.Run(v.name, func(t *testing.T) {
 			at := func(h *Handler) { h.now = func() time.Time { return v.at } }
-			h := schemeHandler(t, v.verifier, []string{v.secret}, at)
-			vd, err := h.scheme.Verify(post(v.body, v.headers), []byte(v.body))
+			h := providerHandler(t, v.verifier, []string{v.secret}, at)
+			vd, err := h.provider.Verify(post(v.body, v.headers), []byte(v.body))
 			if err != nil || vd.ID != v.wantID {
 				t.Fatalf("Verify: %q, %v; want %q, nil", vd.ID, err, v.wantID)
 			}
-			if _, err := h.scheme.Verify(post(v.body+" ", v.headers), []byte(v.body+" ")); !errors.Is(err, errSigMismatch) {
+			if _, err := h.provider.Verify(post(v.body+" ", v.headers), []byte(v.body+" ")); !errors.Is(err, dedup.ErrSignatureMismatch) {
 				t.Errorf("a body with one more byte: %v, want a mismatch", err)
 			}
 			otherSecret := v.secret + "x"
 			if v.secret == swSecret1 {
 				otherSecret = swSecret2
 			}
-			other := schemeHandler(t, v.verifier, []string{otherSecret}, at)
-			if _, err := other.scheme.Verify(post(v.body, v.headers), []byte(v.body)); !errors.Is(err, errSigMismatch) {
+			other := providerHandler(t, v.verifier, []string{otherSecret}, at)
+			if _, err := other.provider.Verify(post(v.body, v.headers), []byte(v.body)); !errors.Is(err, dedup.ErrSignatureMismatch) {
 				t.Errorf("another secret: %v, want a mismatch", err)
 			}
 		})
@@ -197,16 +203,16 @@ func TestProviderVectors(t *testing.T) {
 }
 
 // TestGitHubLibraryAgrees: go-github's ValidateSignature accepts the
-// github scheme's signatures, and the hmac scheme's sha1 and sha512 ones
+// github scheme's signatures, and the hmac provider's sha1 and sha512 ones
 // in GitHub's format (X-Hub-Signature's sha1= is what some senders still
 // use).
 func TestGitHubLibraryAgrees(t *testing.T) {
 	for _, c := range []struct{ verifier, header string }{
-		{`{"scheme":"github"}`, "X-Hub-Signature-256"},
-		{`{"scheme":"hmac","header":"X-Hub-Signature","algorithm":"sha1","prefix":"sha1=","id_header":"X-GitHub-Delivery"}`, "X-Hub-Signature"},
-		{`{"scheme":"hmac","header":"X-Sig","algorithm":"sha512","prefix":"sha512=","id_header":"X-GitHub-Delivery"}`, "X-Sig"},
+		{`{"name":"github"}`, "X-Hub-Signature-256"},
+		{`{"name":"hmac","header":"X-Hub-Signature","algorithm":"sha1","prefix":"sha1=","id_header":"X-GitHub-Delivery"}`, "X-Hub-Signature"},
+		{`{"name":"hmac","header":"X-Sig","algorithm":"sha512","prefix":"sha512=","id_header":"X-GitHub-Delivery"}`, "X-Sig"},
 	} {
-		h := schemeHandler(t, c.verifier, []string{ghSecret2}, nil)
+		h := providerHandler(t, c.verifier, []string{ghSecret2}, nil)
 		for i, body := range []string{"", "{}", bodyA, bodyB, strings.Repeat("x", 70000)} {
 			// A signature the library accepts is one the scheme accepts,
 			// and the other way round: try the right one and a wrong one.
@@ -215,7 +221,7 @@ func TestGitHubLibraryAgrees(t *testing.T) {
 			wrong := libSignature(t, alg, body, ghSecret1)
 			for _, sig := range []string{right, wrong} {
 				libErr := github.ValidateSignature(sig, []byte(body), []byte(ghSecret2))
-				_, err := h.scheme.Verify(post(body, map[string]string{c.header: sig}), []byte(body))
+				_, err := h.provider.Verify(post(body, map[string]string{c.header: sig}), []byte(body))
 				if (libErr == nil) != (err == nil) {
 					t.Errorf("%s body %d: go-github says %v, the scheme %v", c.header, i, libErr, err)
 				}
@@ -228,11 +234,11 @@ func TestGitHubLibraryAgrees(t *testing.T) {
 // GitHub's library names by alg.
 func libSignature(t *testing.T, alg, body, secret string) string {
 	t.Helper()
-	var m macScheme
-	if err := m.setAlgorithm(alg, "hex"); err != nil {
-		t.Fatal(err)
+	newHash := map[string]func() hash.Hash{"sha1": sha1.New, "sha256": sha256.New, "sha512": sha512.New}[alg]
+	if newHash == nil {
+		t.Fatalf("no hash %q", alg)
 	}
-	mac := hmac.New(m.newHash, []byte(secret))
+	mac := hmac.New(newHash, []byte(secret))
 	mac.Write([]byte(body))
 	return alg + "=" + hex.EncodeToString(mac.Sum(nil))
 }
@@ -263,8 +269,8 @@ func TestStandardWebhooksEd25519(t *testing.T) {
 		{"other body", []string{pub}, hdr, body + " ", false},
 		{"other id", []string{pub}, map[string]string{"webhook-id": "msg_v1a_2", "webhook-timestamp": ts, "webhook-signature": sig}, body, false},
 	} {
-		h := schemeHandler(t, `{"scheme":"standard_webhooks"}`, c.secrets, nil)
-		_, err := h.scheme.Verify(post(c.body, c.headers), []byte(c.body))
+		h := providerHandler(t, `{"name":"standard_webhooks"}`, c.secrets, nil)
+		_, err := h.provider.Verify(post(c.body, c.headers), []byte(c.body))
 		if c.ok != (err == nil) {
 			t.Errorf("%s: %v", c.name, err)
 		}
@@ -285,7 +291,7 @@ func TestHMACSchemeTemplates(t *testing.T) {
 	}
 	hx := func(content string) string { return hex.EncodeToString(mac(content)) }
 	// RFC 3339 as Twitch writes it (nanoseconds), with an offset, stale.
-	const twitchLike = `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","timestamp_header":"X-Ts","timestamp_format":"rfc3339","signed_content":"{id}{timestamp}{body}","id_header":"X-Msg-Id"}`
+	const twitchLike = `{"name":"hmac","header":"X-Sig","prefix":"sha256=","timestamp_header":"X-Ts","timestamp_format":"rfc3339","signed_content":"{id}{timestamp}{body}","id_header":"X-Msg-Id"}`
 	rfc := testNow.UTC().Format("2006-01-02T15:04:05.000000000Z07:00")
 	rfcOffset := testNow.In(time.FixedZone("", 2*3600)).Format(time.RFC3339)
 	rfcStale := testNow.Add(-6 * time.Minute).UTC().Format(time.RFC3339Nano)
@@ -296,55 +302,55 @@ func TestHMACSchemeTemplates(t *testing.T) {
 		err      error
 		id       string // the signed ID, for {id}
 	}{
-		{"slack-like", `{"scheme":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
+		{"slack-like", `{"name":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
 			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+ts+":"+body), "X-Slack-Request-Timestamp": ts}, nil, ""},
-		{"slack-like, stale", `{"scheme":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
-			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+stale+":"+body), "X-Slack-Request-Timestamp": stale}, errSigTimestamp, ""},
-		{"slack-like, no timestamp", `{"scheme":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
-			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+ts+":"+body)}, errSigMissing, ""},
-		{"default timestamp template", `{"scheme":"hmac","header":"X-Sig","timestamp_header":"X-Ts","id_field":"event_id"}`,
+		{"slack-like, stale", `{"name":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
+			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+stale+":"+body), "X-Slack-Request-Timestamp": stale}, dedup.ErrSignatureTimestamp, ""},
+		{"slack-like, no timestamp", `{"name":"hmac","header":"X-Slack-Signature","prefix":"v0=","timestamp_header":"X-Slack-Request-Timestamp","signed_content":"v0:{timestamp}:{body}","id_field":"event_id"}`,
+			map[string]string{"X-Slack-Signature": "v0=" + hx("v0:"+ts+":"+body)}, dedup.ErrSignatureMissing, ""},
+		{"default timestamp template", `{"name":"hmac","header":"X-Sig","timestamp_header":"X-Ts","id_field":"event_id"}`,
 			map[string]string{"X-Sig": hx(ts + "." + body), "X-Ts": ts}, nil, ""},
 		{"twitch-like, signed id", twitchLike,
 			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfc, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
 		{"twitch-like, id changed", twitchLike,
-			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfc, "X-Msg-Id": "msg_8"}, errSigMismatch, ""},
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfc, "X-Msg-Id": "msg_8"}, dedup.ErrSignatureMismatch, ""},
 		{"twitch-like, no fraction, an offset", twitchLike,
 			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfcOffset+body), "X-Ts": rfcOffset, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
 		{"twitch-like, the same instant written another way than signed", twitchLike,
-			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfcOffset, "X-Msg-Id": "msg_7"}, errSigMismatch, ""},
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfc+body), "X-Ts": rfcOffset, "X-Msg-Id": "msg_7"}, dedup.ErrSignatureMismatch, ""},
 		{"twitch-like, stale", twitchLike,
-			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfcStale+body), "X-Ts": rfcStale, "X-Msg-Id": "msg_7"}, errSigTimestamp, ""},
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+rfcStale+body), "X-Ts": rfcStale, "X-Msg-Id": "msg_7"}, dedup.ErrSignatureTimestamp, ""},
 		{"twitch-like, a Unix timestamp", twitchLike,
-			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+ts+body), "X-Ts": ts, "X-Msg-Id": "msg_7"}, errSigMalformed, ""},
-		{"unix format, an RFC 3339 timestamp", `{"scheme":"hmac","header":"X-Sig","timestamp_header":"X-Ts","timestamp_format":"unix","signed_content":"{id}.{timestamp}.{body}","id_header":"X-Msg-Id"}`,
-			map[string]string{"X-Sig": hx("msg_7." + rfc + "." + body), "X-Ts": rfc, "X-Msg-Id": "msg_7"}, errSigMalformed, ""},
-		{"id and unix timestamp kept apart", `{"scheme":"hmac","header":"X-Sig","timestamp_header":"X-Ts","signed_content":"{id}_{timestamp}.{body}","id_header":"X-Msg-Id"}`,
+			map[string]string{"X-Sig": "sha256=" + hx("msg_7"+ts+body), "X-Ts": ts, "X-Msg-Id": "msg_7"}, dedup.ErrSignatureMalformed, ""},
+		{"unix format, an RFC 3339 timestamp", `{"name":"hmac","header":"X-Sig","timestamp_header":"X-Ts","timestamp_format":"unix","signed_content":"{id}.{timestamp}.{body}","id_header":"X-Msg-Id"}`,
+			map[string]string{"X-Sig": hx("msg_7." + rfc + "." + body), "X-Ts": rfc, "X-Msg-Id": "msg_7"}, dedup.ErrSignatureMalformed, ""},
+		{"id and unix timestamp kept apart", `{"name":"hmac","header":"X-Sig","timestamp_header":"X-Ts","signed_content":"{id}_{timestamp}.{body}","id_header":"X-Msg-Id"}`,
 			map[string]string{"X-Sig": hx("msg_7_" + ts + "." + body), "X-Ts": ts, "X-Msg-Id": "msg_7"}, nil, "msg_7"},
-		{"suffix", `{"scheme":"hmac","header":"X-Sig","signed_content":"{body}|end","id_field":"event_id","encoding":"base64"}`,
+		{"suffix", `{"name":"hmac","header":"X-Sig","signed_content":"{body}|end","id_field":"event_id","encoding":"base64"}`,
 			map[string]string{"X-Sig": base64.StdEncoding.EncodeToString(mac(body + "|end"))}, nil, ""},
-		{"upper-case hex", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`,
+		{"upper-case hex", `{"name":"hmac","header":"X-Sig","id_field":"event_id"}`,
 			map[string]string{"X-Sig": strings.ToUpper(hx(body))}, nil, ""},
-		{"missing prefix", `{"scheme":"hmac","header":"X-Sig","prefix":"sha256=","id_field":"event_id"}`,
-			map[string]string{"X-Sig": hx(body)}, errSigPrefix, ""},
-		{"short MAC", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`,
-			map[string]string{"X-Sig": hx(body)[:62]}, errSigEncoding, ""},
-		{"base64 without padding", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id","encoding":"base64"}`,
-			map[string]string{"X-Sig": strings.TrimRight(base64.StdEncoding.EncodeToString(mac(body)), "=")}, errSigEncoding, ""},
-		{"no signature", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`,
-			map[string]string{}, errSigMissing, ""},
+		{"missing prefix", `{"name":"hmac","header":"X-Sig","prefix":"sha256=","id_field":"event_id"}`,
+			map[string]string{"X-Sig": hx(body)}, providers.ErrSignaturePrefix, ""},
+		{"short MAC", `{"name":"hmac","header":"X-Sig","id_field":"event_id"}`,
+			map[string]string{"X-Sig": hx(body)[:62]}, providers.ErrSignatureEncoding, ""},
+		{"base64 without padding", `{"name":"hmac","header":"X-Sig","id_field":"event_id","encoding":"base64"}`,
+			map[string]string{"X-Sig": strings.TrimRight(base64.StdEncoding.EncodeToString(mac(body)), "=")}, providers.ErrSignatureEncoding, ""},
+		{"no signature", `{"name":"hmac","header":"X-Sig","id_field":"event_id"}`,
+			map[string]string{}, dedup.ErrSignatureMissing, ""},
 	} {
-		h := schemeHandler(t, c.verifier, []string{"other_secret", secret1}, nil)
-		vd, err := h.scheme.Verify(post(body, c.headers), []byte(body))
+		h := providerHandler(t, c.verifier, []string{"other_secret", secret1}, nil)
+		vd, err := h.provider.Verify(post(body, c.headers), []byte(body))
 		if !errors.Is(err, c.err) || err == nil && vd.ID != c.id {
 			t.Errorf("%s: %q %v, want %q %v", c.name, vd.ID, err, c.id, c.err)
 		}
 	}
 	// Two signature headers: which one would a backend read?
-	h := schemeHandler(t, `{"scheme":"github"}`, []string{ghSecret1}, nil)
+	h := providerHandler(t, `{"name":"github"}`, []string{ghSecret1}, nil)
 	r := post("Hello, World!", nil)
 	r.Header.Add("X-Hub-Signature-256", githubSig("Hello, World!", ghSecret1))
 	r.Header.Add("X-Hub-Signature-256", githubSig("Hello, World!", ghSecret1))
-	if _, err := h.scheme.Verify(r, []byte("Hello, World!")); !errors.Is(err, errSigCount) {
+	if _, err := h.provider.Verify(r, []byte("Hello, World!")); !errors.Is(err, providers.ErrSignatureCount) {
 		t.Errorf("two signature headers: %v", err)
 	}
 }
@@ -365,44 +371,44 @@ func TestSchemeIDSources(t *testing.T) {
 		unsigned bool
 		wantErr  error
 	}{
-		{"github: the delivery header, not the body", `{"scheme":"github"}`, ghSecret1, ghBody,
+		{"github: the delivery header, not the body", `{"name":"github"}`, ghSecret1, ghBody,
 			map[string]string{"X-Hub-Signature-256": githubSig(ghBody, ghSecret1), "X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958", "X-GitHub-Event": "issues"},
 			"72d3162e-cc78-11e3-81ab-4c9367dc0958", "issues", true, nil},
-		{"github: no delivery header", `{"scheme":"github"}`, ghSecret1, ghBody,
+		{"github: no delivery header", `{"name":"github"}`, ghSecret1, ghBody,
 			map[string]string{"X-Hub-Signature-256": githubSig(ghBody, ghSecret1)}, "", "", false, errIDHeaderMissing},
-		{"github: a delivery ID that is not one", `{"scheme":"github"}`, ghSecret1, ghBody,
+		{"github: a delivery ID that is not one", `{"name":"github"}`, ghSecret1, ghBody,
 			map[string]string{"X-Hub-Signature-256": githubSig(ghBody, ghSecret1), "X-GitHub-Delivery": "a:b"}, "", "", false, errIDInvalid},
-		{"shopify: the event ID, not the order id in the body", `{"scheme":"shopify"}`, shopSecret1, shopBody,
+		{"shopify: the event ID, not the order id in the body", `{"name":"shopify"}`, shopSecret1, shopBody,
 			map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(shopBody, shopSecret1), "X-Shopify-Event-Id": "98880550-7158-44d4-b7cd-2c97c8a091b5",
 				"X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "X-Shopify-Topic": "orders/create"},
 			"98880550-7158-44d4-b7cd-2c97c8a091b5", "orders/create", true, nil},
-		{"shopify: the webhook ID when there is no event ID", `{"scheme":"shopify"}`, shopSecret1, shopBody,
+		{"shopify: the webhook ID when there is no event ID", `{"name":"shopify"}`, shopSecret1, shopBody,
 			map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(shopBody, shopSecret1), "X-Shopify-Webhook-Id": "b54557e4-bdd9-4b37-8a5f-bf7d70bcd043"},
 			"b54557e4-bdd9-4b37-8a5f-bf7d70bcd043", "", true, nil},
-		{"shopify: neither", `{"scheme":"shopify"}`, shopSecret1, shopBody,
+		{"shopify: neither", `{"name":"shopify"}`, shopSecret1, shopBody,
 			map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(shopBody, shopSecret1)}, "", "", false, errIDHeaderMissing},
-		{"stripe: the body's id", `{"scheme":"stripe"}`, stripeSecret, bodyA,
+		{"stripe: the body's id", `{"name":"stripe"}`, stripeSecret, bodyA,
 			map[string]string{"Stripe-Signature": stripeHeader(testNow, bodyA, stripeSecret)}, "evt_1QZtest000000000001", "payment_intent.succeeded", false, nil},
-		{"stripe: a body without id", `{"scheme":"stripe"}`, stripeSecret, `{"object":"event"}`,
+		{"stripe: a body without id", `{"name":"stripe"}`, stripeSecret, `{"object":"event"}`,
 			map[string]string{"Stripe-Signature": stripeHeader(testNow, `{"object":"event"}`, stripeSecret)}, "", "", false, errIDNotInBody},
-		{"hmac: id_field", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"event_id":"ev_1","type":"t"}`,
+		{"hmac: id_field", `{"name":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"event_id":"ev_1","type":"t"}`,
 			map[string]string{"X-Sig": hmacHex(`{"event_id":"ev_1","type":"t"}`)}, "ev_1", "t", false, nil},
-		{"hmac: id_field in another case", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"event_id":"ev_1","Event_ID":"ev_2"}`,
+		{"hmac: id_field in another case", `{"name":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"event_id":"ev_1","Event_ID":"ev_2"}`,
 			map[string]string{"X-Sig": hmacHex(`{"event_id":"ev_1","Event_ID":"ev_2"}`)}, "", "", false, errIDCaseKey},
-		{"hmac: id_field missing", `{"scheme":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"id":"ev_1"}`,
+		{"hmac: id_field missing", `{"name":"hmac","header":"X-Sig","id_field":"event_id"}`, secret1, `{"id":"ev_1"}`,
 			map[string]string{"X-Sig": hmacHex(`{"id":"ev_1"}`)}, "", "", false, errIDNotInBody},
-		{"hmac: id_header", `{"scheme":"hmac","header":"X-Sig","id_header":"X-Event"}`, secret1, `{"type":"t"}`,
+		{"hmac: id_header", `{"name":"hmac","header":"X-Sig","id_header":"X-Event"}`, secret1, `{"type":"t"}`,
 			map[string]string{"X-Sig": hmacHex(`{"type":"t"}`), "X-Event": "ev_9"}, "ev_9", "t", true, nil},
-		{"standard webhooks: the signed webhook-id", `{"scheme":"standard_webhooks"}`, swSecret1, `{"type":"user.created"}`,
+		{"standard webhooks: the signed webhook-id", `{"name":"standard_webhooks"}`, swSecret1, `{"type":"user.created"}`,
 			nil, "msg_1", "user.created", false, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := schemeHandler(t, c.verifier, []string{c.secret}, nil)
+			h := providerHandler(t, c.verifier, []string{c.secret}, nil)
 			r := post(c.body, c.headers)
-			if c.verifier == `{"scheme":"standard_webhooks"}` {
+			if c.verifier == `{"name":"standard_webhooks"}` {
 				swSign(t, r.Header, "msg_1", testNow, c.body, c.secret)
 			}
-			vd, err := h.scheme.Verify(r, []byte(c.body))
+			vd, err := h.provider.Verify(r, []byte(c.body))
 			if err != nil {
 				t.Fatalf("Verify: %v", err)
 			}
@@ -431,56 +437,56 @@ func TestSchemeConfigErrors(t *testing.T) {
 		set      func(*Handler)
 		want     string
 	}{
-		{"github with a tolerance", `{"scheme":"github"}`, nil, func(h *Handler) { h.Tolerance = caddy.Duration(time.Minute) },
-			"tolerance: the github scheme signs no timestamp"},
-		{"shopify with require_body_id", `{"scheme":"shopify"}`, nil, func(h *Handler) { h.RequireBodyID = &off },
+		{"github with a tolerance", `{"name":"github"}`, nil, func(h *Handler) { h.Tolerance = caddy.Duration(time.Minute) },
+			"tolerance: the github provider signs no timestamp"},
+		{"shopify with require_body_id", `{"name":"shopify"}`, nil, func(h *Handler) { h.RequireBodyID = &off },
 			"require_body_id: applies only where the event ID comes from the body"},
-		{"standard_webhooks with require_body_id", `{"scheme":"standard_webhooks"}`, []string{swSecret1}, func(h *Handler) { h.RequireBodyID = &off },
-			"the standard_webhooks scheme takes it from a signed header"},
-		{"hmac without a header", `{"scheme":"hmac","id_field":"id"}`, nil, nil,
-			"signature_header: the hmac scheme has no default signature header"},
-		{"hmac without an ID", `{"scheme":"hmac","header":"X-Sig"}`, nil, nil,
-			"event_id_header: the hmac scheme takes the event ID from a header and has no default one"},
-		{"hmac algorithm", `{"scheme":"hmac","header":"X-Sig","id_field":"id","algorithm":"md5"}`, nil, nil,
+		{"standard_webhooks with require_body_id", `{"name":"standard_webhooks"}`, []string{swSecret1}, func(h *Handler) { h.RequireBodyID = &off },
+			"the standard_webhooks provider takes it from a signed header"},
+		{"hmac without a header", `{"name":"hmac","id_field":"id"}`, nil, nil,
+			"signature_header: the hmac provider has no default signature header"},
+		{"hmac without an ID", `{"name":"hmac","header":"X-Sig"}`, nil, nil,
+			"event_id_header: the hmac provider takes the event ID from a header and has no default one"},
+		{"hmac algorithm", `{"name":"hmac","header":"X-Sig","id_field":"id","algorithm":"md5"}`, nil, nil,
 			`algorithm must be sha256, sha512 or sha1, not "md5"`},
-		{"hmac encoding", `{"scheme":"hmac","header":"X-Sig","id_field":"id","encoding":"base32"}`, nil, nil,
+		{"hmac encoding", `{"name":"hmac","header":"X-Sig","id_field":"id","encoding":"base32"}`, nil, nil,
 			`encoding must be hex or base64, not "base32"`},
-		{"hmac template without body", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{timestamp}"}`, nil, nil,
+		{"hmac template without body", `{"name":"hmac","header":"X-Sig","id_field":"id","signed_content":"{timestamp}"}`, nil, nil,
 			"signed_content"},
-		{"hmac template twice body", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{body}{body}"}`, nil, nil,
+		{"hmac template twice body", `{"name":"hmac","header":"X-Sig","id_field":"id","signed_content":"{body}{body}"}`, nil, nil,
 			"must hold {body} exactly once"},
-		{"hmac unknown placeholder", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{ts}.{body}"}`, nil, nil,
+		{"hmac unknown placeholder", `{"name":"hmac","header":"X-Sig","id_field":"id","signed_content":"{ts}.{body}"}`, nil, nil,
 			"only {body}, {timestamp} and {id} may stand in braces"},
-		{"hmac timestamp not signed", `{"scheme":"hmac","header":"X-Sig","id_field":"id","timestamp_header":"X-Ts","signed_content":"{body}"}`, nil, nil,
+		{"hmac timestamp not signed", `{"name":"hmac","header":"X-Sig","id_field":"id","timestamp_header":"X-Ts","signed_content":"{body}"}`, nil, nil,
 			"timestamp_header is set but signed_content has no {timestamp}"},
-		{"hmac {timestamp} without header", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{timestamp}{body}"}`, nil, nil,
+		{"hmac {timestamp} without header", `{"name":"hmac","header":"X-Sig","id_field":"id","signed_content":"{timestamp}{body}"}`, nil, nil,
 			"signed_content has {timestamp} but there is no timestamp_header"},
-		{"hmac {id} with id_field", `{"scheme":"hmac","header":"X-Sig","id_field":"id","signed_content":"{id}{body}"}`, nil, nil,
+		{"hmac {id} with id_field", `{"name":"hmac","header":"X-Sig","id_field":"id","signed_content":"{id}{body}"}`, nil, nil,
 			"signed_content has {id}"},
-		{"hmac {id} without a header", `{"scheme":"hmac","header":"X-Sig","signed_content":"{id}.{body}"}`, nil, nil,
+		{"hmac {id} without a header", `{"name":"hmac","header":"X-Sig","signed_content":"{id}.{body}"}`, nil, nil,
 			"signed_content has {id} but there is no event ID header"},
-		{"hmac bad header name", `{"scheme":"hmac","header":"X Sig","id_field":"id"}`, nil, nil,
+		{"hmac bad header name", `{"name":"hmac","header":"X Sig","id_field":"id"}`, nil, nil,
 			`header "X Sig" is not a valid header name`},
-		{"hmac parts not kept apart", `{"scheme":"hmac","header":"X-Sig","id_header":"X-Id","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}"}`, nil, nil,
+		{"hmac parts not kept apart", `{"name":"hmac","header":"X-Sig","id_header":"X-Id","timestamp_header":"X-Ts","signed_content":"{id}{timestamp}{body}"}`, nil, nil,
 			`provider hmac: signed_content "{id}{timestamp}{body}": {id} and {timestamp} are not kept apart`},
-		{"hmac timestamp_format", `{"scheme":"hmac","header":"X-Sig","id_field":"id","timestamp_header":"X-Ts","timestamp_format":"iso8601"}`, nil, nil,
+		{"hmac timestamp_format", `{"name":"hmac","header":"X-Sig","id_field":"id","timestamp_header":"X-Ts","timestamp_format":"iso8601"}`, nil, nil,
 			`provider hmac: timestamp_format must be unix or rfc3339, not "iso8601"`},
-		{"tolerance over the maximum", `{"scheme":"stripe"}`, nil, func(h *Handler) { h.Tolerance = caddy.Duration(8 * 24 * time.Hour) },
+		{"tolerance over the maximum", `{"name":"stripe"}`, nil, func(h *Handler) { h.Tolerance = caddy.Duration(8 * 24 * time.Hour) },
 			"tolerance: at most 168h0m0s (7 days), not 192h0m0s"},
-		{"standard_webhooks secret not base64", `{"scheme":"standard_webhooks"}`, []string{swSecret1, "whsec_not*base64!"}, nil,
+		{"standard_webhooks secret not base64", `{"name":"standard_webhooks"}`, []string{swSecret1, "whsec_not*base64!"}, nil,
 			"secret #2: a standard_webhooks secret is whsec_ followed by base64"},
-		{"standard_webhooks signing key", `{"scheme":"standard_webhooks"}`, []string{"whsk_c2VjcmV0"}, nil,
+		{"standard_webhooks signing key", `{"name":"standard_webhooks"}`, []string{"whsk_c2VjcmV0"}, nil,
 			"secret #1 is a whsk_ signing key"},
-		{"standard_webhooks short public key", `{"scheme":"standard_webhooks"}`, []string{"whpk_c2VjcmV0"}, nil,
+		{"standard_webhooks short public key", `{"name":"standard_webhooks"}`, []string{"whpk_c2VjcmV0"}, nil,
 			"secret #1: a whpk_ public key must be the base64 of 32 bytes"},
-		{"unknown scheme", `{"scheme":"nosuch"}`, nil, nil, "http.sangho_dedup.verifiers.nosuch"},
+		{"unknown scheme", `{"name":"nosuch"}`, nil, nil, "http.sangho_dedup.providers.nosuch"},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		secrets := c.secrets
 		if secrets == nil {
 			secrets = []string{secret1}
 		}
-		h := &Handler{Secrets: secrets, StoreRaw: json.RawMessage(`{"type":"memory"}`), VerifierRaw: json.RawMessage(c.verifier)}
+		h := &Handler{Secrets: secrets, StoreRaw: json.RawMessage(`{"type":"memory"}`), ProviderRaw: json.RawMessage(c.verifier)}
 		if c.set != nil {
 			c.set(h)
 		}
@@ -514,34 +520,34 @@ func TestSchemeDefaultsAndOverrides(t *testing.T) {
 		tolerance           time.Duration
 		sigMemory           time.Duration
 	}{
-		{`{"scheme":"sangho"}`, nil, "Sangho-Signature", "Sangho-Event-Id", 5 * time.Minute, 10*time.Minute + time.Second},
-		{`{"scheme":"stripe"}`, nil, "Stripe-Signature", "", 5 * time.Minute, 10*time.Minute + time.Second},
-		{`{"scheme":"standard_webhooks"}`, nil, "Webhook-Signature", "Webhook-Id", 5 * time.Minute, 10*time.Minute + time.Second},
-		{`{"scheme":"github"}`, nil, "X-Hub-Signature-256", "X-Github-Delivery", 0, DefaultRetention},
-		{`{"scheme":"shopify"}`, func(h *Handler) { h.Retention = caddy.Duration(96 * time.Hour) }, "X-Shopify-Hmac-Sha256", "X-Shopify-Event-Id", 0, 96 * time.Hour},
-		{`{"scheme":"github"}`, func(h *Handler) { h.SignatureHeader, h.EventIDHeader = "x-gh-sig", "x-gh-id" }, "X-Gh-Sig", "X-Gh-Id", 0, DefaultRetention},
-		{`{"scheme":"stripe"}`, func(h *Handler) { h.Tolerance = caddy.Duration(time.Minute) }, "Stripe-Signature", "", time.Minute, 2*time.Minute + time.Second},
+		{`{"name":"sangho"}`, nil, "Sangho-Signature", "Sangho-Event-Id", 5 * time.Minute, 10*time.Minute + time.Second},
+		{`{"name":"stripe"}`, nil, "Stripe-Signature", "", 5 * time.Minute, 10*time.Minute + time.Second},
+		{`{"name":"standard_webhooks"}`, nil, "Webhook-Signature", "Webhook-Id", 5 * time.Minute, 10*time.Minute + time.Second},
+		{`{"name":"github"}`, nil, "X-Hub-Signature-256", "X-Github-Delivery", 0, DefaultRetention},
+		{`{"name":"shopify"}`, func(h *Handler) { h.Retention = caddy.Duration(96 * time.Hour) }, "X-Shopify-Hmac-Sha256", "X-Shopify-Event-Id", 0, 96 * time.Hour},
+		{`{"name":"github"}`, func(h *Handler) { h.SignatureHeader, h.EventIDHeader = "x-gh-sig", "x-gh-id" }, "X-Gh-Sig", "X-Gh-Id", 0, DefaultRetention},
+		{`{"name":"stripe"}`, func(h *Handler) { h.Tolerance = caddy.Duration(time.Minute) }, "Stripe-Signature", "", time.Minute, 2*time.Minute + time.Second},
 	} {
-		h := schemeHandler(t, c.verifier, []string{swSecret1}, c.set)
+		h := providerHandler(t, c.verifier, []string{swSecret1}, c.set)
 		if h.SignatureHeader != c.sigHeader || h.EventIDHeader != c.idHeader || time.Duration(h.Tolerance) != c.tolerance || h.sigMemory != c.sigMemory {
 			t.Errorf("%s: %s %s %v %v; want %s %s %v %v", c.verifier, h.SignatureHeader, h.EventIDHeader, time.Duration(h.Tolerance), h.sigMemory,
 				c.sigHeader, c.idHeader, c.tolerance, c.sigMemory)
 		}
 	}
 	// An overridden shopify ID header replaces both of Shopify's.
-	h := schemeHandler(t, `{"scheme":"shopify"}`, []string{shopSecret1}, func(h *Handler) { h.EventIDHeader = "X-Mine" })
+	h := providerHandler(t, `{"name":"shopify"}`, []string{shopSecret1}, func(h *Handler) { h.EventIDHeader = "X-Mine" })
 	r := post("{}", map[string]string{"X-Shopify-Hmac-Sha256": shopifySig("{}", shopSecret1), "X-Shopify-Event-Id": "ev_1"})
-	vd, _ := h.scheme.Verify(r, []byte("{}"))
+	vd, _ := h.provider.Verify(r, []byte("{}"))
 	if _, err := h.eventOf(r, []byte("{}"), &vd); !errors.Is(err, errIDHeaderMissing) {
 		t.Errorf("event_id_header X-Mine: %v, want the ID header missing", err)
 	}
 	// An overridden signature header turns the svix- fallback off.
-	h = schemeHandler(t, `{"scheme":"standard_webhooks"}`, []string{swSecret1}, func(h *Handler) { h.SignatureHeader = "X-Sig" })
+	h = providerHandler(t, `{"name":"standard_webhooks"}`, []string{swSecret1}, func(h *Handler) { h.SignatureHeader = "X-Sig" })
 	r = post("{}", nil)
 	swSign(t, r.Header, "msg_1", testNow, "{}", swSecret1)
 	r.Header.Set("Svix-Signature", r.Header.Get("Webhook-Signature"))
 	r.Header.Del("Webhook-Signature")
-	if _, err := h.scheme.Verify(r, []byte("{}")); !errors.Is(err, errSigMissing) {
+	if _, err := h.provider.Verify(r, []byte("{}")); !errors.Is(err, dedup.ErrSignatureMissing) {
 		t.Errorf("signature_header X-Sig and only svix-signature: %v, want missing", err)
 	}
 }
@@ -561,7 +567,7 @@ func TestUnsignedIDReplayRecord(t *testing.T) {
 	file := t.TempDir() + "/dedup.db"
 	for _, store := range []string{`{"type":"memory"}`, `{"type":"file","path":"` + file + `"}`} {
 		t.Run(store, func(t *testing.T) {
-			h := schemeHandler(t, `{"scheme":"github"}`, []string{ghSecret1}, func(h *Handler) { h.StoreRaw = json.RawMessage(store) })
+			h := providerHandler(t, `{"name":"github"}`, []string{ghSecret1}, func(h *Handler) { h.StoreRaw = json.RawMessage(store) })
 			next := &countingNext{}
 			// The backend fails the first attempt: the delivery is
 			// released, and its binding holds meanwhile.
@@ -599,12 +605,12 @@ func TestUnsignedIDReplayRecord(t *testing.T) {
 			}
 			ctx := context.Background()
 			for _, id := range []string{"d-2", "d-3"} {
-				if res, _, err := h.store.Claim(ctx, h.KeyPrefix+id, "probe", time.Second); err != nil || res != Claimed {
+				if res, _, err := h.store.Claim(ctx, h.KeyPrefix+id, "probe", time.Second); err != nil || res != dedup.Claimed {
 					t.Errorf("the refused replay %s left its key behind: %v %v", id, res, err)
 				}
 			}
 			sigKey := signatureKey(h.KeyPrefix, nil, []byte(body), nil)
-			if res, _, err := h.store.Claim(ctx, sigKey, "probe", time.Second); err != nil || res != AlreadyDone {
+			if res, _, err := h.store.Claim(ctx, sigKey, "probe", time.Second); err != nil || res != dedup.AlreadyDone {
 				t.Errorf("the signature record is %v (%v), want a done record", res, err)
 			}
 		})
@@ -616,7 +622,7 @@ func TestUnsignedIDReplayRecord(t *testing.T) {
 // (t and body) as sangho does.
 func TestStripeHeaderFallback(t *testing.T) {
 	off := false
-	h := schemeHandler(t, `{"scheme":"stripe"}`, []string{stripeSecret}, func(h *Handler) {
+	h := providerHandler(t, `{"name":"stripe"}`, []string{stripeSecret}, func(h *Handler) {
 		h.RequireBodyID, h.EventIDHeader = &off, "X-Event-Id"
 	})
 	body := `{"object":"event","type":"invoice.paid"}`

@@ -3,6 +3,7 @@ package monitoring
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -298,10 +299,14 @@ func exporterSeries(t *testing.T) map[string]string {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	store, _ := json.Marshal(map[string]string{"type": "file", "path": filepath.Join(t.TempDir(), "dedup.db")})
-	h := &sanghodedup.Handler{Secrets: []string{"whsec_monitoring"}, StoreRaw: store}
-	if err := h.Provision(ctx); err != nil {
-		t.Fatalf("provision: %v", err)
+	// Every store registers its own series when provisioned (a store's
+	// connection is made on first use: no server is needed here).
+	file, _ := json.Marshal(map[string]string{"type": "file", "path": filepath.Join(t.TempDir(), "dedup.db")})
+	for i, store := range []json.RawMessage{file, json.RawMessage(`{"type":"redis","address":["127.0.0.1:1"]}`)} {
+		h := &sanghodedup.Handler{Secrets: []string{"whsec_monitoring"}, StoreRaw: store, KeyPrefix: fmt.Sprintf("m%d:", i)}
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("provision: %v", err)
+		}
 	}
 	families, err := ctx.GetMetricsRegistry().Gather()
 	if err != nil {

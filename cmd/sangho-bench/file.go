@@ -12,7 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	sanghodedup "github.com/sangho/caddy-sangho-dedup"
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
 // measureFsync times write+fsync of one 4 KiB page, 500 times, in dir:
@@ -45,7 +46,7 @@ func measureFsync(dir string) string {
 func fileGrowth(path string, n int) (string, error) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	st := &sanghodedup.FileStore{Path: path}
+	st := &filestore.Store{Path: path}
 	if err := st.Provision(ctx); err != nil {
 		return "", err
 	}
@@ -93,7 +94,7 @@ func fileGrowth(path string, n int) (string, error) {
 					failed.Store(err)
 					return
 				}
-				rec := sanghodedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
+				rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
 				if _, err := st.Commit(context.Background(), key, tok, rec, 3*time.Second); err != nil {
 					failed.Store(err)
 					return
@@ -118,7 +119,7 @@ const fileGrowthRate = 5000
 
 // countLive is the number of entries in the file, expired or not: what
 // the sweeper has left.
-func countLive(st *sanghodedup.FileStore) string {
+func countLive(st *filestore.Store) string {
 	n, err := st.Entries()
 	if err != nil {
 		return err.Error()

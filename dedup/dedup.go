@@ -1,0 +1,250 @@
+// Package dedup is the contract between the sangho_dedup handler and
+// the modules it loads: stores (namespace http.sangho_dedup.stores),
+// which keep the state of events, and providers (namespace
+// http.sangho_dedup.providers), which check a sender's signature and say
+// where the event ID is.
+//
+// A third-party store or provider imports this package only (and Caddy),
+// registers its module with caddy.RegisterModule, and, for a store, runs
+// the contract suite of package dedupstoretest in its tests.
+package dedup
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// Store keeps the dedup state of events, one key per event. Every
+// method is one atomic operation on one key (one round trip for a
+// network store), so a store can be shared by many Caddy instances and
+// sharded (Redis Cluster) by key.
+//
+// A store may also implement StateSharer, Drainer and ExitParker.
+type Store interface {
+	// Claim creates key holding an in-flight lease owned by token, with
+	// a time to live of ttl, only if key does not exist (or has
+	// expired). If it exists, Claim reports what it holds (done or in
+	// flight), returns the value it found, and changes nothing. A lease
+	// that holds the caller's own token counts as Claimed (a retried
+	// claim whose first attempt reached the store). An error never means
+	// "duplicate".
+	Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, string, error)
+
+	// Renew extends the lease on key to ttl if key still holds the
+	// in-flight lease of token, and reports whether it did.
+	Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error)
+
+	// Commit turns key into the done record rec, with a time to live of
+	// retention, and reports whether key still held the lease of token
+	// (false: the lease was lost, yet the event is recorded as done all
+	// the same, since the backend did process it). A nil error means the
+	// record is as durable as the store promises (on disk, replicated).
+	Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error)
+
+	// Release deletes key if it still holds the in-flight lease of
+	// token, and reports whether it did.
+	Release(ctx context.Context, key, token string) (bool, error)
+
+	// Get returns what key holds, for operators; a zero Entry if absent.
+	Get(ctx context.Context, key string) (Entry, error)
+
+	// Forget deletes key if it holds a done record, or, with force, a
+	// lease too (Forgettable), so that the next delivery of the event is
+	// processed. It returns what key held and whether it deleted it.
+	Forget(ctx context.Context, key string, force bool) (Entry, bool, error)
+}
+
+// StateSharer is a store that can tell which state it reaches, so that
+// the handler can refuse two endpoints that would share keys: two
+// handlers whose stores return the same StateID must use different
+// key_prefix values. A store that does not implement it is its own
+// state (two instances never share keys).
+type StateSharer interface {
+	// StateID names the state the store reaches as Provision settled it
+	// (e.g. "file:/var/lib/caddy/dedup.db", "redis:127.0.0.1:6379/0").
+	StateID() string
+}
+
+// Drainer is a store whose Cleanup releases a resource (a connection
+// pool, an open file) that deliveries may still need after Caddy has
+// cleaned their config up: on a reload, Caddy starts the new config,
+// then cleans the old one up without waiting for its requests in
+// flight. The handler calls Enter before it uses the store for a
+// delivery or a background commit retry and Leave after; the store
+// keeps its resource until the uses end (at most DrainFor).
+type Drainer interface {
+	Enter()
+	Leave()
+}
+
+// ExitParker is a store with something to do when the process exits,
+// after the handler's background commit retries have landed or been
+// given up (Caddy runs its exit callbacks in no set order): the file
+// store parks its live leases so that none is lost with the process.
+// The handler calls ParkAtExit once at exit, for every store it loaded
+// that implements it, even one whose config was cleaned up.
+type ExitParker interface {
+	ParkAtExit()
+}
+
+// CommitRetryFor is how long the handler retries, in the background, a
+// done record that failed to be written; DrainFor is how long a store
+// that implements Drainer keeps its resource for the uses still in
+// flight after Cleanup.
+const (
+	CommitRetryFor = 5 * time.Minute
+	DrainFor       = CommitRetryFor + time.Minute
+)
+
+// Entry is a key's value (a done record or an in-flight lease, "" when
+// absent) and when it expires.
+type Entry struct {
+	Value     string
+	ExpiresAt time.Time
+}
+
+// State is "absent", "done" or "in_flight".
+func (e Entry) State() string {
+	switch {
+	case e.Value == "":
+		return "absent"
+	case strings.HasPrefix(e.Value, DonePrefix):
+		return "done"
+	}
+	return "in_flight"
+}
+
+// ClaimResult is what a Claim found.
+type ClaimResult int
+
+const (
+	// Claimed: the key was absent and now holds our lease.
+	Claimed ClaimResult = iota
+	// AlreadyDone: the event was processed before.
+	AlreadyDone
+	// InFlight: another delivery of the event holds the lease.
+	InFlight
+)
+
+func (c ClaimResult) String() string {
+	switch c {
+	case Claimed:
+		return "claimed"
+	case AlreadyDone:
+		return "done"
+	case InFlight:
+		return "in_flight"
+	}
+	return "unknown"
+}
+
+// Stored values. An in-flight lease is "inflight:<token>"; a done record
+// is "done:" followed by a small JSON object, readable with redis-cli or
+// psql.
+const (
+	InflightPrefix = "inflight:"
+	DonePrefix     = "done:"
+)
+
+// LeaseValue is the value of an in-flight lease held by token.
+func LeaseValue(token string) string { return InflightPrefix + token }
+
+// IsLease reports whether val is the in-flight lease of token, without
+// building the lease string.
+func IsLease(val, token string) bool {
+	return len(val) == len(InflightPrefix)+len(token) &&
+		val[:len(InflightPrefix)] == InflightPrefix && val[len(InflightPrefix):] == token
+}
+
+// Classify maps a stored value to a ClaimResult for the caller holding
+// token: a lease that holds the caller's own token counts as Claimed.
+func Classify(val, token string) ClaimResult {
+	if strings.HasPrefix(val, DonePrefix) {
+		return AlreadyDone
+	}
+	if IsLease(val, token) {
+		return Claimed
+	}
+	return InFlight
+}
+
+// Forgettable reports whether Forget deletes a key holding val: a done
+// record, or with force a lease too.
+func Forgettable(val string, force bool) bool {
+	return val != "" && (force || strings.HasPrefix(val, DonePrefix))
+}
+
+// DoneRecord is what is remembered of a processed event, like a row of
+// the processed_webhook_events table of Sangho's guide, with a
+// fingerprint of the body that was processed.
+type DoneRecord struct {
+	ProcessedAt time.Time `json:"processed_at"`
+	// EventType is the event's type ("" when unknown).
+	EventType string `json:"event_type"`
+	// EventID is set in the handler's replay records (one per accepted
+	// signed message whose event ID is not signed): the ID the message
+	// came with. Empty in an event's own record, whose key is its ID.
+	EventID string `json:"event_id,omitempty"`
+	// Fingerprint is the hex of the first 16 bytes of the body's
+	// SHA-256; empty in records written before fingerprints existed.
+	Fingerprint string `json:"fingerprint,omitempty"`
+}
+
+// Encode renders the record as the stored value
+// `done:{"processed_at":...,"event_type":...,"fingerprint":...}`.
+func (r DoneRecord) Encode() string {
+	r.ProcessedAt = r.ProcessedAt.UTC()
+	b, err := json.Marshal(r)
+	if err != nil { // a time.Time past year 9999: not from a clock
+		r.ProcessedAt = time.Time{}
+		b, _ = json.Marshal(r)
+	}
+	return DonePrefix + string(b)
+}
+
+// DecodeDone parses a done record written by Encode (or by an older
+// version, without a fingerprint).
+func DecodeDone(val string) (DoneRecord, bool) {
+	raw, ok := strings.CutPrefix(val, DonePrefix)
+	if !ok {
+		return DoneRecord{}, false
+	}
+	var r DoneRecord
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		return DoneRecord{}, false
+	}
+	return r, true
+}
+
+// Fingerprint returns the fingerprint in a stored value: of a done
+// record, or of a lease whose token carries one (token "<x>.<fp>").
+// Empty when it has none. Cheap: no JSON decoding on the hot path.
+func Fingerprint(val string) string {
+	if strings.HasPrefix(val, DonePrefix) {
+		const k = `"fingerprint":"`
+		i := strings.LastIndex(val, k)
+		if i < 0 {
+			return ""
+		}
+		fp := val[i+len(k):]
+		if j := strings.IndexByte(fp, '"'); j >= 0 {
+			return fp[:j]
+		}
+		return ""
+	}
+	if tok, ok := strings.CutPrefix(val, InflightPrefix); ok {
+		return TokenFingerprint(tok)
+	}
+	return ""
+}
+
+// TokenFingerprint returns the fingerprint a lease token carries after
+// its last ".", or "".
+func TokenFingerprint(token string) string {
+	if i := strings.LastIndexByte(token, '.'); i >= 0 {
+		return token[i+1:]
+	}
+	return ""
+}

@@ -1,0 +1,311 @@
+// Package dedupstoretest is the contract suite of dedup.Store: a store,
+// this project's or a third party's, passes it in its own tests:
+//
+//	func TestContract(t *testing.T) {
+//		dedupstoretest.Run(t, func(t *testing.T) dedupstoretest.Harness {
+//			s := newMyStore(t)
+//			return dedupstoretest.Harness{Store: s, Elapse: time.Sleep, Value: ..., TTL: ..., Short: 150 * time.Millisecond}
+//		})
+//	}
+package dedupstoretest
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+)
+
+// Harness is what the contract suite needs of a store under test.
+type Harness struct {
+	Store dedup.Store
+	// Elapse lets d pass for the store (a fake clock, or real time).
+	Elapse func(d time.Duration)
+	// Value and TTL read a key's raw value ("" if absent) and remaining
+	// time to live, behind the store's back.
+	Value func(key string) string
+	TTL   func(key string) time.Duration
+	// Short is a TTL small enough to wait for.
+	Short time.Duration
+}
+
+// Run runs the contract suite, each subtest on a fresh harness.
+func Run(t *testing.T, newHarness func(*testing.T) Harness) {
+	ctx := context.Background()
+	const lockTTL, retention = 30 * time.Second, 72 * time.Hour
+	rec := dedup.DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "payment_intent.succeeded"}
+
+	approx := func(t *testing.T, got, want time.Duration) {
+		t.Helper()
+		if got > want || got < want-2*time.Second {
+			t.Fatalf("ttl = %v, want about %v", got, want)
+		}
+	}
+	mustClaim := func(t *testing.T, h Harness, key, token string, ttl time.Duration, want dedup.ClaimResult) {
+		t.Helper()
+		got, _, err := h.Store.Claim(ctx, key, token, ttl)
+		if err != nil {
+			t.Fatalf("claim %s: %v", key, err)
+		}
+		if got != want {
+			t.Fatalf("claim %s with %s = %v, want %v", key, token, got, want)
+		}
+	}
+
+	t.Run("claim creates an in-flight lease with lock_ttl", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		if v := h.Value("k"); v != "inflight:tok1" {
+			t.Fatalf("value = %q", v)
+		}
+		approx(t, h.TTL("k"), lockTTL)
+	})
+	t.Run("second claim sees in flight and changes nothing", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		mustClaim(t, h, "k", "tok2", time.Hour, dedup.InFlight)
+		if v := h.Value("k"); v != "inflight:tok1" {
+			t.Fatalf("value = %q", v)
+		}
+		approx(t, h.TTL("k"), lockTTL)
+	})
+	t.Run("a retried claim with the same token is ours", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+	})
+	t.Run("renew checks the token and extends", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", 5*time.Second, dedup.Claimed)
+		if ok, err := h.Store.Renew(ctx, "k", "other", time.Minute); err != nil || ok {
+			t.Fatalf("renew with a foreign token = %v, %v; want false", ok, err)
+		}
+		approx(t, h.TTL("k"), 5*time.Second)
+		if ok, err := h.Store.Renew(ctx, "k", "tok1", time.Minute); err != nil || !ok {
+			t.Fatalf("renew = %v, %v; want true", ok, err)
+		}
+		approx(t, h.TTL("k"), time.Minute)
+		if ok, _ := h.Store.Renew(ctx, "absent", "tok1", time.Minute); ok {
+			t.Fatal("renew of an absent key succeeded")
+		}
+		if v := h.Value("absent"); v != "" {
+			t.Fatalf("renew created a key: %q", v)
+		}
+	})
+	t.Run("commit writes the done record with retention", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		held, err := h.Store.Commit(ctx, "k", "tok1", rec, retention)
+		if err != nil || !held {
+			t.Fatalf("commit = %v, %v; want held", held, err)
+		}
+		want := `done:{"processed_at":"2024-12-02T12:00:01Z","event_type":"payment_intent.succeeded"}`
+		if v := h.Value("k"); v != want {
+			t.Fatalf("value = %q, want %q", v, want)
+		}
+		approx(t, h.TTL("k"), retention)
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.AlreadyDone)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.AlreadyDone)
+	})
+	t.Run("commit after the lease was lost records done and says so", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		held, err := h.Store.Commit(ctx, "k", "tok2", rec, retention)
+		if err != nil || held {
+			t.Fatalf("commit with a foreign token = %v, %v; want not held", held, err)
+		}
+		mustClaim(t, h, "k", "tok3", lockTTL, dedup.AlreadyDone)
+		// and a commit on a key that expired meanwhile
+		held, err = h.Store.Commit(ctx, "gone", "tok1", rec, retention)
+		if err != nil || held {
+			t.Fatalf("commit of an absent key = %v, %v; want not held", held, err)
+		}
+		mustClaim(t, h, "gone", "tok3", lockTTL, dedup.AlreadyDone)
+	})
+	t.Run("release checks the token and deletes", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		if ok, err := h.Store.Release(ctx, "k", "tok2"); err != nil || ok {
+			t.Fatalf("release with a foreign token = %v, %v; want false", ok, err)
+		}
+		if v := h.Value("k"); v != "inflight:tok1" {
+			t.Fatalf("foreign release changed the key: %q", v)
+		}
+		if ok, err := h.Store.Release(ctx, "k", "tok1"); err != nil || !ok {
+			t.Fatalf("release = %v, %v; want true", ok, err)
+		}
+		if v := h.Value("k"); v != "" {
+			t.Fatalf("key still there after release: %q", v)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Claimed)
+	})
+	t.Run("release never deletes a done record", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		if _, err := h.Store.Commit(ctx, "k", "tok1", rec, retention); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := h.Store.Release(ctx, "k", "tok1"); err != nil || ok {
+			t.Fatalf("release after commit = %v, %v; want false", ok, err)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.AlreadyDone)
+	})
+	t.Run("an expired lease can be claimed again and not renewed", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
+		h.Elapse(h.Short + h.Short/2)
+		if ok, _ := h.Store.Renew(ctx, "k", "tok1", lockTTL); ok {
+			t.Fatal("renewed an expired lease")
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Claimed)
+		if ok, _ := h.Store.Release(ctx, "k", "tok1"); ok {
+			t.Fatal("the first owner released the second owner's lease")
+		}
+	})
+	t.Run("a done record expires after retention", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		if _, err := h.Store.Commit(ctx, "k", "tok1", rec, h.Short); err != nil {
+			t.Fatal(err)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.AlreadyDone)
+		h.Elapse(h.Short + h.Short/2)
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Claimed)
+	})
+	t.Run("concurrent claims: exactly one wins", func(t *testing.T) {
+		h := newHarness(t)
+		var claimed, inflight atomic.Int32
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, _, err := h.Store.Claim(ctx, "race", "tok"+strings.Repeat("x", i), lockTTL)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch res {
+				case dedup.Claimed:
+					claimed.Add(1)
+				case dedup.InFlight:
+					inflight.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if claimed.Load() != 1 || inflight.Load() != 49 {
+			t.Fatalf("claimed %d, in flight %d; want 1 and 49", claimed.Load(), inflight.Load())
+		}
+	})
+	t.Run("claim returns what it found", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		if res, found, err := h.Store.Claim(ctx, "k", "tok2", lockTTL); err != nil || res != dedup.InFlight || found != "inflight:tok1" {
+			t.Fatalf("claim of a leased key = %v, %q, %v; want in flight, the lease", res, found, err)
+		}
+		fp := dedup.DoneRecord{ProcessedAt: rec.ProcessedAt, EventType: rec.EventType, Fingerprint: "00112233445566778899aabbccddeeff"}
+		if _, err := h.Store.Commit(ctx, "k", "tok1", fp, retention); err != nil {
+			t.Fatal(err)
+		}
+		res, found, err := h.Store.Claim(ctx, "k", "tok2", lockTTL)
+		if err != nil || res != dedup.AlreadyDone || found != fp.Encode() {
+			t.Fatalf("claim of a done key = %v, %q, %v; want done, %q", res, found, err, fp.Encode())
+		}
+		if got := dedup.Fingerprint(found); got != fp.Fingerprint {
+			t.Fatalf("fingerprint read back = %q", got)
+		}
+	})
+	t.Run("get tells absent, in flight and done, with the expiry", func(t *testing.T) {
+		h := newHarness(t)
+		if e, err := h.Store.Get(ctx, "k"); err != nil || e.State() != "absent" {
+			t.Fatalf("get of an absent key = %+v, %v", e, err)
+		}
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		e, err := h.Store.Get(ctx, "k")
+		if err != nil || e.State() != "in_flight" || e.Value != "inflight:tok1" || e.ExpiresAt.IsZero() {
+			t.Fatalf("get of a leased key = %+v, %v", e, err)
+		}
+		leaseExpiry := e.ExpiresAt
+		if _, err := h.Store.Commit(ctx, "k", "tok1", rec, retention); err != nil {
+			t.Fatal(err)
+		}
+		e, err = h.Store.Get(ctx, "k")
+		if err != nil || e.State() != "done" || e.Value != rec.Encode() {
+			t.Fatalf("get of a done key = %+v, %v", e, err)
+		}
+		// both expiries count from the store's clock
+		if d := e.ExpiresAt.Sub(leaseExpiry) - (retention - lockTTL); d > 2*time.Second || d < -2*time.Second {
+			t.Fatalf("done record expires %v after the lease would have, want about %v", e.ExpiresAt.Sub(leaseExpiry), retention-lockTTL)
+		}
+		if h.Value("k") != rec.Encode() {
+			t.Fatal("get changed the key")
+		}
+	})
+	t.Run("forget deletes a done record, a lease only with force", func(t *testing.T) {
+		h := newHarness(t)
+		if e, deleted, err := h.Store.Forget(ctx, "absent", false); err != nil || deleted || e.Value != "" {
+			t.Fatalf("forget of an absent key = %+v, %v, %v", e, deleted, err)
+		}
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		if e, deleted, err := h.Store.Forget(ctx, "k", false); err != nil || deleted || e.State() != "in_flight" {
+			t.Fatalf("forget of a leased key without force = %+v, %v, %v; want in flight, kept", e, deleted, err)
+		}
+		if h.Value("k") != "inflight:tok1" {
+			t.Fatal("forget without force removed a lease")
+		}
+		if e, deleted, err := h.Store.Forget(ctx, "k", true); err != nil || !deleted || e.State() != "in_flight" {
+			t.Fatalf("forced forget of a leased key = %+v, %v, %v; want deleted", e, deleted, err)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Claimed)
+		if _, err := h.Store.Commit(ctx, "k", "tok2", rec, retention); err != nil {
+			t.Fatal(err)
+		}
+		e, deleted, err := h.Store.Forget(ctx, "k", false)
+		if err != nil || !deleted || e.Value != rec.Encode() {
+			t.Fatalf("forget of a done key = %+v, %v, %v; want the record, deleted", e, deleted, err)
+		}
+		if v := h.Value("k"); v != "" {
+			t.Fatalf("key still there after forget: %q", v)
+		}
+		mustClaim(t, h, "k", "tok3", lockTTL, dedup.Claimed)
+	})
+	// A store used directly (not through a handler's Validate) may be
+	// given the longest Duration: its expiry saturates, never wraps into
+	// the past. (Found by review: the file store wrote expiries past 2262
+	// as negative Unix nanoseconds, so every record was already expired.)
+	t.Run("the longest ttl never wraps into the past", func(t *testing.T) {
+		h := newHarness(t)
+		const forever = time.Duration(math.MaxInt64)
+		mustClaim(t, h, "k", "tok1", forever, dedup.Claimed)
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.InFlight)
+		if held, err := h.Store.Commit(ctx, "k", "tok1", rec, forever); err != nil || !held {
+			t.Fatalf("commit = %v, %v; want held", held, err)
+		}
+		for i := range 3 {
+			mustClaim(t, h, "k", "tok"+strconv.Itoa(3+i), lockTTL, dedup.AlreadyDone)
+		}
+		e, err := h.Store.Get(ctx, "k")
+		if err != nil || e.State() != "done" || !e.ExpiresAt.After(time.Now().AddDate(200, 0, 0)) {
+			t.Fatalf("get = %+v, %v; want done, expiring centuries from now", e, err)
+		}
+	})
+	t.Run("event types are stored as JSON strings", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		odd := dedup.DoneRecord{ProcessedAt: rec.ProcessedAt, EventType: "a\"b\\c\n"}
+		if _, err := h.Store.Commit(ctx, "k", "tok1", odd, retention); err != nil {
+			t.Fatal(err)
+		}
+		want := `done:{"processed_at":"2024-12-02T12:00:01Z","event_type":"a\"b\\c\n"}`
+		if v := h.Value("k"); v != want {
+			t.Fatalf("value = %q, want %q", v, want)
+		}
+	})
+}

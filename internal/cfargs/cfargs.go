@@ -1,0 +1,80 @@
+// Package cfargs holds the Caddyfile helpers shared by the parsers of
+// the handler, the stores and the providers; their errors name the
+// option.
+package cfargs
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+)
+
+// Once refuses a subdirective given a second time, except the
+// repeatable one (whose values accumulate).
+func Once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) error {
+	opt := d.Val()
+	if opt == repeatable {
+		return nil
+	}
+	if seen[opt] {
+		return d.Errf("%s: %s given more than once", who, opt)
+	}
+	seen[opt] = true
+	return nil
+}
+
+// Flag sets the flag option in d.Val(), which takes no argument.
+func Flag(d *caddyfile.Dispenser, dst *bool) error {
+	name := d.Val()
+	if d.NextArg() {
+		return d.Errf("%s: takes no argument, got %q", name, d.Val())
+	}
+	*dst = true
+	return nil
+}
+
+// One reads the one argument of the option in d.Val().
+func One(d *caddyfile.Dispenser, dst *string) error {
+	name := d.Val()
+	if d.CountRemainingArgs() == 0 {
+		return d.Errf("%s: needs a value", name)
+	}
+	if !d.AllArgs(dst) {
+		return d.Errf("%s: takes one value, got more", name)
+	}
+	return nil
+}
+
+// Int reads the one argument of the option in d.Val() as a
+// non-negative whole number.
+func Int(d *caddyfile.Dispenser, dst *int) error {
+	name, s := d.Val(), ""
+	if err := One(d, &s); err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return d.Errf("%s: %q is not a non-negative whole number", name, s)
+	}
+	*dst = n
+	return nil
+}
+
+// Duration reads the one argument of the option in d.Val() as a
+// positive duration (caddy.ParseDuration: 30s, 1h, 2d).
+func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	name, s := d.Val(), ""
+	if err := One(d, &s); err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(s)
+	if err != nil {
+		return d.Errf("%s: invalid duration %q: %v", name, s, err)
+	}
+	if dur <= 0 {
+		return d.Errf("%s: duration must be positive, got %q", name, s)
+	}
+	*dst = caddy.Duration(dur)
+	return nil
+}

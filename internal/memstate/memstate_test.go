@@ -1,0 +1,64 @@
+package memstate
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeClock is a swappable clock for time-dependent logic.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1733140800, 0)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func TestSweeper(t *testing.T) {
+	clock := newFakeClock()
+	st := New(clock.Now, time.Hour)
+	defer st.Destruct()
+	st.Claim("a", "t", time.Second)
+	st.Claim("b", "t", time.Hour)
+	st.Commit("c", "t", "done:{}", 2*time.Second)
+	if n := st.Len(); n != 3 {
+		t.Fatalf("size = %d", n)
+	}
+	clock.Advance(3 * time.Second)
+	if n := st.Sweep(); n != 2 {
+		t.Fatalf("swept %d, want 2", n)
+	}
+	if n := st.Len(); n != 1 {
+		t.Fatalf("size after sweep = %d, want 1", n)
+	}
+}
+
+func TestSweeperRunsAndStops(t *testing.T) {
+	st := New(time.Now, 10*time.Millisecond)
+	st.Claim("a", "t", time.Millisecond)
+	deadline := time.Now().Add(5 * time.Second)
+	for st.Len() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the sweeper did not remove an expired entry within 5s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	st.Destruct() // returns only once the sweeper goroutine has exited
+	select {
+	case <-st.done:
+	default:
+		t.Fatal("sweeper still running after Destruct")
+	}
+}

@@ -1,0 +1,167 @@
+package redis
+
+// The Redis store's operations: claim, renew, commit, release.
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+)
+
+var (
+	//go:embed lua/renew.lua
+	renewLua string
+	//go:embed lua/release.lua
+	releaseLua string
+
+	renewScript   = goredis.NewScript(renewLua)
+	releaseScript = goredis.NewScript(releaseLua)
+)
+
+// failed is called with every error but goredis.Nil. A permission error
+// makes the next claim check the permissions again (and answer 503 until
+// they are enough). On a Redis Cluster
+// it asks for a fresh slot map: go-redis reloads it by itself on MOVED
+// redirects and otherwise only once a minute, so after a master dies
+// and its replica takes over, every command for the dead master's slots
+// would fail for up to a minute (measured: 60 s) without this.
+func (s *Store) failed(err error) error {
+	if isNoPerm(err) {
+		s.check.reset() // the ACL changed: the next claim checks it again
+	}
+	if s.cluster != nil {
+		s.cluster.ReloadState(context.Background()) // lazy and deduplicated by go-redis
+	}
+	return err
+}
+
+// Claim implements Store with `SET key lease NX GET PX ttl`, unless the
+// local cache holds key's done record. Until the Redis user is known to
+// have every permission the store needs (permCheck), it checks them
+// first and fails without claiming if one is missing.
+func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	if s.cache != nil {
+		if val, ok := s.cache.get(key); ok {
+			return dedup.AlreadyDone, val, nil
+		}
+	}
+	if !s.check.ok.Load() {
+		if err := s.check.ensure(ctx, s, key); err != nil {
+			return 0, "", s.failed(err)
+		}
+	}
+	old, null, err := s.set(ctx, key, dedup.InflightPrefix, token, ttl, true)
+	if err != nil {
+		return 0, "", s.failed(err)
+	}
+	if null {
+		return dedup.Claimed, "", nil
+	}
+	res := dedup.Classify(old, token)
+	if res == dedup.AlreadyDone && s.tracker != nil {
+		s.tracker.learn(key)
+	}
+	if res != dedup.Claimed {
+		return res, old, nil
+	}
+	return dedup.Claimed, "", nil
+}
+
+// set runs `SET key <v1><v2> PX ttl [NX] GET` on the pipe, the
+// auto-pipeliner or the client, and returns the old value or null.
+func (s *Store) set(ctx context.Context, key, v1, v2 string, ttl time.Duration, nx bool) (string, bool, error) {
+	if s.pipe != nil {
+		return s.pipe.set(ctx, key, v1, v2, ttl, nx)
+	}
+	args := goredis.SetArgs{TTL: ttl, Get: true}
+	if nx {
+		args.Mode = "NX"
+	}
+	old, err := s.cmd.SetArgs(ctx, key, v1+v2, args).Result()
+	if errors.Is(err, goredis.Nil) {
+		return "", true, nil
+	}
+	return old, false, err
+}
+
+// Renew implements Store with a compare-and-extend script.
+func (s *Store) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	n, err := renewScript.Run(ctx, s.cmd, []string{key}, dedup.LeaseValue(token), ttl.Milliseconds()).Int()
+	if err != nil {
+		return false, s.failed(err)
+	}
+	return n == 1, nil
+}
+
+// Commit implements Store with `SET key record GET PX retention`: the
+// old value tells whether our lease was still there. With WaitReplicas,
+// `WAIT n timeout` follows on the same connection, to the master that
+// owns the key.
+func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRecord, retention time.Duration) (bool, error) {
+	var old string
+	var null bool
+	var err error
+	val := rec.Encode()
+	if s.WaitReplicas > 0 {
+		old, err = s.commitAndWait(ctx, key, val, retention)
+		if errors.Is(err, goredis.Nil) {
+			null, err = true, nil
+		}
+	} else {
+		old, null, err = s.set(ctx, key, "", val, retention, false)
+	}
+	if err != nil {
+		return false, s.failed(err)
+	}
+	if null {
+		return false, nil
+	}
+	// A retried commit whose first attempt landed finds its own record.
+	return dedup.IsLease(old, token) || old == val, nil
+}
+
+func (s *Store) commitAndWait(ctx context.Context, key, val string, retention time.Duration) (string, error) {
+	var p goredis.Pipeliner
+	if s.cluster != nil {
+		master, err := s.cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return "", err
+		}
+		p = master.Pipeline()
+	} else {
+		p = s.client.Pipeline()
+	}
+	timeout := time.Duration(s.WaitTimeout)
+	if timeout == 0 {
+		timeout = 100 * time.Millisecond
+	}
+	set := p.SetArgs(ctx, key, val, goredis.SetArgs{TTL: retention, Get: true})
+	wait := goredis.NewIntCmd(ctx, "wait", s.WaitReplicas, timeout.Milliseconds())
+	_ = p.Process(ctx, wait)
+	_, _ = p.Exec(ctx)
+	old, err := set.Result()
+	if err != nil {
+		return old, err
+	}
+	if n, werr := wait.Result(); werr != nil || n < int64(s.WaitReplicas) {
+		metrics.unreplicated.Inc()
+		s.logger.Warn("commit unreplicated",
+			zap.String("key", key), zap.Int64("acknowledged", n), zap.Int("wanted", s.WaitReplicas), zap.Error(werr))
+	}
+	return old, nil
+}
+
+// Release implements Store with a compare-and-delete script.
+func (s *Store) Release(ctx context.Context, key, token string) (bool, error) {
+	n, err := releaseScript.Run(ctx, s.cmd, []string{key}, dedup.LeaseValue(token)).Int()
+	if err != nil {
+		return false, s.failed(err)
+	}
+	return n == 1, nil
+}

@@ -1,0 +1,182 @@
+package redis
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+)
+
+// startRedis starts a real redis-server on a free loopback port for one
+// test (stopped at cleanup), or fails the test if there is none.
+func startRedis(t testing.TB) *redistest.Server { return redistest.Start(t) }
+
+func provisionRedisStore(t testing.TB, s *Store) *Store {
+	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := s.Provision(ctx); err != nil {
+		t.Fatalf("provisioning redis store: %v", err)
+	}
+	if err := s.Validate(); err != nil {
+		t.Fatalf("validating redis store: %v", err)
+	}
+	t.Cleanup(func() { s.Cleanup() })
+	return s
+}
+
+func redisHarness(t *testing.T) dedupstoretest.Harness { return redisHarnessWith(t, false) }
+
+func redisHarnessWith(t *testing.T, noPipeline bool) dedupstoretest.Harness {
+	srv := startRedis(t)
+	s := provisionRedisStore(t, &Store{Address: []string{srv.Addr}, DisablePipeline: noPipeline})
+	c := srv.Client(t)
+	return dedupstoretest.Harness{
+		Store:  s,
+		Elapse: time.Sleep,
+		Value:  func(key string) string { return c.Get(context.Background(), key).Val() },
+		TTL:    func(key string) time.Duration { return c.PTTL(context.Background(), key).Val() },
+		Short:  150 * time.Millisecond,
+	}
+}
+func TestStoreContractRedis(t *testing.T) { dedupstoretest.Run(t, redisHarness) }
+
+// The same contract with pipelining off (disable_pipeline).
+func TestStoreContractRedisNoPipeline(t *testing.T) {
+	dedupstoretest.Run(t, func(t *testing.T) dedupstoretest.Harness { return redisHarnessWith(t, true) })
+}
+
+func TestRedisStoreErrorIsNotDuplicate(t *testing.T) {
+	srv := startRedis(t)
+	s := provisionRedisStore(t, &Store{Address: []string{srv.Addr}, DialTimeout: caddy.Duration(200 * time.Millisecond)})
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "k", "tok1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill()
+	res, _, err := s.Claim(ctx, "k", "tok2", time.Minute)
+	if err == nil {
+		t.Fatalf("claim with Redis down = %v, nil error; want an error", res)
+	}
+	if _, err := s.Commit(ctx, "k", "tok1", dedup.DoneRecord{}, time.Minute); err == nil {
+		t.Fatal("commit with Redis down: want an error")
+	}
+	if _, err := s.Release(ctx, "k", "tok1"); err == nil {
+		t.Fatal("release with Redis down: want an error")
+	}
+	if _, err := s.Renew(ctx, "k", "tok1", time.Minute); err == nil {
+		t.Fatal("renew with Redis down: want an error")
+	}
+	// Back again on the same port: the same client works, scripts are
+	// reloaded (NOSCRIPT after a restart is handled).
+	srv.Restart(t)
+	if res, _, err := s.Claim(ctx, "k2", "tok1", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim after restart = %v, %v", res, err)
+	}
+	if ok, err := s.Release(ctx, "k2", "tok1"); err != nil || !ok {
+		t.Fatalf("release after restart = %v, %v", ok, err)
+	}
+}
+
+// TestRedisWaitReplicas: with wait_replicas the done record is on the
+// replica when Commit returns; when fewer replicas acknowledge it, the
+// record stays on the master and the shortfall is counted.
+func TestRedisWaitReplicas(t *testing.T) {
+	master := startRedis(t)
+	replica := redistest.StartReplica(t, master)
+	rc := replica.Client(t)
+	ctx := context.Background()
+	rec := dedup.DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "x"}
+
+	s := provisionRedisStore(t, &Store{Address: []string{master.Addr}, WaitReplicas: 1, WaitTimeout: caddy.Duration(2 * time.Second)})
+	before := testutil.ToFloat64(metrics.unreplicated)
+	for i := range 20 {
+		key := "wait:" + strconv.Itoa(i)
+		if _, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		if held, err := s.Commit(ctx, key, "tok", rec, time.Hour); err != nil || !held {
+			t.Fatalf("commit: %v %v", held, err)
+		}
+		if v := rc.Get(ctx, key).Val(); !strings.HasPrefix(v, dedup.DonePrefix) {
+			t.Fatalf("right after a WAIT 1 commit the replica holds %q", v)
+		}
+	}
+	if d := testutil.ToFloat64(metrics.unreplicated) - before; d != 0 {
+		t.Fatalf("unreplicated moved by %v with the replica up", d)
+	}
+
+	s2 := provisionRedisStore(t, &Store{Address: []string{master.Addr}, WaitReplicas: 2, WaitTimeout: caddy.Duration(50 * time.Millisecond)})
+	if _, _, err := s2.Claim(ctx, "wait:short", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if held, err := s2.Commit(ctx, "wait:short", "tok", rec, time.Hour); err != nil || !held {
+		t.Fatalf("commit with too few replicas: %v %v (the record must still be written)", held, err)
+	}
+	if d := testutil.ToFloat64(metrics.unreplicated) - before; d != 1 {
+		t.Fatalf("unreplicated moved by %v, want 1", d)
+	}
+	if res, _, _ := s2.Claim(ctx, "wait:short", "tok2", time.Minute); res != dedup.AlreadyDone {
+		t.Fatalf("claim after the commit: %v", res)
+	}
+}
+
+func TestRedisStoreValidate(t *testing.T) {
+	for name, c := range map[string]struct {
+		s  Store
+		ok bool
+	}{
+		"defaults":                         {Store{}, true},
+		"wait under the read timeout":      {Store{WaitReplicas: 1, WaitTimeout: caddy.Duration(time.Second)}, true},
+		"wait past the default read":       {Store{WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second)}, false},
+		"wait under a longer read timeout": {Store{WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second), ReadTimeout: caddy.Duration(10 * time.Second)}, true},
+		"negative db":                      {Store{DB: -1}, false},
+		"negative wait_replicas":           {Store{WaitReplicas: -1}, false},
+		"negative timeout":                 {Store{DialTimeout: -1}, false},
+	} {
+		if err := c.s.Validate(); (err == nil) != c.ok {
+			t.Errorf("%s: Validate() = %v, want ok=%v", name, err, c.ok)
+		}
+	}
+}
+
+func TestRedisStoreProvisionErrorsHideThePassword(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, s := range []*Store{
+		{URL: "redis://user:hunter2secret@host:6379/x"},
+		{URL: "redis://user:hunter2secret@ho st:6379"},
+		{URL: "http://user:hunter2secret@host"},
+		{URL: "redis://user:hunter2secret@host", Address: []string{"a:1"}},
+	} {
+		err := s.Provision(ctx)
+		if err == nil {
+			t.Errorf("%q provisioned", s.URL)
+			continue
+		}
+		if strings.Contains(err.Error(), "hunter2secret") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}
+
+// testKeyPrefix is the key prefix of the tests' events (the handler's
+// default one).
+const testKeyPrefix = "sangho_dedup:"
+
+// testNow is the tests' fixed clock reading.
+var testNow = time.Unix(1733140800, 0)
+
+var tokens atomic.Uint64
+
+// newToken is a lease token unique in this test process.
+func newToken() string { return "tok-" + strconv.FormatUint(tokens.Add(1), 36) }

@@ -1,0 +1,149 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// urlParams are the query parameters a url may carry; go-redis knows
+// more (max_retries, protocol, pool_timeout, ...), but the store sets
+// those itself, so they are refused rather than silently overridden.
+var urlParams = []string{"client_name", "db", "dial_timeout", "pool_size", "read_timeout", "skip_verify", "write_timeout"}
+
+// redisURL is what a url gives, as go-redis parsed it, with which
+// settings it set.
+type redisURL struct {
+	opts                    *goredis.Options
+	scheme                  string
+	params                  map[string]bool
+	hasUser, hasPass, hasDB bool
+	skipVerify              bool
+}
+
+// parseRedisURL parses a redis://, rediss:// or unix:// URL and refuses
+// any query parameter that is not honoured, with an error that names it
+// and never holds the password (nor any value of the URL but the
+// offending one, which is no secret).
+func parseRedisURL(raw string) (*redisURL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("invalid url: %v", stripURL(err))
+	}
+	switch u.Scheme {
+	case "redis", "rediss", "unix":
+	default:
+		return nil, fmt.Errorf("url scheme %q is not supported (redis://, rediss:// or unix://)", u.Scheme)
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return nil, fmt.Errorf("invalid url: query: %v", err)
+	}
+	r := &redisURL{scheme: u.Scheme, params: map[string]bool{}}
+	names := make([]string, 0, len(q))
+	for name := range q {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		vals := q[name]
+		switch {
+		case !slices.Contains(urlParams, name):
+			return nil, fmt.Errorf("url parameter %q is not supported (supported: %s)", name, strings.Join(urlParams, ", "))
+		case len(vals) > 1:
+			return nil, fmt.Errorf("url parameter %s given more than once", name)
+		case vals[0] == "":
+			return nil, fmt.Errorf("url parameter %s has no value", name)
+		}
+		v := vals[0]
+		switch name {
+		case "pool_size":
+			if n, err := strconv.Atoi(v); err != nil || n <= 0 {
+				return nil, fmt.Errorf("url parameter pool_size must be a positive whole number, not %q", v)
+			}
+		case "db":
+			if n, err := strconv.Atoi(v); err != nil || n < 0 {
+				return nil, fmt.Errorf("url parameter db must be a whole number, not %q", v)
+			}
+		case "dial_timeout", "read_timeout", "write_timeout":
+			// As go-redis reads them: a number of seconds or a Go
+			// duration; zero or less (go-redis: no timeout) is refused.
+			d, err := time.ParseDuration(v)
+			if n, nerr := strconv.Atoi(v); nerr == nil {
+				d, err = time.Duration(n)*time.Second, nil
+			}
+			if err != nil || d <= 0 {
+				return nil, fmt.Errorf("url parameter %s must be a positive duration (e.g. 2s), not %q", name, v)
+			}
+		case "skip_verify":
+			if u.Scheme != "rediss" {
+				return nil, errors.New("url parameter skip_verify needs a rediss:// url")
+			}
+			switch v {
+			case "true", "1":
+				r.skipVerify = true
+			case "false", "0":
+			default:
+				return nil, fmt.Errorf("url parameter skip_verify must be true or false, not %q", v)
+			}
+		}
+		r.params[name] = true
+	}
+	r.opts, err = goredis.ParseURL(raw)
+	if err != nil {
+		return nil, fmt.Errorf("invalid url: %v", stripURL(err))
+	}
+	if u.User != nil {
+		r.hasUser = u.User.Username() != ""
+		pw, _ := u.User.Password()
+		r.hasPass = pw != ""
+	}
+	r.hasDB = r.params["db"] || (u.Scheme != "unix" && strings.Trim(u.Path, "/") != "")
+	return r, nil
+}
+
+// stripURL drops the URL that a *url.Error repeats (password included).
+func stripURL(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// apply sets o from the URL, refusing a setting given both in the URL
+// and as an option of its own.
+func (r *redisURL) apply(o *goredis.UniversalOptions) error {
+	both := func(name string) error { return fmt.Errorf("%s is set both in url and as an option", name) }
+	po := r.opts
+	o.Addrs = []string{po.Addr}
+	for _, c := range []struct {
+		name        string
+		inURL, inOp bool
+		set         func()
+	}{
+		{"username", r.hasUser, o.Username != "", func() { o.Username = po.Username }},
+		{"password", r.hasPass, o.Password != "", func() { o.Password = po.Password }},
+		{"db", r.hasDB, o.DB != 0, func() { o.DB = po.DB }},
+		{"pool_size", r.params["pool_size"], o.PoolSize != 0, func() { o.PoolSize = po.PoolSize }},
+		{"dial_timeout", r.params["dial_timeout"], o.DialTimeout != 0, func() { o.DialTimeout = po.DialTimeout }},
+		{"read_timeout", r.params["read_timeout"], o.ReadTimeout != 0, func() { o.ReadTimeout = po.ReadTimeout }},
+		{"write_timeout", r.params["write_timeout"], o.WriteTimeout != 0, func() { o.WriteTimeout = po.WriteTimeout }},
+	} {
+		if !c.inURL {
+			continue
+		}
+		if c.inOp {
+			return both(c.name)
+		}
+		c.set()
+	}
+	o.ClientName = po.ClientName
+	return nil
+}
