@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -217,29 +216,13 @@ type redisClient struct {
 }
 
 func newRedisClient(o *redis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
-	// THROWAWAY (issue 17 request-level A/B, branch wt-redisab only, never
-	// to be merged): SANGHO_AB_REDIS_CLIENT picks the standalone client.
-	ab := os.Getenv("SANGHO_AB_REDIS_CLIENT")
-	switch ab {
-	case "", "pipe":
-	case "ap": // go-redis's blocking auto-pipeliner, default options
-	case "ap-fd": // as bench_test.go's fullDuplex helper
-		o.AutoPipelineOptions = &redis.AutoPipelineOptions{FullDuplex: true, MaxBatchSize: 300}
-	case "ap-fd-delay": // full duplex and a 100 µs coalescing wait
-		o.AutoPipelineOptions = &redis.AutoPipelineOptions{FullDuplex: true, MaxBatchSize: 300, MaxFlushDelay: 100 * time.Microsecond}
-	case "ap-delay": // half duplex, adaptive 100 µs coalescing wait
-		o.AutoPipelineOptions = &redis.AutoPipelineOptions{MaxBatchSize: 300, MaxFlushDelay: 100 * time.Microsecond, AdaptiveDelay: true}
-	default:
-		panic("SANGHO_AB_REDIS_CLIENT: unknown " + ab)
-	}
-	logger.Warn("A/B build", zap.String("SANGHO_AB_REDIS_CLIENT", ab))
 	rc := &redisClient{UniversalClient: redis.NewUniversalClient(o)}
 	// A standalone server only. Behind Sentinel go-redis's failover
 	// client moves its connections to the new master as soon as the
 	// Sentinels announce it (+switch-master); a connection of the
 	// store's own would stay on the old master, still a master for
 	// seconds, until Sentinel demotes it and discards what it took.
-	if c, ok := rc.UniversalClient.(*redis.Client); ok && o.MasterName == "" && (ab == "" || ab == "pipe") {
+	if c, ok := rc.UniversalClient.(*redis.Client); ok && o.MasterName == "" {
 		cs := settingsOf(c.Options())
 		rc.pipe = newRedisPipe(cs)
 		if cacheSize > 0 {
