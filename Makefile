@@ -52,13 +52,17 @@ fuzz:
 	done
 
 # Side-by-side benchmark: backend alone, plain reverse_proxy, sangho_dedup
-# on memory and on Redis. Writes bench/RESULTS.md.
+# on memory, file and Redis. Writes bench/RESULTS.md. Load comes from wrk,
+# installed here if missing and possible; without it sangho-bench falls
+# back to its Go generator and says so in the report. One run at a time
+# on the machine (flock).
 bench:
 	mkdir -p bench/out
+	command -v wrk >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get install -y wrk; } || { command -v sudo >/dev/null && sudo -n apt-get install -y wrk; } || echo "wrk not installed: the Go load generator will run"
 	go build -o bench/out/caddy ./cmd/caddy
 	go build -o bench/out/sangho-bench ./cmd/sangho-bench
-	./bench/out/sangho-bench --caddy bench/out/caddy --out bench/RESULTS.md
-	go test -run '^$$' -bench . -benchmem -count 3 . | tee bench/out/go-bench.txt
+	flock /tmp/bench.lock ./bench/out/sangho-bench --caddy bench/out/caddy --out bench/RESULTS.md
+	flock /tmp/bench.lock go test -run '^$$' -bench . -benchmem -count 3 . | tee bench/out/go-bench.txt
 
 # The dashboard's panel pictures (monitoring/panels), drawn from a run of
 # the real-Prometheus test with 90 s of mixed traffic.

@@ -48,6 +48,7 @@ func main() {
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
+	generator := flag.String("generator", "auto", "load generator of the throughput runs: wrk, go, or auto (wrk if on PATH, else go); the fixed-rate latency runs always use the Go generator (wrk has no fixed rate)")
 	flag.Parse()
 	if *growthOnly {
 		tmp, err := os.MkdirTemp("", "sangho-bench")
@@ -68,10 +69,34 @@ func main() {
 		runSink(*sink)
 		return
 	}
-	if err := run(*caddyBin, *out, *dur, *rounds, *conc, *rate, *only, *redisOpts, *latencyOnly, *growth); err != nil {
+	wrk, err := pickGenerator(*generator)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
+		os.Exit(2)
+	}
+	if err := run(*caddyBin, *out, wrk, *dur, *rounds, *conc, *rate, *only, *redisOpts, *latencyOnly, *growth); err != nil {
 		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 		os.Exit(1)
 	}
+}
+
+// pickGenerator resolves --generator to the path of wrk, or "" for the
+// Go generator.
+func pickGenerator(g string) (string, error) {
+	switch g {
+	case "go":
+		return "", nil
+	case "wrk", "auto":
+		p, err := exec.LookPath("wrk")
+		if err != nil && g == "wrk" {
+			return "", fmt.Errorf("--generator wrk: wrk not found (apt-get install wrk)")
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sangho-bench: wrk not found, using the Go load generator (it shares the CPUs with Caddy and pulls every ratio toward 1)")
+		}
+		return p, nil
+	}
+	return "", fmt.Errorf("--generator must be wrk, go or auto, not %q", g)
 }
 
 func runSink(addr string) {
@@ -196,7 +221,7 @@ func sizeName(n int) string {
 	return strconv.Itoa(n) + "B"
 }
 
-func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts string, latencyOnly bool, growthEvents int) error {
+func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts string, latencyOnly bool, growthEvents int) error {
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
 	}
@@ -308,7 +333,12 @@ func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64
 			}
 			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)
 			k0, _ := redisCalls(rc)
-			res, err := load.Run(context.Background(), cfg)
+			var res load.Result
+			if wrk != "" && !s.latency {
+				res, err = wrkRun(context.Background(), wrk, tmp, cfg, deduped(s.target))
+			} else {
+				res, err = load.Run(context.Background(), cfg)
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name(), err)
 			}
@@ -340,7 +370,7 @@ func run(caddyBin, out string, dur time.Duration, rounds, conc int, rate float64
 			return err
 		}
 	}
-	report := render(all, rounds, dur, conc, rate, rssBefore, rssAfter, peak, big) + fsync + growth
+	report := render(all, wrk, rounds, dur, conc, rate, rssBefore, rssAfter, peak, big) + fsync + growth
 	fmt.Print(report)
 	if out != "" {
 		return os.WriteFile(out, []byte(report), 0o644)
@@ -365,7 +395,7 @@ func median(xs []float64) float64 {
 	return (ys[len(ys)/2-1] + ys[len(ys)/2]) / 2
 }
 
-func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float64, rssBefore, rssAfter, peak int, big load.Result) string {
+func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int, rate float64, rssBefore, rssAfter, peak int, big load.Result) string {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	cpu := "unknown"
@@ -381,6 +411,12 @@ func render(all []*scenario, rounds int, dur time.Duration, conc int, rate float
 	fmt.Fprintf(&b, "# Benchmark results\n\n")
 	fmt.Fprintf(&b, "- date: %s; commit: %s; machine: %s, %d CPUs (%s), %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(string(commit)), host, runtime.NumCPU(), cpu, runtime.Version())
 	fmt.Fprintf(&b, "- every process (load generator, Caddy, redis-server, backend) shares these CPUs; loopback only\n")
+	if wrk != "" {
+		v, _ := exec.Command(wrk, "--version").CombinedOutput()
+		fmt.Fprintf(&b, "- load generator of the throughput runs: wrk (%s), 1 thread, events signed beforehand, each new event sent once; the fixed-rate latency runs: the Go generator (wrk has no fixed rate)\n", strings.TrimSpace(strings.SplitN(string(v), "\n", 2)[0]))
+	} else {
+		fmt.Fprintf(&b, "- load generator: the Go generator (wrk not found): it takes CPU from Caddy on the same cores and pulls every ratio toward 1\n")
+	}
 	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios and CPU differences the median of the per-round figures (each round against the baseline of the same round; min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
 	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
 

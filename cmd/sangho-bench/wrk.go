@@ -1,0 +1,174 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	_ "embed"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+// wrkScript posts the events that wrkData signed beforehand.
+//
+//go:embed wrk.lua
+var wrkScript []byte
+
+// wrkRun is one wrk run of cfg (a throughput run: wrk has no fixed
+// rate) with one thread and cfg.Concurrency connections, the way a user
+// would drive an endpoint. wrk takes far less CPU per request than the
+// Go generator, which shares the same cores with Caddy.
+//
+// Events are signed here before the run. For a target that dedups
+// (unique), as many new events as wrk could send at wrkMaxRate for the
+// whole run: a run that used them all would have sent some twice, and
+// is an error rather than a wrong figure. Other targets reuse a few.
+func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) (load.Result, error) {
+	script := filepath.Join(dir, "sangho-bench-wrk.lua")
+	if err := os.WriteFile(script, wrkScript, 0o600); err != nil {
+		return load.Result{}, err
+	}
+	n := 1024
+	if unique && cfg.Duplicates < 1 {
+		n = int(wrkMaxRate(cfg.BodySize)*cfg.Duration.Seconds()) + cfg.Concurrency
+	}
+	data := filepath.Join(dir, "sangho-bench-wrk.data")
+	warm, err := wrkData(ctx, data, cfg, n)
+	if err != nil {
+		return load.Result{}, err
+	}
+	out, err := exec.CommandContext(ctx, wrk, "-t1", "-c"+strconv.Itoa(cfg.Concurrency),
+		"-d"+strconv.Itoa(int(cfg.Duration.Seconds()))+"s", "--timeout", "30s",
+		"-s", script, cfg.URL, "--", data, strconv.FormatFloat(cfg.Duplicates, 'f', -1, 64)).CombinedOutput()
+	if err != nil {
+		return load.Result{}, fmt.Errorf("wrk: %v\n%s", err, out)
+	}
+	res, exhausted, err := parseWrk(string(out))
+	if err != nil {
+		return load.Result{}, err
+	}
+	if exhausted > 0 && unique {
+		return load.Result{}, fmt.Errorf("wrk ran out of the %d signed new events (raise the rate bound): %d requests would have been redeliveries", n, exhausted)
+	}
+	res.DupSent += warm
+	return res, nil
+}
+
+// wrkData sends cfg.Warmup events (what redeliveries draw from at
+// first), then writes wrk.lua's data file: the body around the event
+// ID, the warmed events, and n new events, all signed now. The ID is the
+// body's last field, so that the body's bytes are the same for every
+// event but the ID. It returns the number of warm-up requests.
+func wrkData(ctx context.Context, path string, cfg load.Config, n int) (int, error) {
+	typ := cfg.Type
+	if typ == "" {
+		typ = "payment_intent.succeeded"
+	}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36)
+	prefix, suffix := wrkBody(typ, cfg.BodySize)
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	w := bufio.NewWriterSize(f, 1<<20)
+	fmt.Fprintf(w, "%s\n%s\n", prefix, suffix)
+	now := time.Now()
+	line := func(kind, id string) string {
+		body := prefix + id + suffix
+		return kind + " " + id + " " + sangho.Sign(now, []byte(body), cfg.Secret) + "\n"
+	}
+	if cfg.Warmup > 0 {
+		client := load.Client(1, 30*time.Second)
+		defer client.CloseIdleConnections()
+		for i := range cfg.Warmup {
+			id := "evt_" + run + "_w" + strconv.Itoa(i)
+			body := prefix + id + suffix
+			d := load.Delivery{ID: id, Body: []byte(body), Signature: sangho.Sign(now, []byte(body), cfg.Secret)}
+			if status, _, _, err := load.Send(ctx, client, cfg.URL, d); err != nil || status/100 != 2 {
+				return 0, fmt.Errorf("warm-up: status %d, %v", status, err)
+			}
+			w.WriteString(line("w", id))
+		}
+	}
+	for i := range n {
+		w.WriteString(line("n", "evt_"+run+"_"+strconv.Itoa(i)))
+	}
+	if err := w.Flush(); err != nil {
+		return 0, err
+	}
+	return cfg.Warmup, f.Close()
+}
+
+// wrkBody is an event body of about size bytes cut around its "id",
+// which comes last: prefix + id + suffix is the body.
+func wrkBody(typ string, size int) (prefix, suffix string) {
+	created := strconv.FormatInt(time.Now().Unix(), 10)
+	head := `{"object":"event","type":"` + typ + `","created":` + created + `,"data":{"object":{"pad":"`
+	tail := `"}},"id":"`
+	pad := max(0, size-len(head)-len(tail)-len(`"}`)-24)
+	return head + strings.Repeat("x", pad) + tail, `"}`
+}
+
+// wrkMaxRate bounds the new events per second that a run can use: 60k
+// (wrk on respond does about 30k here), or 1 GB/s of bodies.
+func wrkMaxRate(bodySize int) float64 {
+	return min(60000, 1e9/float64(max(bodySize, 1)))
+}
+
+// parseWrk reads the line wrk.lua's done() prints. It returns the
+// result and how many requests found no new event left.
+func parseWrk(out string) (load.Result, int, error) {
+	var line string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "SANGHO_BENCH ") {
+			line = l
+		}
+	}
+	if line == "" {
+		return load.Result{}, 0, fmt.Errorf("wrk printed no SANGHO_BENCH line:\n%s", out)
+	}
+	v := map[string]int64{}
+	for _, f := range strings.Fields(line)[1:] {
+		k, s, ok := strings.Cut(f, "=")
+		n, err := strconv.ParseInt(s, 10, 64)
+		if !ok || err != nil {
+			return load.Result{}, 0, fmt.Errorf("wrk: malformed field %q in %q", f, line)
+		}
+		v[k] = n
+	}
+	for _, k := range []string{"requests", "duration_us", "non2xx", "connect", "read", "write", "timeout", "p50_us", "p90_us", "p99_us", "max_us", "exhausted"} {
+		if _, ok := v[k]; !ok {
+			return load.Result{}, 0, fmt.Errorf("wrk: no %s in %q", k, line)
+		}
+	}
+	if v["duration_us"] <= 0 {
+		return load.Result{}, 0, fmt.Errorf("wrk: duration %d µs in %q", v["duration_us"], line)
+	}
+	ms := func(k string) float64 { return float64(v[k]) / 1000 }
+	r := load.Result{
+		Requests: int(v["requests"]),
+		Seconds:  float64(v["duration_us"]) / 1e6,
+		P50:      ms("p50_us"), P90: ms("p90_us"), P99: ms("p99_us"), Max: ms("max_us"),
+		ByStatus: map[string]int{}, ByDedup: map[string]int{},
+	}
+	r.Throughput = float64(r.Requests) / r.Seconds
+	if ok := v["requests"] - v["non2xx"]; ok > 0 {
+		r.ByStatus["2xx"] = int(ok)
+	}
+	if v["non2xx"] > 0 {
+		r.ByStatus["non-2xx"] = int(v["non2xx"])
+	}
+	if e := v["connect"] + v["read"] + v["write"] + v["timeout"]; e > 0 {
+		r.ByStatus["error"] = int(e)
+	}
+	r.NewSent = int(v["fresh_used"])
+	return r, int(v["exhausted"]), nil
+}

@@ -1,0 +1,76 @@
+-- sangho-bench's wrk script: posts signed Sangho events. Signing in Lua
+-- would cost wrk CPU, so sangho-bench signs them beforehand and writes
+-- a data file (args[1]): line 1 the body before the event ID, line 2
+-- the body after it, then one line per event, "w ID SIG" for the events
+-- already sent (warm-up: what redeliveries draw from at first) and
+-- "n ID SIG" for new ones, each sent once. args[2] is the share of
+-- requests that redeliver a recent event (0..1).
+local prefix, suffix
+local fresh, recent = {}, {}
+local dup, rpos = 0, 0
+used = 0       -- new events sent; read by done() through thread:get
+exhausted = 0  -- requests that found no new event left (wrapped around)
+
+function init(args)
+	local f = assert(io.open(args[1], "r"))
+	prefix = f:read("*l")
+	suffix = f:read("*l")
+	for line in f:lines() do
+		local kind, id, sig = line:match("^(%a) (%S+) (%S+)$")
+		if kind == "w" then
+			recent[#recent + 1] = {id, sig}
+		elseif kind == "n" then
+			fresh[#fresh + 1] = {id, sig}
+		end
+	end
+	f:close()
+	dup = tonumber(args[2] or "0")
+	math.randomseed(os.time())
+end
+
+local function remember(e)
+	if #recent < 256 then
+		recent[#recent + 1] = e
+	else
+		rpos = rpos % 256 + 1
+		recent[rpos] = e
+	end
+end
+
+function request()
+	local e
+	if dup > 0 and #recent > 0 and math.random() < dup then
+		e = recent[math.random(#recent)]
+	else
+		used = used + 1
+		e = fresh[used]
+		if e == nil then
+			exhausted = exhausted + 1
+			e = fresh[(used - 1) % #fresh + 1]
+		end
+		remember(e)
+	end
+	return wrk.format("POST", nil, {
+		["Content-Type"] = "application/json",
+		["Sangho-Event-ID"] = e[1],
+		["Sangho-Signature"] = e[2],
+	}, prefix .. e[1] .. suffix)
+end
+
+local threads = {}
+
+function setup(thread)
+	threads[#threads + 1] = thread
+end
+
+function done(summary, latency, requests)
+	local u, x = 0, 0
+	for _, t in ipairs(threads) do
+		u = u + t:get("used")
+		x = x + t:get("exhausted")
+	end
+	local e = summary.errors
+	io.write(string.format("SANGHO_BENCH requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d fresh_used=%d exhausted=%d\n",
+		summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
+		latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max, u, x))
+end
