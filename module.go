@@ -22,6 +22,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"golang.org/x/net/http/httpguts"
+
+	_ "github.com/sangho/caddy-sangho-dedup/stores/postgres"
 )
 
 func init() {
