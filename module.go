@@ -30,6 +30,7 @@ import (
 	// provider registers itself.
 	_ "github.com/sangho/caddy-sangho-dedup/stores/file"
 	_ "github.com/sangho/caddy-sangho-dedup/stores/memory"
+	_ "github.com/sangho/caddy-sangho-dedup/stores/postgres"
 	_ "github.com/sangho/caddy-sangho-dedup/stores/redis"
 )
 

@@ -11,6 +11,7 @@ package pgtest
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -81,6 +82,27 @@ type Server struct {
 // settings are more server settings, name=value (e.g. "ssl=on").
 func Start(t testing.TB, settings ...string) *Server {
 	t.Helper()
+	return StartWith(t, Options{Settings: settings})
+}
+
+// Options are what StartWith sets up besides Start's defaults.
+type Options struct {
+	// Settings are more server settings, name=value (e.g. "ssl=on").
+	Settings []string
+	// HBA, if set, replaces pg_hba.conf (initdb's trusts every local
+	// connection), one rule a line.
+	HBA []string
+	// Files are written into the data directory, readable by the server
+	// only (as a private key must be), before it starts: a setting
+	// names one relative to the data directory (ssl_cert_file =
+	// 'server.crt').
+	Files map[string][]byte
+}
+
+// StartWith is Start with more options.
+func StartWith(t testing.TB, opts Options) *Server {
+	t.Helper()
+	settings := opts.Settings
 	initdb := Bin(t, "initdb")
 	s := &Server{pgctl: Bin(t, "pg_ctl")}
 	dir, err := os.MkdirTemp("", "pgtest")
@@ -121,6 +143,12 @@ func Start(t testing.TB, settings ...string) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for name, b := range opts.Files {
+		s.writeFile(t, name, b)
+	}
+	if opts.HBA != nil {
+		s.writeFile(t, "pg_hba.conf", []byte(strings.Join(opts.HBA, "\n")+"\n"))
+	}
 	s.Ctl(t, "start")
 	t.Cleanup(func() { s.stop("immediate") })
 	return s
@@ -160,6 +188,31 @@ func (s *Server) Psql(t testing.TB, sql string) string {
 }
 
 func (s *Server) data() string { return filepath.Join(s.Dir, "data") }
+
+// writeFile writes a file of the data directory, 0600, owned by the
+// server's user.
+func (s *Server) writeFile(t testing.TB, name string, b []byte) {
+	t.Helper()
+	p := filepath.Join(s.data(), name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s.cred != nil {
+		if err := os.Chown(p, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// DSNAs connects as user with password (none if empty) to the database
+// "postgres", without TLS.
+func (s *Server) DSNAs(user, password string) string {
+	u := url.UserPassword(user, password)
+	if password == "" {
+		u = url.User(user)
+	}
+	return (&url.URL{Scheme: "postgres", User: u, Host: s.Addr, Path: "/postgres", RawQuery: "sslmode=disable"}).String()
+}
 
 func (s *Server) attr() *syscall.SysProcAttr {
 	if s.cred == nil {

@@ -1,0 +1,269 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+)
+
+// checkRetryEvery is how long a failed table check is remembered before
+// a request runs it again.
+const checkRetryEvery = time.Second
+
+// Problems counted by caddy_sangho_dedup_postgres_problems_total, one
+// per log line.
+const (
+	problemPermission = "permission_missing"
+	problemTable      = "table_missing"
+)
+
+var problems = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Namespace: "caddy", Subsystem: "sangho_dedup", Name: "postgres_problems_total",
+	Help: "Problems of the postgres store's database that keep it from answering, by kind (permission_missing, table_missing); each is also an error log line.",
+}, []string{"problem"})
+
+func init() {
+	for _, p := range []string{problemPermission, problemTable} {
+		problems.WithLabelValues(p) // exported at 0, so that a first one is an increase
+	}
+}
+
+func registerMetrics(ctx caddy.Context) {
+	reg := ctx.GetMetricsRegistry()
+	if reg == nil {
+		return
+	}
+	if err := reg.Register(problems); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			ctx.Logger().Warn("metric not registered", zap.Error(err))
+		}
+	}
+}
+
+// tableCheck makes sure, once per shared pool, that the table exists
+// (creating it if create_table is on) and that the role holds every
+// privilege the store uses, one check at a time; a failure is remembered
+// for checkRetryEvery, so a missing grant costs the server one check a
+// second, not one per request. A statement refused for lack of a
+// privilege or of the table (a grant revoked, the table dropped) makes
+// the next request check again.
+type tableCheck struct {
+	db *sharedDB
+	ok atomic.Bool
+
+	mu      sync.Mutex
+	running chan struct{}
+	last    error
+	refused error
+	at      time.Time
+}
+
+func newTableCheck(db *sharedDB) *tableCheck { return &tableCheck{db: db} }
+
+// problemError is a missing privilege or table: the store cannot
+// answer until an operator fixes it.
+type problemError struct {
+	problem   string // problemPermission or problemTable
+	privilege string // e.g. "INSERT", "USAGE on schema app", "CREATE on schema public"
+	table     string
+	err       error // the server's refusal, if any
+}
+
+func (e *problemError) Error() string {
+	if e.problem == problemTable {
+		return fmt.Sprintf("postgres store: table %s does not exist and create_table is off: create it with the DDL of docs/postgres.md", e.table)
+	}
+	msg := fmt.Sprintf("postgres store: the database role lacks %s on %s", e.privilege, e.table)
+	if e.err != nil {
+		msg += ": " + e.err.Error()
+	}
+	return msg
+}
+
+func (e *problemError) Unwrap() error { return e.err }
+
+func (c *tableCheck) ensure(ctx context.Context, logger *zap.Logger) error {
+	if c.ok.Load() {
+		return nil
+	}
+	c.mu.Lock()
+	if c.ok.Load() {
+		c.mu.Unlock()
+		return nil
+	}
+	if c.refused != nil && time.Since(c.at) < checkRetryEvery {
+		err := c.refused
+		c.mu.Unlock()
+		return err
+	}
+	if ch := c.running; ch != nil {
+		c.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.last
+	}
+	ch := make(chan struct{})
+	c.running = ch
+	c.mu.Unlock()
+
+	err := c.run(ctx, logger)
+	var pe *problemError
+	if errors.As(err, &pe) {
+		c.log(pe, logger)
+	}
+	err = c.db.opts.scrub(err)
+
+	c.mu.Lock()
+	c.running, c.last = nil, err
+	switch {
+	case err == nil:
+		c.refused = nil
+		c.ok.Store(true)
+	case pe != nil:
+		c.refused, c.at = err, time.Now()
+	}
+	c.mu.Unlock()
+	close(ch)
+	return err
+}
+
+func (c *tableCheck) log(pe *problemError, logger *zap.Logger) {
+	if logger == nil {
+		return
+	}
+	problems.WithLabelValues(pe.problem).Inc()
+	if pe.problem == problemTable {
+		logger.Error("postgres table missing", zap.String("table", pe.table),
+			zap.Bool("create_table", false), zap.Int("status", 503),
+			zap.String("fix", "create it with the DDL of docs/postgres.md, or create_table on"))
+		return
+	}
+	fields := []zap.Field{zap.String("privilege", pe.privilege), zap.String("table", pe.table)}
+	if pe.err != nil {
+		fields = append(fields, zap.Error(c.db.opts.scrub(pe.err)))
+	}
+	fields = append(fields, zap.Int("status", 503), zap.String("fix", "grant it: the GRANT lines of docs/postgres.md"))
+	logger.Error("postgres permission missing", fields...)
+}
+
+// failed turns an operation's error into the store's: a refusal for
+// lack of a privilege or of the table sends the next request through
+// the check again (which logs it by name).
+func (c *tableCheck) failed(err error, logger *zap.Logger) error {
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) && (pg.Code == "42501" || pg.Code == "42P01") {
+		c.ok.Store(false)
+		c.mu.Lock()
+		c.refused = nil
+		c.mu.Unlock()
+		qualified := c.db.opts.qualified()
+		pe := &problemError{problem: problemPermission, privilege: "a privilege", table: qualified, err: err}
+		if pg.Code == "42P01" {
+			pe = &problemError{problem: problemTable, table: qualified, err: err}
+			if c.db.opts.create {
+				// recreated by the next check
+				return c.db.opts.scrub(fmt.Errorf("postgres store: table %s vanished: %w", qualified, err))
+			}
+		}
+		c.log(pe, logger)
+		return c.db.opts.scrub(pe)
+	}
+	return c.db.opts.scrub(fmt.Errorf("postgres store: %w", err))
+}
+
+// run checks the schema's USAGE, the table (creating it when allowed)
+// and the table privileges.
+func (c *tableCheck) run(ctx context.Context, logger *zap.Logger) error {
+	o := c.db.opts
+	qualified := o.qualified()
+	schema := o.schema
+	var exists bool
+	if schema != "" {
+		var usage *bool
+		// NULL: no such schema (then the table is missing too)
+		if err := c.db.pool.QueryRow(ctx,
+			`SELECT has_schema_privilege(oid, 'USAGE') FROM pg_namespace WHERE nspname = $1`, schema,
+		).Scan(&usage); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("postgres store: checking schema %s: %w", schema, err)
+		}
+		if usage != nil && !*usage {
+			return &problemError{problem: problemPermission, privilege: "USAGE on schema " + schema, table: qualified}
+		}
+	}
+	if err := c.db.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, qualified).Scan(&exists); err != nil {
+		return fmt.Errorf("postgres store: checking table %s: %w", qualified, err)
+	}
+	if !exists {
+		if !o.create {
+			return &problemError{problem: problemTable, table: qualified}
+		}
+		if err := c.create(ctx); err != nil {
+			var pg *pgconn.PgError
+			if errors.As(err, &pg) && pg.Code == "42501" {
+				s := schema
+				if s == "" {
+					s = "the current schema (public)"
+				}
+				return &problemError{problem: problemPermission, privilege: "CREATE on schema " + s, table: qualified, err: err}
+			}
+			return fmt.Errorf("postgres store: creating table %s: %w", qualified, err)
+		}
+		if logger != nil {
+			logger.Info("postgres table created", zap.String("table", qualified))
+		}
+	}
+	var sel, ins, upd, del bool
+	if err := c.db.pool.QueryRow(ctx, `SELECT has_table_privilege($1, 'SELECT'), has_table_privilege($1, 'INSERT'),
+  has_table_privilege($1, 'UPDATE'), has_table_privilege($1, 'DELETE')`, qualified).Scan(&sel, &ins, &upd, &del); err != nil {
+		return fmt.Errorf("postgres store: checking the privileges on %s: %w", qualified, err)
+	}
+	var missing []string
+	for _, p := range []struct {
+		name string
+		has  bool
+	}{{"SELECT", sel}, {"INSERT", ins}, {"UPDATE", upd}, {"DELETE", del}} {
+		if !p.has {
+			missing = append(missing, p.name)
+		}
+	}
+	if len(missing) > 0 {
+		return &problemError{problem: problemPermission, privilege: strings.Join(missing, ", "), table: qualified}
+	}
+	return nil
+}
+
+// create runs the DDL in one transaction; another instance creating the
+// table at the same moment is fine.
+func (c *tableCheck) create(ctx context.Context) error {
+	tx, err := c.db.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit, a no-op
+	for _, q := range c.db.sql.ddl {
+		if _, err := tx.Exec(ctx, q); err != nil {
+			var pg *pgconn.PgError
+			if errors.As(err, &pg) && (pg.Code == "23505" || pg.Code == "42P07") {
+				return nil // created meanwhile by another instance
+			}
+			return err
+		}
+	}
+	return tx.Commit(ctx)
+}

@@ -1,0 +1,256 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+)
+
+// statements are the store's SQL for one table. Every expiry counts
+// from the server's clock (now(), the statement's start), so that
+// instances with skewed clocks agree.
+type statements struct {
+	claim, renew, commit, release, get, forget string
+	ddl                                        []string
+	sweep                                      string
+}
+
+// cols is what a statement returns of a row, in scanRow's order.
+const cols = `lease_token, processed_at, event_type, fingerprint, message_event_id, expires_at`
+
+// ttl as an interval from $n microseconds (saturating: the longest
+// Duration is 292 years, well inside timestamptz).
+func ttlExpr(n int) string {
+	return fmt.Sprintf("now() + $%d::bigint * interval '1 microsecond'", n)
+}
+
+func newStatements(table string) statements {
+	r := strings.NewReplacer("{t}", table, "{cols}", cols)
+	index := strings.Trim(table[strings.LastIndex(table, ".")+1:], `"`) + "_expires_at"
+	return statements{
+		// One statement, one round trip. cur reads the row as of the
+		// statement's start; when it holds no live row, ins inserts a
+		// lease, or takes over a row that expired (ON CONFLICT ... WHERE
+		// expired, which sees the latest version of the row). A live row
+		// is only read: no lock, no write, so a duplicate costs a read.
+		// Under a race (a row inserted or renewed after the statement's
+		// snapshot) neither part returns a row, and the claim runs again.
+		claim: r.Replace(`WITH cur AS (
+  SELECT {cols} FROM {t} WHERE event_id = $1 AND expires_at > now()
+), ins AS (
+  INSERT INTO {t} AS e (event_id, lease_token, expires_at)
+  SELECT $1, $2, ` + ttlExpr(3) + ` WHERE NOT EXISTS (SELECT 1 FROM cur)
+  ON CONFLICT (event_id) DO UPDATE
+    SET lease_token = excluded.lease_token, expires_at = excluded.expires_at,
+        processed_at = NULL, event_type = '', fingerprint = '', message_event_id = NULL
+    WHERE e.expires_at <= now()
+  RETURNING 1
+)
+SELECT true, NULL::text, NULL::timestamptz, '', '', NULL::text, NULL::timestamptz FROM ins
+UNION ALL
+SELECT false, {cols} FROM cur`),
+		renew: r.Replace(`UPDATE {t} SET expires_at = ` + ttlExpr(3) + `
+WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
+		// held is read as of the statement's start; the done record is
+		// written whatever the row held.
+		commit: r.Replace(`WITH prev AS (
+  SELECT lease_token = $2 AND expires_at > now() AS held FROM {t} WHERE event_id = $1
+), put AS (
+  INSERT INTO {t} AS e (event_id, lease_token, processed_at, event_type, fingerprint, message_event_id, expires_at)
+  VALUES ($1, NULL, $4, $5, $6, NULLIF($7, ''), ` + ttlExpr(3) + `)
+  ON CONFLICT (event_id) DO UPDATE
+    SET lease_token = NULL, processed_at = excluded.processed_at, event_type = excluded.event_type,
+        fingerprint = excluded.fingerprint, message_event_id = excluded.message_event_id,
+        expires_at = excluded.expires_at
+)
+SELECT coalesce((SELECT held FROM prev), false)`),
+		release: r.Replace(`DELETE FROM {t} WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
+		get:     r.Replace(`SELECT {cols} FROM {t} WHERE event_id = $1 AND expires_at > now()`),
+		forget: r.Replace(`WITH d AS (
+  DELETE FROM {t} WHERE event_id = $1 AND expires_at > now() AND ($2 OR lease_token IS NULL)
+  RETURNING {cols}
+)
+SELECT true, {cols} FROM d
+UNION ALL
+SELECT false, {cols} FROM {t} WHERE event_id = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM d)`),
+		ddl: []string{
+			r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
+  event_id         text        PRIMARY KEY,
+  event_type       text        NOT NULL DEFAULT '',
+  processed_at     timestamptz,
+  fingerprint      text        NOT NULL DEFAULT '',
+  message_event_id text,
+  lease_token      text,
+  expires_at       timestamptz NOT NULL,
+  CHECK ((lease_token IS NULL) = (processed_at IS NOT NULL))
+)`),
+			r.Replace(`CREATE INDEX IF NOT EXISTS ` + `"` + index + `"` + ` ON {t} (expires_at)`),
+		},
+		sweep: r.Replace(`DELETE FROM {t} WHERE event_id IN (
+  SELECT event_id FROM {t} WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
+) AND expires_at <= now()`),
+	}
+}
+
+// row is a row as the statements return it.
+type row struct {
+	lease       *string
+	processedAt *time.Time
+	eventType   string
+	fingerprint string
+	messageID   *string
+	expiresAt   *time.Time
+}
+
+func (r *row) dest() []any {
+	return []any{&r.lease, &r.processedAt, &r.eventType, &r.fingerprint, &r.messageID, &r.expiresAt}
+}
+
+// value is the row as a dedup value: the lease, or the done record as
+// DoneRecord.Encode renders it (processed_at to the microsecond, as
+// PostgreSQL keeps it).
+func (r *row) value() string {
+	if r.lease != nil {
+		return dedup.LeaseValue(*r.lease)
+	}
+	rec := dedup.DoneRecord{EventType: r.eventType, Fingerprint: r.fingerprint}
+	if r.processedAt != nil {
+		rec.ProcessedAt = r.processedAt.UTC()
+	}
+	if r.messageID != nil {
+		rec.EventID = *r.messageID
+	}
+	return rec.Encode()
+}
+
+func (r *row) entry() dedup.Entry {
+	e := dedup.Entry{Value: r.value()}
+	if r.expiresAt != nil {
+		e.ExpiresAt = *r.expiresAt
+	}
+	return e
+}
+
+func micros(d time.Duration) int64 { return d.Microseconds() }
+
+// op runs f with the statement timeout, once the table check passed,
+// and turns its error into the store's.
+func (s *Store) op(ctx context.Context, f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, s.db.opts.timeout)
+	defer cancel()
+	if err := s.db.check.ensure(ctx, s.logger); err != nil {
+		return err
+	}
+	err := f(ctx)
+	if err == nil {
+		return nil
+	}
+	return s.db.check.failed(err, s.logger)
+}
+
+// maxClaimTries bounds the reruns of a claim that raced (see claim).
+const maxClaimTries = 5
+
+// Claim implements dedup.Store.
+func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	var res dedup.ClaimResult
+	var found string
+	err := s.op(ctx, func(ctx context.Context) error {
+		for range maxClaimTries {
+			var claimed bool
+			var r row
+			err := s.db.pool.QueryRow(ctx, s.db.sql.claim, key, token, micros(ttl)).
+				Scan(append([]any{&claimed}, r.dest()...)...)
+			if errors.Is(err, pgx.ErrNoRows) {
+				continue // raced: see statements.claim
+			}
+			if err != nil {
+				return err
+			}
+			if claimed {
+				res, found = dedup.Claimed, ""
+				return nil
+			}
+			found = r.value()
+			if res = dedup.Classify(found, token); res == dedup.Claimed {
+				found = ""
+			}
+			return nil
+		}
+		return errors.New("postgres store: claim raced with other writers too many times")
+	})
+	return res, found, err
+}
+
+// Renew implements dedup.Store.
+func (s *Store) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	var ok bool
+	err := s.op(ctx, func(ctx context.Context) error {
+		tag, err := s.db.pool.Exec(ctx, s.db.sql.renew, key, token, micros(ttl))
+		ok = err == nil && tag.RowsAffected() == 1
+		return err
+	})
+	return ok, err
+}
+
+// Commit implements dedup.Store.
+func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRecord, retention time.Duration) (bool, error) {
+	var held bool
+	err := s.op(ctx, func(ctx context.Context) error {
+		return s.db.pool.QueryRow(ctx, s.db.sql.commit, key, token, micros(retention),
+			rec.ProcessedAt.UTC(), rec.EventType, rec.Fingerprint, rec.EventID).Scan(&held)
+	})
+	return held, err
+}
+
+// Release implements dedup.Store.
+func (s *Store) Release(ctx context.Context, key, token string) (bool, error) {
+	var ok bool
+	err := s.op(ctx, func(ctx context.Context) error {
+		tag, err := s.db.pool.Exec(ctx, s.db.sql.release, key, token)
+		ok = err == nil && tag.RowsAffected() == 1
+		return err
+	})
+	return ok, err
+}
+
+// Get implements dedup.Store.
+func (s *Store) Get(ctx context.Context, key string) (dedup.Entry, error) {
+	var e dedup.Entry
+	err := s.op(ctx, func(ctx context.Context) error {
+		var r row
+		err := s.db.pool.QueryRow(ctx, s.db.sql.get, key).Scan(r.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err == nil {
+			e = r.entry()
+		}
+		return err
+	})
+	return e, err
+}
+
+// Forget implements dedup.Store.
+func (s *Store) Forget(ctx context.Context, key string, force bool) (dedup.Entry, bool, error) {
+	var e dedup.Entry
+	var deleted bool
+	err := s.op(ctx, func(ctx context.Context) error {
+		var r row
+		err := s.db.pool.QueryRow(ctx, s.db.sql.forget, key, force).Scan(append([]any{&deleted}, r.dest()...)...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err == nil {
+			e = r.entry()
+		}
+		return err
+	})
+	return e, deleted, err
+}

@@ -1,0 +1,407 @@
+// Package postgres is the sangho_dedup store that keeps events in a
+// PostgreSQL table (module http.sangho_dedup.stores.postgres), the
+// processed-events table of Sangho's guide: one row per event, its ID
+// (with the endpoint's key_prefix) as the primary key, processed_at,
+// event_type and the body's fingerprint, so that an application can see
+// in its own database which events were processed and when.
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
+)
+
+func init() {
+	caddy.RegisterModule(Store{})
+}
+
+// Defaults.
+const (
+	DefaultTable            = "processed_webhook_events"
+	DefaultStatementTimeout = 5 * time.Second
+	DefaultCleanupInterval  = time.Minute
+)
+
+// Store keeps dedup state in a PostgreSQL table, shared by every Caddy
+// instance that uses the same table. Each claim is one INSERT … ON
+// CONFLICT statement (one round trip) that takes an absent or expired
+// row and otherwise returns the row it found; commit, renew and release
+// are one statement each and check the lease token. A done record is as
+// durable as the server's commit (synchronous_commit).
+//
+// Provision does not contact PostgreSQL: Caddy starts while it is down,
+// and deliveries are answered as on_store_error says until it is back.
+// On first use the store checks that the table exists (creating it
+// unless create_table is off) and that the role holds SELECT, INSERT,
+// UPDATE and DELETE on it; a missing one is logged by name ("postgres
+// permission missing") and every delivery fails with a store error,
+// checked again at most once a second until it is granted.
+//
+// Expired rows are invisible to the store at once and deleted in the
+// background, in batches of 1000, by one Caddy instance at a time
+// (pg_try_advisory_lock).
+type Store struct {
+	// DSN is the connection string, a postgres:// URL or key=value
+	// pairs as libpq takes them (sslmode, sslrootcert, sslcert and sslkey
+	// for TLS). Placeholders such as {env.PGPASSWORD} or {file./path}
+	// are resolved at provisioning, so the password stays out of the
+	// adapted JSON; it is never logged. Default: libpq's defaults and
+	// PG* environment variables.
+	DSN string `json:"dsn,omitempty"`
+
+	// Table is the table of processed events, optionally
+	// schema-qualified (schema.table), as an unquoted SQL identifier.
+	// Default: processed_webhook_events.
+	Table string `json:"table,omitempty"`
+
+	// MaxConns is the most connections the store opens. Default:
+	// pgxpool's, the greater of 4 and the number of CPUs.
+	MaxConns int `json:"max_conns,omitempty"`
+
+	// CreateTable creates the table and its index on first use if it is
+	// missing. Turn it off for a role without the CREATE privilege on
+	// the schema; the table must then exist. Default: on.
+	CreateTable *bool `json:"create_table,omitempty"`
+
+	// StatementTimeout bounds each statement, on the server
+	// (statement_timeout) and in Caddy, connecting included, so that a
+	// stalled server or network answers a store error instead of
+	// holding deliveries. Default: 5s.
+	StatementTimeout caddy.Duration `json:"statement_timeout,omitempty"`
+
+	// CleanupInterval is how often expired rows are deleted. Default: 1m.
+	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
+
+	db      *sharedDB
+	poolKey string
+	state   string
+	logger  *zap.Logger
+	users   *storepool.Users // deliveries and commit retries that may still need the pool
+}
+
+// CaddyModule returns the Caddy module information.
+func (Store) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.sangho_dedup.stores.postgres",
+		New: func() caddy.Module { return new(Store) },
+	}
+}
+
+// Provision resolves placeholders, validates the options and takes a
+// pool with these settings from the shared pool, or creates one.
+func (s *Store) Provision(ctx caddy.Context) error {
+	s.logger = ctx.Logger()
+	s.users = new(storepool.Users)
+	registerMetrics(ctx)
+	o, err := s.resolve()
+	if err != nil {
+		return err
+	}
+	s.poolKey, s.state = o.poolKey(), o.stateID()
+	v, _, err := storepool.Pool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
+		return newSharedDB(o, s.logger)
+	})
+	if err != nil {
+		return o.scrub(fmt.Errorf("postgres store: %w", err))
+	}
+	s.db = v.(*sharedDB)
+	return nil
+}
+
+// Cleanup releases this config's use of the shared pool; it is closed
+// once no config and no delivery in flight uses it.
+func (s *Store) Cleanup() error {
+	if s.poolKey == "" {
+		return nil
+	}
+	return s.users.Release(s.poolKey, s.logger)
+}
+
+// Enter implements dedup.Drainer.
+func (s *Store) Enter() { s.users.Enter() }
+
+// Leave implements dedup.Drainer.
+func (s *Store) Leave() { s.users.Leave() }
+
+// StateID implements dedup.StateSharer: the server(s), database and
+// table, so two endpoints on one table need distinct key_prefix values.
+func (s *Store) StateID() string { return s.state }
+
+// options are the settings after placeholders and defaults.
+type options struct {
+	config   *pgxpool.Config
+	password string // to scrub from errors
+	schema   string // "" when the table is not qualified
+	table    string
+	create   bool
+	timeout  time.Duration
+	cleanup  time.Duration
+	norm     map[string]any
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_$]{0,62}$`)
+
+// parseTable validates name as table or schema.table (unquoted
+// identifiers, folded to lower case as PostgreSQL folds them).
+func parseTable(name string) (schema, table string, err error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return "", "", fmt.Errorf("table: %q is not a table name or schema.table", name)
+	}
+	for _, p := range parts {
+		if !identRE.MatchString(p) {
+			return "", "", fmt.Errorf("table: %q is not an SQL identifier (letters, digits, _ and $, at most 63, not starting with a digit)", name)
+		}
+	}
+	if len(parts) == 2 {
+		return strings.ToLower(parts[0]), strings.ToLower(parts[1]), nil
+	}
+	return "", strings.ToLower(parts[0]), nil
+}
+
+// resolve turns the JSON options into options: placeholders resolved,
+// defaults applied, values checked (errors name the option, never the
+// password).
+func (s *Store) resolve() (*options, error) {
+	fail := func(err error) (*options, error) { return nil, fmt.Errorf("postgres store: %w", err) }
+	o := &options{create: s.CreateTable == nil || *s.CreateTable}
+	table := s.Table
+	if table == "" {
+		table = DefaultTable
+	}
+	var err error
+	if o.schema, o.table, err = parseTable(table); err != nil {
+		return fail(err)
+	}
+	if s.MaxConns < 0 || s.MaxConns > 10000 {
+		return fail(fmt.Errorf("max_conns: %d is out of range (1 to 10000)", s.MaxConns))
+	}
+	if o.timeout = time.Duration(s.StatementTimeout); o.timeout == 0 {
+		o.timeout = DefaultStatementTimeout
+	}
+	if o.timeout < time.Millisecond {
+		return fail(fmt.Errorf("statement_timeout: %v is below 1ms", o.timeout))
+	}
+	if o.cleanup = time.Duration(s.CleanupInterval); o.cleanup == 0 {
+		o.cleanup = DefaultCleanupInterval
+	}
+	if o.cleanup < 10*time.Millisecond {
+		return fail(fmt.Errorf("cleanup_interval: %v is below 10ms", o.cleanup))
+	}
+
+	repl := caddy.NewReplacer()
+	dsn, err := repl.ReplaceOrErr(s.DSN, true, true)
+	if err != nil {
+		// the error names the placeholder, never a value
+		return fail(fmt.Errorf("dsn: %v", err))
+	}
+	o.password = dsnPassword(dsn)
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, o.scrub(fmt.Errorf("postgres store: dsn: %v", parseError(err)))
+	}
+	if cfg.ConnConfig.Password != "" {
+		o.password = cfg.ConnConfig.Password
+	}
+	if s.MaxConns > 0 {
+		cfg.MaxConns = int32(s.MaxConns)
+	}
+	cc := cfg.ConnConfig
+	if cc.ConnectTimeout == 0 || cc.ConnectTimeout > o.timeout {
+		cc.ConnectTimeout = o.timeout
+	}
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	cc.RuntimeParams["statement_timeout"] = strconv.FormatInt(o.timeout.Milliseconds(), 10)
+	if cc.RuntimeParams["application_name"] == "" {
+		cc.RuntimeParams["application_name"] = "caddy-sangho-dedup"
+	}
+	o.config = cfg
+
+	o.norm = map[string]any{
+		"dsn": dsn, "max_conns": cfg.MaxConns, "create": o.create,
+		"timeout": o.timeout, "cleanup": o.cleanup, "table": o.qualified(),
+	}
+	return o, nil
+}
+
+// parseError is pgx's parse error without the connection string (which
+// pgx redacts only as well as it can parse it).
+func parseError(err error) error {
+	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) {
+		c := *pe
+		c.ConnString = "…"
+		return errors.New(strings.TrimPrefix(c.Error(), "cannot parse `…`: "))
+	}
+	return err
+}
+
+// dsnPassword finds the password in a connection string that pgx may
+// fail to parse, leniently, so that it can be scrubbed from errors.
+func dsnPassword(dsn string) string {
+	if i := strings.Index(dsn, "://"); i >= 0 {
+		rest := dsn[i+3:]
+		if j := strings.IndexAny(rest, "/?#"); j >= 0 && strings.LastIndex(rest[:j], "@") < 0 {
+			rest = rest[:j]
+		}
+		if at := strings.LastIndex(rest, "@"); at >= 0 {
+			if _, pw, ok := strings.Cut(rest[:at], ":"); ok {
+				return pw
+			}
+		}
+		if k := strings.Index(dsn, "password="); k >= 0 {
+			v := dsn[k+len("password="):]
+			if e := strings.IndexAny(v, "&#"); e >= 0 {
+				v = v[:e]
+			}
+			return v
+		}
+		return ""
+	}
+	if k := strings.Index(dsn, "password"); k >= 0 {
+		v := strings.TrimLeft(dsn[k+len("password"):], " =")
+		if strings.HasPrefix(v, "'") {
+			v = v[1:]
+			if e := strings.Index(v, "'"); e >= 0 {
+				v = v[:e]
+			}
+			return v
+		}
+		if e := strings.IndexByte(v, ' '); e >= 0 {
+			v = v[:e]
+		}
+		return v
+	}
+	return ""
+}
+
+// scrub replaces the password in err's text.
+func (o *options) scrub(err error) error {
+	if err == nil || len(o.password) < 1 {
+		return err
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, o.password) {
+		return err
+	}
+	return &scrubbed{msg: strings.ReplaceAll(msg, o.password, "xxxxx"), err: err}
+}
+
+// scrubbed is an error whose text lost the password; Unwrap keeps the
+// cause for errors.As (e.g. a *pgconn.PgError).
+type scrubbed struct {
+	msg string
+	err error
+}
+
+func (e *scrubbed) Error() string { return e.msg }
+func (e *scrubbed) Unwrap() error { return e.err }
+
+// qualified is the table as SQL, quoted (names are already folded).
+func (o *options) qualified() string {
+	if o.schema != "" {
+		return pgx.Identifier{o.schema, o.table}.Sanitize()
+	}
+	return pgx.Identifier{o.table}.Sanitize()
+}
+
+// poolKey keys the shared pool on everything that makes two differ.
+func (o *options) poolKey() string {
+	b, _ := json.Marshal(o.norm)
+	sum := sha256.Sum256(b) // the password is part of it: keep the key opaque
+	return "sangho_dedup.postgres." + hex.EncodeToString(sum[:])
+}
+
+// stateID names the table these options reach: the servers (host and
+// port, each spelled one way), the database and the table (an
+// unqualified table counted as public's).
+func (o *options) stateID() string {
+	cc := o.config.ConnConfig
+	hosts := []string{canonicalAddr(cc.Host, cc.Port)}
+	for _, f := range cc.Fallbacks {
+		if a := canonicalAddr(f.Host, f.Port); a != hosts[0] {
+			hosts = append(hosts, a)
+		}
+	}
+	schema := o.schema
+	if schema == "" {
+		schema = "public"
+	}
+	return "postgres " + strings.Join(hosts, ",") + " db " + cc.Database + " table " + schema + "." + o.table
+}
+
+func canonicalAddr(host string, port uint16) string {
+	if strings.HasPrefix(host, "/") {
+		return host + ":" + strconv.Itoa(int(port))
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	if host == "127.0.0.1" || host == "::1" {
+		host = "localhost"
+	}
+	return net.JoinHostPort(host, strconv.Itoa(int(port)))
+}
+
+// sharedDB is a pool and what goes with it (the table check, the
+// retention sweeper), shared by every config with the same settings.
+type sharedDB struct {
+	pool  *pgxpool.Pool
+	opts  *options
+	sql   statements
+	check *tableCheck
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {
+	pool, err := pgxpool.NewWithConfig(context.Background(), o.config)
+	if err != nil {
+		return nil, err
+	}
+	db := &sharedDB{pool: pool, opts: o, sql: newStatements(o.qualified()),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	db.check = newTableCheck(db)
+	go db.sweeper(logger)
+	return db, nil
+}
+
+// Destruct stops the sweeper and closes the pool.
+func (db *sharedDB) Destruct() error {
+	close(db.stop)
+	<-db.done
+	db.pool.Close()
+	return nil
+}
+
+// Interface guards
+var (
+	_ dedup.Store        = (*Store)(nil)
+	_ dedup.StateSharer  = (*Store)(nil)
+	_ dedup.Drainer      = (*Store)(nil)
+	_ caddy.Provisioner  = (*Store)(nil)
+	_ caddy.CleanerUpper = (*Store)(nil)
+	_ caddy.Destructor   = (*sharedDB)(nil)
+)

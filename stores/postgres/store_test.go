@@ -1,0 +1,235 @@
+package postgres
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
+	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+)
+
+var tableSeq atomic.Int64
+
+// uniqueTable names a fresh table for one test.
+func uniqueTable() string { return fmt.Sprintf("events_%d", tableSeq.Add(1)) }
+
+// provision provisions a store from its JSON, with logs observed.
+func provision(t *testing.T, raw string) (*Store, *observer.ObservedLogs) {
+	t.Helper()
+	s := new(Store)
+	if err := json.Unmarshal([]byte(raw), s); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	if err := s.Provision(ctx); err != nil {
+		t.Fatalf("provision: %v", err)
+	}
+	s.logger = zap.New(core)
+	t.Cleanup(func() { s.Cleanup() })
+	return s, logs
+}
+
+func storeJSON(dsn, table string, extra ...string) string {
+	m := map[string]any{"dsn": dsn, "table": table}
+	for i := 0; i+1 < len(extra); i += 2 {
+		var v any
+		if err := json.Unmarshal([]byte(extra[i+1]), &v); err != nil {
+			v = extra[i+1]
+		}
+		m[extra[i]] = v
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+func connect(t *testing.T, dsn string) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+func TestStoreContract(t *testing.T) {
+	srv := pgtest.Start(t)
+	admin := connect(t, srv.DSN)
+	var mu sync.Mutex // one pgx.Conn is not for concurrent use
+	dedupstoretest.Run(t, func(t *testing.T) dedupstoretest.Harness {
+		table := uniqueTable()
+		s, _ := provision(t, storeJSON(srv.DSN, table))
+		read := func(key string) (row, time.Duration, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			var r row
+			var left time.Duration
+			err := admin.QueryRow(context.Background(),
+				`SELECT `+cols+`, extract(epoch from expires_at - now()) * 1e6 FROM `+table+` WHERE event_id = $1 AND expires_at > now()`, key).
+				Scan(append(r.dest(), &left)...)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return row{}, 0, false
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r, left * time.Microsecond, true
+		}
+		return dedupstoretest.Harness{
+			Store:  s,
+			Elapse: time.Sleep,
+			Value: func(key string) string {
+				r, _, ok := read(key)
+				if !ok {
+					return ""
+				}
+				return r.value()
+			},
+			TTL: func(key string) time.Duration {
+				_, left, _ := read(key)
+				return left
+			},
+			Short: 300 * time.Millisecond,
+		}
+	})
+}
+
+// Many goroutines through many pools (as many Caddy instances) claim one
+// event ID at once: exactly one gets it, round after round, also when
+// the row is an expired lease that they all try to take over.
+func TestConcurrentClaimsManyPools(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	var stores []*Store
+	for i := range 4 {
+		s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "8", "cleanup_interval", fmt.Sprintf("%dms", 1000+i)))
+		stores = append(stores, s)
+	}
+	ctx := context.Background()
+	for round := range 20 {
+		key := fmt.Sprintf("evt_%d", round)
+		if round%2 == 1 { // an expired lease to take over
+			if _, _, err := stores[0].Claim(ctx, key, "old", time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		var claimed, inflight atomic.Int32
+		var wg sync.WaitGroup
+		for g := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, _, err := stores[g%len(stores)].Claim(ctx, key, fmt.Sprintf("tok%d", g), time.Minute)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch res {
+				case dedup.Claimed:
+					claimed.Add(1)
+				case dedup.InFlight:
+					inflight.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if claimed.Load() != 1 || inflight.Load() != 63 {
+			t.Fatalf("round %d: claimed %d, in flight %d; want 1 and 63", round, claimed.Load(), inflight.Load())
+		}
+	}
+}
+
+// A done record's every field is a column an application can read, and
+// the value built from the columns is the record as encoded.
+func TestDoneRecordColumns(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table))
+	ctx := context.Background()
+	rec := dedup.DoneRecord{ProcessedAt: time.Date(2024, 12, 2, 12, 0, 1, 123456000, time.UTC), EventType: "payment_intent.succeeded",
+		EventID: "evt_orig", Fingerprint: "00112233445566778899aabbccddeeff"}
+	if _, _, err := s.Claim(ctx, "sangho_dedup:evt_1", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "sangho_dedup:evt_1", "tok", rec, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	got := srv.Psql(t, `SELECT event_id, event_type, to_char(processed_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), fingerprint, message_event_id, lease_token IS NULL FROM `+table)
+	want := "sangho_dedup:evt_1|payment_intent.succeeded|2024-12-02 12:00:01.123456|00112233445566778899aabbccddeeff|evt_orig|t"
+	if got != want {
+		t.Fatalf("row = %q, want %q", got, want)
+	}
+	e, err := s.Get(ctx, "sangho_dedup:evt_1")
+	if err != nil || e.Value != rec.Encode() {
+		t.Fatalf("get = %q, %v; want %q", e.Value, err, rec.Encode())
+	}
+}
+
+// Expired rows are deleted in batches by one instance at a time: while
+// another session holds the sweep's advisory lock, a sweep deletes
+// nothing; then one deletes every expired row and no live one.
+func TestSweepBatchesOneInstanceAtATime(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "live", "tok", time.Hour); err != nil { // creates the table
+		t.Fatal(err)
+	}
+	srv.Psql(t, `INSERT INTO `+table+` (event_id, processed_at, expires_at)
+  SELECT 'old_' || g, now(), now() - interval '1 second' FROM generate_series(1, 2500) g`)
+	other := connect(t, srv.DSN)
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, s.db.lockKey()); err != nil {
+		t.Fatal(err)
+	}
+	n, swept, err := s.db.sweep(ctx)
+	if err != nil || swept || n != 0 {
+		t.Fatalf("sweep while another instance sweeps = %d, %v, %v; want nothing", n, swept, err)
+	}
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_unlock($1)`, s.db.lockKey()); err != nil {
+		t.Fatal(err)
+	}
+	n, swept, err = s.db.sweep(ctx)
+	if err != nil || !swept || n != 2500 {
+		t.Fatalf("sweep = %d, %v, %v; want 2500 deleted", n, swept, err)
+	}
+	if got := srv.Psql(t, `SELECT string_agg(event_id, ',') FROM `+table); got != "live" {
+		t.Fatalf("rows left = %q, want live", got)
+	}
+	if got := srv.Psql(t, `SELECT indexdef FROM pg_indexes WHERE tablename = '`+table+`' AND indexdef LIKE '%expires_at%'`); got == "" {
+		t.Fatal("no index on expires_at")
+	}
+}
+
+// The background sweeper runs on its own at cleanup_interval.
+func TestSweeperRuns(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table, "cleanup_interval", "50ms"))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "gone", "tok", time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Psql(t, `SELECT count(*) FROM `+table) != "0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the expired lease was not swept")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
