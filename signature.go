@@ -211,7 +211,7 @@ func (d *delivery) bindSignature() error {
 	// A done record of this same ID: the event was processed, then
 	// forgotten by an operator (GitHub's manual redelivery reuses the
 	// delivery ID), and is let through again.
-	if rec, ok := dedup.DecodeDone(found); err == nil && res == dedup.AlreadyDone && ok && rec.EventType == d.id {
+	if rec, ok := dedup.DecodeDone(found); err == nil && res == dedup.AlreadyDone && ok && replayRecordOf(rec) == d.id {
 		return nil
 	}
 	if err == nil {
@@ -230,13 +230,22 @@ func (d *delivery) bindSignature() error {
 // sigMemory. A failure leaves the lease, which keeps refusing replays
 // until it expires, and is logged.
 func (d *delivery) commitSignature(ctx context.Context, rec dedup.DoneRecord) {
-	// The record names the event ID that owns the signature, where an
-	// event's record names its type.
-	rec.EventType = d.id
+	// The record names the event ID that owns the signature.
+	rec.EventID = d.id
 	start := time.Now()
 	_, err := d.h.store.Commit(ctx, d.sigKey, d.id, rec, d.h.sigMemory)
 	observe(opCommit, start, err)
 	if err != nil {
 		d.h.logger.Warn("signature record commit failed", zap.String("event_id", d.id), zap.Error(err))
 	}
+}
+
+// replayRecordOf is the event ID a signature's replay record names:
+// its event_id, or, in a record written before v0.3, its event_type
+// (which held the ID there).
+func replayRecordOf(rec dedup.DoneRecord) string {
+	if rec.EventID != "" {
+		return rec.EventID
+	}
+	return rec.EventType
 }

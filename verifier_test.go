@@ -610,8 +610,31 @@ func TestUnsignedIDReplayRecord(t *testing.T) {
 				}
 			}
 			sigKey := signatureKey(h.KeyPrefix, nil, []byte(body), nil)
-			if res, _, err := h.store.Claim(ctx, sigKey, "probe", time.Second); err != nil || res != dedup.AlreadyDone {
-				t.Errorf("the signature record is %v (%v), want a done record", res, err)
+			res, found, err := h.store.Claim(ctx, sigKey, "probe", time.Second)
+			if rec, _ := dedup.DecodeDone(found); err != nil || res != dedup.AlreadyDone || rec.EventID != "d-1" || rec.EventType != "ping" {
+				t.Errorf("the signature record is %v %q (%v), want a done record naming event d-1 of type ping", res, found, err)
+			}
+
+			// A replay record written before v0.3 held the ID in
+			// event_type: it still binds its message to that ID.
+			old := `{"zen":"Written by v0.2.","hook_id":2}`
+			oldKey := signatureKey(h.KeyPrefix, nil, []byte(old), nil)
+			if _, _, err := h.store.Claim(ctx, oldKey, "d-9", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := h.store.Commit(ctx, oldKey, "d-9", dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "d-9"}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			send := func(id string) int {
+				r := post(old, map[string]string{"X-Hub-Signature-256": githubSig(old, ghSecret1), "X-GitHub-Delivery": id})
+				w, _, _ := serve(h, r, next)
+				return w.Code
+			}
+			if got := send("d-9"); got != 200 {
+				t.Errorf("the message of an old replay record, with its own ID: %d, want 200", got)
+			}
+			if got := send("d-10"); got != 401 {
+				t.Errorf("the message of an old replay record, under another ID: %d, want 401", got)
 			}
 		})
 	}
