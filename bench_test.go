@@ -38,6 +38,11 @@ func BenchmarkExtractEvent(b *testing.B) {
 // benchServe measures ServeHTTP alone: the signed requests are built
 // before the timer starts (all new events, or one event again and again).
 func benchServe(b *testing.B, configure func(*Handler), duplicates bool) {
+	benchServeBody(b, configure, duplicates, eventBody)
+}
+
+// benchServeBody is benchServe with the body made by body from the ID.
+func benchServeBody(b *testing.B, configure func(*Handler), duplicates bool, eventBody func(id string) string) {
 	h, _ := newTestHandler(b, configure)
 	h.logger = zap.NewNop() // production logs at info: debug lines cost a level check only
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
@@ -84,6 +89,16 @@ func BenchmarkServeHTTP(b *testing.B) {
 	memory := func(h *Handler) { h.StoreRaw = []byte(`{"type":"memory"}`) }
 	b.Run("memory/new", func(b *testing.B) { benchServe(b, memory, false) })
 	b.Run("memory/duplicate", func(b *testing.B) { benchServe(b, memory, true) })
+	// A 64 KiB body, most of it one string: what the scanner's
+	// word-at-a-time loop is for.
+	pad := strings.Repeat("x", 64<<10)
+	padded := func(id string) string {
+		return `{"id":"` + id + `","type":"x","data":{"object":{"pad":"` + pad + `"}}}`
+	}
+	b.Run("memory/new-64KiB", func(b *testing.B) { benchServeBody(b, memory, false, padded) })
+	if testing.Short() {
+		return
+	}
 	srv := startRedis(b)
 	withRedis := func(h *Handler) {
 		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"]}`)

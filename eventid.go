@@ -295,7 +295,9 @@ func (s *jsonScanner) str() (raw []byte, escaped, ok bool) {
 	i := start
 	for {
 		// 8 bytes at a time while none of them can end the run, and 32
-		// at a time once the string proves long.
+		// at a time once the string proves long. Kept by measurement:
+		// BenchmarkServeHTTP/memory/new-64KiB takes 107-110 us with it,
+		// 117-124 us byte by byte (1 KiB bodies: no difference).
 		for n := 0; i+8 <= len(b) && stops(binary.LittleEndian.Uint64(b[i:])) == 0; n++ {
 			i += 8
 			if n == 3 {
