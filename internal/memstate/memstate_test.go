@@ -1,33 +1,14 @@
 package memstate
 
 import (
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
 )
 
-// fakeClock is a swappable clock for time-dependent logic.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1733140800, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 func TestSweeper(t *testing.T) {
-	clock := newFakeClock()
+	clock := testclock.New()
 	st := New(clock.Now, time.Hour)
 	defer st.Destruct()
 	st.Claim("a", "t", time.Second)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
 	"github.com/sangho/caddy-sangho-dedup/internal/testhooks"
 )
 
@@ -38,7 +39,7 @@ func openTestFileState(t testing.TB, path string, now func() time.Time) *fileSta
 }
 
 func fileHarness(t *testing.T) dedupstoretest.Harness {
-	clock := newFakeClock()
+	clock := testclock.New()
 	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
 	s := &Store{state: st}
 	// A key's value and time to live: its lease in memory, else its done
@@ -335,7 +336,7 @@ func TestFileStoreRefusesDamagedFiles(t *testing.T) {
 // expire as fast as new ones arrive: it is as large after 8 rounds of
 // 2,000 events as after 3 (without the sweep it would hold all 16,000).
 func TestFileStoreSweepBoundsTheFile(t *testing.T) {
-	clock := newFakeClock()
+	clock := testclock.New()
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	st := openTestFileState(t, path, clock.Now)
 	s := &Store{state: st}
@@ -549,7 +550,7 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 // BenchmarkFileStoreSweepBatch: one sweep transaction of fileSweepBatch
 // expired records, the longest the sweeper holds the writer.
 func BenchmarkFileStoreSweepBatch(b *testing.B) {
-	clock := newFakeClock()
+	clock := testclock.New()
 	st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), clock.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
@@ -964,26 +965,6 @@ func TestUnixNanoSaturates(t *testing.T) {
 	if !unixTime(unixNano(far)).After(now.AddDate(200, 0, 0)) {
 		t.Error("a saturated expiry does not read as the far future")
 	}
-}
-
-// fakeClock is a swappable clock for time-dependent logic.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1733140800, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 var tokens atomic.Uint64

@@ -2,7 +2,6 @@ package memory
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,30 +10,11 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
 	"github.com/sangho/caddy-sangho-dedup/internal/memstate"
+	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
 )
 
-// fakeClock is a swappable clock for time-dependent logic.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1733140800, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 func harness(t *testing.T) dedupstoretest.Harness {
-	clock := newFakeClock()
+	clock := testclock.New()
 	st := memstate.New(clock.Now, time.Hour)
 	t.Cleanup(func() { st.Destruct() })
 	m := &Store{state: st}
