@@ -135,7 +135,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"require_body_id bad":        "sangho_dedup {\nsecret s\nrequire_body_id yes\n}",
 		"require_body_id twice":      "sangho_dedup {\nsecret s\nrequire_body_id on\nrequire_body_id off\n}",
 		"store missing":              "sangho_dedup {\nsecret s\nstore\n}",
-		"store unknown":              "sangho_dedup {\nsecret s\nstore postgres\n}",
+		"store unknown":              "sangho_dedup {\nsecret s\nstore mongodb\n}",
 		"store twice":                "sangho_dedup {\nsecret s\nstore memory\nstore memory\n}",
 		"store memory with options":  "sangho_dedup {\nsecret s\nstore memory {\nsize 1\n}\n}",
 		"store memory with arg":      "sangho_dedup {\nsecret s\nstore memory big\n}",
