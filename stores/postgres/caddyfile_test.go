@@ -33,8 +33,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres extra":                            "wrong argument count",
 		"postgres {\n nope 1\n}":                    `unrecognized subdirective "nope"`,
-		"postgres {\n dsn a\n dsn b\n}":             "dsn given twice",
-		"postgres {\n dsn\n}":                       "dsn takes one value",
+		"postgres {\n dsn a\n dsn b\n}":             "dsn given more than once",
+		"postgres {\n dsn\n}":                       "dsn: needs a value",
 		"postgres {\n table 1abc\n}":                "table:",
 		"postgres {\n table a.b.c\n}":               "table:",
 		"postgres {\n table \"x; DROP TABLE y\"\n}": "table:",
@@ -43,7 +43,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"postgres {\n create_table yes\n}":          "create_table:",
 		"postgres {\n statement_timeout soon\n}":    "statement_timeout:",
 		"postgres {\n cleanup_interval -1s\n}":      "cleanup_interval:",
-		"postgres {\n statement_timeout 1s 2s\n}":   "statement_timeout takes one value",
+		"postgres {\n statement_timeout 1s 2s\n}":   "statement_timeout: takes one value",
 	} {
 		var s Store
 		err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))

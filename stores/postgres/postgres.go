@@ -111,7 +111,9 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 func (s *Store) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	s.users = new(storepool.Users)
-	registerMetrics(ctx)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("postgres store: metrics: %w", err)
+	}
 	o, err := s.resolve()
 	if err != nil {
 		return err
