@@ -1,6 +1,8 @@
 package postgres
 
 import (
+	"strconv"
+
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
@@ -15,6 +17,7 @@ import (
 //		create_table      on|off
 //		statement_timeout <duration>
 //		cleanup_interval  <duration>
+//		local_cache       <entries>|off
 //	}
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
@@ -54,6 +57,13 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			err = cfargs.Duration(d, &s.StatementTimeout)
 		case "cleanup_interval":
 			err = cfargs.Duration(d, &s.CleanupInterval)
+		case "local_cache":
+			var v string
+			if err = cfargs.One(d, &v); err == nil && v != "off" {
+				if s.LocalCache, err = strconv.Atoi(v); err != nil || s.LocalCache < 1 {
+					err = d.Errf("local_cache: must be a number of entries or off, not %q", v)
+				}
+			}
 		default:
 			return d.Errf("postgres store: unrecognized subdirective %q", opt)
 		}
