@@ -42,6 +42,18 @@ func newStatements(table string) statements {
 		// is only read: no lock, no write, so a duplicate costs a read.
 		// Under a race (a row inserted or renewed after the statement's
 		// snapshot) neither part returns a row, and the claim runs again.
+		//
+		// Why two claimants never both get Claimed (read committed): a
+		// claimant gets Claimed only from ins, that is either its INSERT
+		// went in (the primary key admits one) or its DO UPDATE took the
+		// row, which it does only holding the row lock and re-checking
+		// WHERE on the row's latest committed version (EvalPlanQual), so
+		// after one takeover commits the next claimant sees a live lease
+		// and updates nothing. An empty answer is never a duplicate: it
+		// is retried, and after maxClaimTries it is a store error. The
+		// simpler "ON CONFLICT DO UPDATE always, RETURNING the row" would
+		// need no retry but writes (and, with synchronous_commit, flushes
+		// WAL) on every duplicate.
 		claim: r.Replace(`WITH cur AS (
   SELECT {cols} FROM {t} WHERE event_id = $1 AND expires_at > now()
 ), ins AS (
