@@ -4,10 +4,11 @@
 //	go build -o bench/out/caddy ./cmd/caddy
 //	go run ./cmd/sangho-bench --caddy bench/out/caddy --out bench/RESULTS.md
 //
-// (`make bench` does both.) It starts redis-server, a minimal Go backend
-// and one Caddy with five sites (plain reverse_proxy, Caddy's own respond
-// answering what the backend answers, sangho_dedup on the memory store,
-// on the default file store, on Redis), all on 127.0.0.1, then runs every
+// (`make bench` does both.) It starts redis-server, a PostgreSQL (initdb
+// and pg_ctl in a temporary directory), a minimal Go backend and one Caddy
+// with six sites (plain reverse_proxy, Caddy's own respond answering what
+// the backend answers, sangho_dedup on the memory store, on the default
+// file store, on Redis, on PostgreSQL), all on 127.0.0.1, then runs every
 // scenario in interleaved rounds and prints a Markdown report, with the
 // disk's fsync latency and the file store's size over 300,000 events.
 package main
@@ -43,8 +44,9 @@ func main() {
 	conc := flag.Int("concurrency", 32, "connections for the throughput runs")
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
 	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"disable_pipeline\"")
+	pgOpts := flag.String("postgres-options", "", "extra lines for the PostgreSQL store block, e.g. \"max_conns 16\"")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
-	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,memory,file,redis; the baselines reverse_proxy and respond always run); default all")
+	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,memory,file,redis,postgres; the baselines reverse_proxy and respond always run); default all")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
@@ -74,7 +76,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 		os.Exit(2)
 	}
-	if err := run(*caddyBin, *out, wrk, *dur, *rounds, *conc, *rate, *only, *redisOpts, *latencyOnly, *growth); err != nil {
+	if err := run(*caddyBin, *out, wrk, *dur, *rounds, *conc, *rate, *only, *redisOpts, *pgOpts, *latencyOnly, *growth); err != nil {
 		fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 		os.Exit(1)
 	}
@@ -190,7 +192,7 @@ func redisCalls(c *redis.Client) (int64, map[string]int64) {
 }
 
 type scenario struct {
-	target   string // direct, respond, reverse_proxy, memory, file, redis
+	target   string // direct, respond, reverse_proxy, memory, file, redis, postgres
 	url      string
 	dup      float64
 	body     int
@@ -198,13 +200,13 @@ type scenario struct {
 	latency  bool
 	results  []load.Result
 	caddyCPU []float64 // µs per request
-	redisCPU []float64
+	redisCPU []float64 // the store's server: redis-server, or PostgreSQL's processes
 	cmds     []float64 // Redis commands per request
 }
 
 func (s *scenario) name() string {
 	d := "-"
-	if s.target == "memory" || s.target == "file" || s.target == "redis" {
+	if isDeduped(s.target) {
 		d = fmt.Sprintf("%.0f%%", s.dup*100)
 	}
 	mode := "c32"
@@ -214,6 +216,11 @@ func (s *scenario) name() string {
 	return fmt.Sprintf("%-13s dup %-4s body %-5s %s", s.target, d, sizeName(s.body), mode)
 }
 
+// isDeduped tells the sangho_dedup targets from the baselines.
+func isDeduped(target string) bool {
+	return target == "memory" || target == "file" || target == "redis" || target == "postgres"
+}
+
 func sizeName(n int) string {
 	if n >= 1024 {
 		return strconv.Itoa(n/1024) + "KiB"
@@ -221,7 +228,7 @@ func sizeName(n int) string {
 	return strconv.Itoa(n) + "B"
 }
 
-func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts string, latencyOnly bool, growthEvents int) error {
+func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts, pgOpts string, latencyOnly bool, growthEvents int) error {
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
 	}
@@ -254,7 +261,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	}
 
 	redisPort, backendPort := freePort(), freePort()
-	ports := [5]int{freePort(), freePort(), freePort(), freePort(), freePort()}
+	ports := [6]int{freePort(), freePort(), freePort(), freePort(), freePort(), freePort()}
 	rs, err := start(redisBin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp)
 	if err != nil {
 		return err
@@ -264,7 +271,22 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		return err
 	}
 	backend := "127.0.0.1:" + strconv.Itoa(backendPort)
-	caddyfile := benchCaddyfile(ports, backend, redisPort, redisOpts, filepath.Join(tmp, "dedup.db"))
+	var pg *pgServer
+	pgDSN := ""
+	if only == "" || slices.Contains(strings.Split(only, ","), "postgres") {
+		if pg, err = startPostgres(tmp); err != nil {
+			return err
+		}
+		defer pg.stop()
+		pgDSN = pg.dsn()
+	}
+	pgTicks := func() float64 {
+		if pg == nil {
+			return 0
+		}
+		return pg.cpuTicks()
+	}
+	caddyfile := benchCaddyfile(ports, backend, redisPort, redisOpts, filepath.Join(tmp, "dedup.db"), pgDSN, pgOpts)
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -274,8 +296,11 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		return err
 	}
 	addrs := []string{backend, "127.0.0.1:" + strconv.Itoa(redisPort)}
-	for _, p := range ports {
+	for _, p := range ports[:5] {
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(p))
+	}
+	if pg != nil {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[5]))
 	}
 	for _, a := range addrs {
 		if err := waitPort(a); err != nil {
@@ -293,9 +318,13 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		"redis":         fmt.Sprintf("http://127.0.0.1:%d/", ports[2]),
 		"file":          fmt.Sprintf("http://127.0.0.1:%d/", ports[3]),
 		"respond":       fmt.Sprintf("http://127.0.0.1:%d/", ports[4]),
+		"postgres":      fmt.Sprintf("http://127.0.0.1:%d/", ports[5]),
 	}
 	targets := []string{"direct", "respond", "reverse_proxy", "memory", "file", "redis"}
-	deduped := func(t string) bool { return t == "memory" || t == "file" || t == "redis" }
+	if pg != nil {
+		targets = append(targets, "postgres")
+	}
+	deduped := isDeduped
 	var all []*scenario
 	for _, body := range []int{1024, 64 * 1024} {
 		for _, t := range targets {
@@ -331,7 +360,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 			if s.dup > 0 {
 				cfg.Warmup = 32
 			}
-			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)
+			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
 			k0, _ := redisCalls(rc)
 			var res load.Result
 			if wrk != "" && !s.latency {
@@ -342,14 +371,14 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name(), err)
 			}
-			c1, r1 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)
+			c1, r1 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
 			k1, _ := redisCalls(rc)
 			n := float64(res.Requests + cfg.Warmup)
 			s.results = append(s.results, res)
 			s.caddyCPU = append(s.caddyCPU, (c1-c0)*10000/n) // ticks are 10 ms: µs per request
 			s.redisCPU = append(s.redisCPU, (r1-r0)*10000/n)
 			s.cmds = append(s.cmds, float64(k1-k0)/n)
-			fmt.Fprintf(os.Stderr, "round %d  %s  %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  Caddy %6.1f µs/req  redis %5.1f µs/req  %v\n", r+1, s.name(), res.Throughput, res.P50, res.P99,
+			fmt.Fprintf(os.Stderr, "round %d  %s  %8.0f req/s  p50 %6.2f ms  p99 %6.2f ms  Caddy %6.1f µs/req  store server %5.1f µs/req  %v\n", r+1, s.name(), res.Throughput, res.P50, res.P99,
 				s.caddyCPU[len(s.caddyCPU)-1], s.redisCPU[len(s.redisCPU)-1], res.ByStatus)
 		}
 	}
@@ -410,7 +439,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 	commit, _ := exec.Command("git", "rev-parse", "--short", "HEAD").Output()
 	fmt.Fprintf(&b, "# Benchmark results\n\n")
 	fmt.Fprintf(&b, "- date: %s; commit: %s; machine: %s, %d CPUs (%s), %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(string(commit)), host, runtime.NumCPU(), cpu, runtime.Version())
-	fmt.Fprintf(&b, "- every process (load generator, Caddy, redis-server, backend) shares these CPUs; loopback only\n")
+	fmt.Fprintf(&b, "- every process (load generator, Caddy, redis-server, PostgreSQL, backend) shares these CPUs; loopback only; PostgreSQL with fsync and synchronous_commit on\n")
 	if wrk != "" {
 		v, _ := exec.Command(wrk, "--version").CombinedOutput()
 		fmt.Fprintf(&b, "- load generator of the throughput runs: wrk (%s), 1 thread, events signed beforehand, each new event sent once; the fixed-rate latency runs: the Go generator (wrk has no fixed rate)\n", strings.TrimSpace(strings.SplitN(string(v), "\n", 2)[0]))
@@ -434,7 +463,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		}
 	}
 	fmt.Fprintf(&b, "## Throughput at concurrency %d\n\n", conc)
-	fmt.Fprintf(&b, "| scenario | req/s | × reverse_proxy | p50 ms | p99 ms | Caddy CPU µs/req | Δ vs reverse_proxy, µs | redis CPU µs/req | Redis cmds/req | answers |\n|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| scenario | req/s | × reverse_proxy | p50 ms | p99 ms | Caddy CPU µs/req | Δ vs reverse_proxy, µs | store server CPU µs/req | Redis cmds/req | answers |\n|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, s := range all {
 		if s.latency {
 			continue
@@ -537,7 +566,7 @@ func sortedKeys(m map[string]int) []string {
 // per target (plain reverse_proxy, sangho_dedup on each store, respond),
 // each endpoint named after its store (one config may not give one name
 // to two stores).
-func benchCaddyfile(ports [5]int, backend string, redisPort int, redisOpts, filePath string) string {
+func benchCaddyfile(ports [6]int, backend string, redisPort int, redisOpts, filePath, pgDSN, pgOpts string) string {
 	site := func(port int, body string) string {
 		return fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1\n%s\n}\n", port, body)
 	}
@@ -545,10 +574,15 @@ func benchCaddyfile(ports [5]int, backend string, redisPort int, redisOpts, file
 		return site(port, fmt.Sprintf("\tsangho_dedup {\n\t\tsecret %s\n\t\tmax_body_size 2MiB\n\t\t%s\n\t\tname %s\n\t}\n\treverse_proxy %s",
 			secret, store, name, backend))
 	}
+	pgSite := ""
+	if pgDSN != "" {
+		pgSite = dedup(ports[5], "postgres", fmt.Sprintf("store postgres {\n\t\t\tdsn %q\n\t\t\t%s\n\t\t}", pgDSN, pgOpts))
+	}
 	return "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n" +
 		site(ports[0], "\treverse_proxy "+backend) +
 		dedup(ports[1], "memory", "store memory") +
 		dedup(ports[2], "redis", fmt.Sprintf("store redis {\n\t\t\taddress 127.0.0.1:%d\n\t\t\t%s\n\t\t}", redisPort, redisOpts)) +
 		dedup(ports[3], "file", "store file "+filePath) +
-		site(ports[4], "\theader Content-Type application/json\n\trespond \"{\\\"received\\\":true}\" 200")
+		site(ports[4], "\theader Content-Type application/json\n\trespond \"{\\\"received\\\":true}\" 200") +
+		pgSite
 }

@@ -3,8 +3,9 @@ package postgres
 import (
 	"strconv"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 )
 
 // UnmarshalCaddyfile sets up the store from Caddyfile tokens:
@@ -16,6 +17,7 @@ import (
 //		create_table      on|off
 //		statement_timeout <duration>
 //		cleanup_interval  <duration>
+//		local_cache       <entries>|off
 //	}
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
@@ -25,51 +27,48 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		opt := d.Val()
-		if seen[opt] {
-			return d.Errf("postgres: %s given twice", opt)
+		if err := cfargs.Once(d, seen, "postgres store", ""); err != nil {
+			return err
 		}
-		seen[opt] = true
-		var val string
-		if !d.AllArgs(&val) {
-			return d.Errf("postgres: %s takes one value", opt)
-		}
+		var err error
 		switch opt {
 		case "dsn":
-			s.DSN = val
+			err = cfargs.One(d, &s.DSN)
 		case "table":
-			if _, _, err := parseTable(val); err != nil {
-				return d.Errf("postgres: %v", err)
+			if err = cfargs.One(d, &s.Table); err == nil {
+				if _, _, perr := parseTable(s.Table); perr != nil {
+					err = d.Errf("postgres store: %v", perr)
+				}
 			}
-			s.Table = val
 		case "max_conns":
-			n, err := strconv.Atoi(val)
-			if err != nil || n < 1 {
-				return d.Errf("postgres: max_conns: %q is not a positive number", val)
+			if err = cfargs.Int(d, &s.MaxConns); err == nil && s.MaxConns < 1 {
+				err = d.Errf("max_conns: %d is not a positive number", s.MaxConns)
 			}
-			s.MaxConns = n
 		case "create_table":
-			switch val {
-			case "on":
-				on := true
+			var v string
+			if err = cfargs.One(d, &v); err == nil {
+				if v != "on" && v != "off" {
+					err = d.Errf("create_table: %q is neither on nor off", v)
+				}
+				on := v == "on"
 				s.CreateTable = &on
-			case "off":
-				off := false
-				s.CreateTable = &off
-			default:
-				return d.Errf("postgres: create_table: %q is neither on nor off", val)
 			}
-		case "statement_timeout", "cleanup_interval":
-			dur, err := caddy.ParseDuration(val)
-			if err != nil || dur <= 0 {
-				return d.Errf("postgres: %s: %q is not a positive duration", opt, val)
-			}
-			if opt == "statement_timeout" {
-				s.StatementTimeout = caddy.Duration(dur)
-			} else {
-				s.CleanupInterval = caddy.Duration(dur)
+		case "statement_timeout":
+			err = cfargs.Duration(d, &s.StatementTimeout)
+		case "cleanup_interval":
+			err = cfargs.Duration(d, &s.CleanupInterval)
+		case "local_cache":
+			var v string
+			if err = cfargs.One(d, &v); err == nil && v != "off" {
+				if s.LocalCache, err = strconv.Atoi(v); err != nil || s.LocalCache < 1 {
+					err = d.Errf("local_cache: must be a number of entries or off, not %q", v)
+				}
 			}
 		default:
-			return d.Errf("postgres: unrecognized subdirective %q", opt)
+			return d.Errf("postgres store: unrecognized subdirective %q", opt)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	return nil

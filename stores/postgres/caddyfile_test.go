@@ -17,13 +17,14 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 		create_table off
 		statement_timeout 2s
 		cleanup_interval 30s
+		local_cache 5000
 	}`)
 	var s Store
 	if err := s.UnmarshalCaddyfile(d); err != nil {
 		t.Fatal(err)
 	}
 	if s.DSN != "postgres://caddy:{env.PGPASSWORD}@db:5432/app?sslmode=verify-full" || s.Table != "app.events" || s.MaxConns != 20 ||
-		s.CreateTable == nil || *s.CreateTable || s.StatementTimeout != caddy.Duration(2*time.Second) || s.CleanupInterval != caddy.Duration(30*time.Second) {
+		s.CreateTable == nil || *s.CreateTable || s.StatementTimeout != caddy.Duration(2*time.Second) || s.CleanupInterval != caddy.Duration(30*time.Second) || s.LocalCache != 5000 {
 		t.Fatalf("parsed %+v", s)
 	}
 }
@@ -33,8 +34,8 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres extra":                            "wrong argument count",
 		"postgres {\n nope 1\n}":                    `unrecognized subdirective "nope"`,
-		"postgres {\n dsn a\n dsn b\n}":             "dsn given twice",
-		"postgres {\n dsn\n}":                       "dsn takes one value",
+		"postgres {\n dsn a\n dsn b\n}":             "dsn given more than once",
+		"postgres {\n dsn\n}":                       "dsn: needs a value",
 		"postgres {\n table 1abc\n}":                "table:",
 		"postgres {\n table a.b.c\n}":               "table:",
 		"postgres {\n table \"x; DROP TABLE y\"\n}": "table:",
@@ -43,7 +44,9 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"postgres {\n create_table yes\n}":          "create_table:",
 		"postgres {\n statement_timeout soon\n}":    "statement_timeout:",
 		"postgres {\n cleanup_interval -1s\n}":      "cleanup_interval:",
-		"postgres {\n statement_timeout 1s 2s\n}":   "statement_timeout takes one value",
+		"postgres {\n statement_timeout 1s 2s\n}":   "statement_timeout: takes one value",
+		"postgres {\n local_cache lots\n}":          "local_cache:",
+		"postgres {\n local_cache 0\n}":             "local_cache:",
 	} {
 		var s Store
 		err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
@@ -61,6 +64,7 @@ func TestResolveErrors(t *testing.T) {
 	}{
 		{Store{Table: "bad-name"}, "table:"},
 		{Store{MaxConns: -1}, "max_conns:"},
+		{Store{LocalCache: -1}, "local_cache:"},
 		{Store{StatementTimeout: caddy.Duration(time.Microsecond)}, "statement_timeout:"},
 		{Store{CleanupInterval: caddy.Duration(time.Millisecond)}, "cleanup_interval:"},
 		{Store{DSN: "postgres://h/db?sslmode=bogus"}, "dsn:"},

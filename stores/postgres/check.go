@@ -9,11 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/promreg"
 )
 
 // checkRetryEvery is how long a failed table check is remembered before
@@ -38,17 +39,9 @@ func init() {
 	}
 }
 
-func registerMetrics(ctx caddy.Context) {
-	reg := ctx.GetMetricsRegistry()
-	if reg == nil {
-		return
-	}
-	if err := reg.Register(problems); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			ctx.Logger().Warn("metric not registered", zap.Error(err))
-		}
-	}
+// registerMetrics adds the store's collectors to a config's registry.
+func registerMetrics(reg prometheus.Registerer) error {
+	return promreg.Register(reg, problems)
 }
 
 // tableCheck makes sure, once per shared pool, that the table exists

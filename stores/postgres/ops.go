@@ -17,6 +17,7 @@ import (
 // instances with skewed clocks agree.
 type statements struct {
 	claim, renew, commit, release, get, forget string
+	channel                                    string // of forget notifications
 	ddl                                        []string
 	sweep                                      string
 }
@@ -41,6 +42,18 @@ func newStatements(table string) statements {
 		// is only read: no lock, no write, so a duplicate costs a read.
 		// Under a race (a row inserted or renewed after the statement's
 		// snapshot) neither part returns a row, and the claim runs again.
+		//
+		// Why two claimants never both get Claimed (read committed): a
+		// claimant gets Claimed only from ins, that is either its INSERT
+		// went in (the primary key admits one) or its DO UPDATE took the
+		// row, which it does only holding the row lock and re-checking
+		// WHERE on the row's latest committed version (EvalPlanQual), so
+		// after one takeover commits the next claimant sees a live lease
+		// and updates nothing. An empty answer is never a duplicate: it
+		// is retried, and after maxClaimTries it is a store error. The
+		// simpler "ON CONFLICT DO UPDATE always, RETURNING the row" would
+		// need no retry but writes (and, with synchronous_commit, flushes
+		// WAL) on every duplicate.
 		claim: r.Replace(`WITH cur AS (
   SELECT {cols} FROM {t} WHERE event_id = $1 AND expires_at > now()
 ), ins AS (
@@ -70,6 +83,7 @@ WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
         expires_at = excluded.expires_at
 )
 SELECT coalesce((SELECT held FROM prev), false)`),
+		channel: forgetChannel(table),
 		release: r.Replace(`DELETE FROM {t} WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
 		get:     r.Replace(`SELECT {cols} FROM {t} WHERE event_id = $1 AND expires_at > now()`),
 		forget: r.Replace(`WITH d AS (
@@ -161,6 +175,15 @@ const maxClaimTries = 5
 func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	var res dedup.ClaimResult
 	var found string
+	var ck string
+	var gen uint64
+	if c := s.db.cache; c != nil {
+		ck = cacheKey(key)
+		if val, ok := c.get(ck); ok {
+			return dedup.AlreadyDone, val, nil
+		}
+		gen = c.generation()
+	}
 	err := s.op(ctx, func(ctx context.Context) error {
 		for range maxClaimTries {
 			var claimed bool
@@ -178,8 +201,11 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 				return nil
 			}
 			found = r.value()
-			if res = dedup.Classify(found, token); res == dedup.Claimed {
+			switch res = dedup.Classify(found, token); {
+			case res == dedup.Claimed:
 				found = ""
+			case res == dedup.AlreadyDone && s.db.cache != nil && r.expiresAt != nil:
+				s.db.cache.put(ck, found, *r.expiresAt, gen)
 			}
 			return nil
 		}
@@ -242,15 +268,29 @@ func (s *Store) Forget(ctx context.Context, key string, force bool) (dedup.Entry
 	var e dedup.Entry
 	var deleted bool
 	err := s.op(ctx, func(ctx context.Context) error {
-		var r row
-		err := s.db.pool.QueryRow(ctx, s.db.sql.forget, key, force).Scan(append([]any{&deleted}, r.dest()...)...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		if err == nil {
+		// The notification leaves when the delete commits: every
+		// instance's local_cache drops the record.
+		return pgx.BeginFunc(ctx, s.db.pool, func(tx pgx.Tx) error {
+			var r row
+			err := tx.QueryRow(ctx, s.db.sql.forget, key, force).Scan(append([]any{&deleted}, r.dest()...)...)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
 			e = r.entry()
-		}
-		return err
+			if deleted {
+				_, err = tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.db.sql.channel, cacheKey(key))
+			}
+			return err
+		})
 	})
+	if err != nil {
+		return dedup.Entry{}, false, err
+	}
+	if deleted && s.db.cache != nil {
+		s.db.cache.invalidate(cacheKey(key)) // here at once, without waiting for our own notification
+	}
 	return e, deleted, err
 }

@@ -91,6 +91,18 @@ type Store struct {
 	// CleanupInterval is how often expired rows are deleted. Default: 1m.
 	CleanupInterval caddy.Duration `json:"cleanup_interval,omitempty"`
 
+	// LocalCache keeps up to this many done records in Caddy's memory,
+	// so that a redelivery of a processed event is answered without a
+	// statement. A forget through any instance on the table (caddy
+	// sangho-dedup forget, the admin API) notifies every other one
+	// (pg_notify on a channel of the table; each instance LISTENs on
+	// its own connection, and the cache is emptied and not served while
+	// that connection is down or silent for 3s). It cannot see rows
+	// deleted or changed by other means (SQL by hand, a restored
+	// backup): after one, run SELECT pg_notify(channel, '*') as
+	// docs/postgres.md shows, or restart Caddy. Default: off.
+	LocalCache int `json:"local_cache,omitempty"`
+
 	db      *sharedDB
 	poolKey string
 	state   string
@@ -111,7 +123,9 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 func (s *Store) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	s.users = new(storepool.Users)
-	registerMetrics(ctx)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("postgres store: metrics: %w", err)
+	}
 	o, err := s.resolve()
 	if err != nil {
 		return err
@@ -155,6 +169,7 @@ type options struct {
 	create   bool
 	timeout  time.Duration
 	cleanup  time.Duration
+	cache    int // local_cache entries, 0: off
 	norm     map[string]any
 }
 
@@ -192,6 +207,10 @@ func (s *Store) resolve() (*options, error) {
 	if o.schema, o.table, err = parseTable(table); err != nil {
 		return fail(err)
 	}
+	if s.LocalCache < 0 {
+		return fail(fmt.Errorf("local_cache: %d is negative (0: off)", s.LocalCache))
+	}
+	o.cache = s.LocalCache
 	if s.MaxConns < 0 || s.MaxConns > 10000 {
 		return fail(fmt.Errorf("max_conns: %d is out of range (1 to 10000)", s.MaxConns))
 	}
@@ -240,7 +259,7 @@ func (s *Store) resolve() (*options, error) {
 
 	o.norm = map[string]any{
 		"dsn": dsn, "max_conns": cfg.MaxConns, "create": o.create,
-		"timeout": o.timeout, "cleanup": o.cleanup, "table": o.qualified(),
+		"timeout": o.timeout, "cleanup": o.cleanup, "table": o.qualified(), "cache": o.cache,
 	}
 	return o, nil
 }
@@ -372,6 +391,8 @@ type sharedDB struct {
 	opts  *options
 	sql   statements
 	check *tableCheck
+	cache *doneCache // nil when local_cache is off
+	lis   *listener
 	stop  chan struct{}
 	done  chan struct{}
 }
@@ -384,6 +405,10 @@ func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {
 	db := &sharedDB{pool: pool, opts: o, sql: newStatements(o.qualified()),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	db.check = newTableCheck(db)
+	if o.cache > 0 {
+		db.cache = newDoneCache(o.cache)
+		db.lis = newListener(db, db.cache, logger)
+	}
 	go db.sweeper(logger)
 	return db, nil
 }
@@ -392,6 +417,9 @@ func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {
 func (db *sharedDB) Destruct() error {
 	close(db.stop)
 	<-db.done
+	if db.lis != nil {
+		db.lis.close()
+	}
 	db.pool.Close()
 	return nil
 }

@@ -26,7 +26,7 @@ var tableSeq atomic.Int64
 func uniqueTable() string { return fmt.Sprintf("events_%d", tableSeq.Add(1)) }
 
 // provision provisions a store from its JSON, with logs observed.
-func provision(t *testing.T, raw string) (*Store, *observer.ObservedLogs) {
+func provision(t testing.TB, raw string) (*Store, *observer.ObservedLogs) {
 	t.Helper()
 	s := new(Store)
 	if err := json.Unmarshal([]byte(raw), s); err != nil {
