@@ -515,13 +515,24 @@ func openBolt(path string, now func() time.Time, sweepEvery time.Duration, logge
 			st, err = nil, fileDamaged(path, p)
 		}
 	}()
+	// First, read-only: every page of the store's buckets is read here,
+	// where a damaged one's panic is caught, and the index is built.
+	// Only then the file is opened for writing with NoFreelistSync,
+	// whose open rebuilds the freelist by a check of every page, partly
+	// in a goroutine of bbolt's where a panic could not be caught.
+	idx, txid, err := preread(path)
+	if err != nil {
+		return nil, err
+	}
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:      time.Nanosecond, // try the lock once: never hang
 		FreelistType: bolt.FreelistMapType,
-		// The freelist is written with every commit (bbolt's default)
-		// rather than rebuilt at open by a scan of the whole file, in a
-		// goroutine of bbolt's where a damaged page's panic cannot be
-		// caught.
+		// The freelist is not written with every commit (with many free
+		// pages, writing it is most of a commit's pages and CPU): bbolt
+		// rebuilds it at open. A file written with it synced (versions
+		// before the index) opens as it is, and so does one written
+		// without it by an older version.
+		NoFreelistSync: fileNoFreelistSync,
 	})
 	if err != nil {
 		return nil, fileOpenError(path, err)
@@ -531,8 +542,14 @@ func openBolt(path string, now func() time.Time, sweepEvery time.Duration, logge
 		return nil, err
 	}
 	st = &fileState{path: path, db: db, now: now, logger: logger, leases: memstate.New(now, sweepEvery),
-		ops: make(chan *fileOp), stop: make(chan struct{}), idx: newDoneIndex()}
-	if err := st.loadIndex(); err != nil {
+		ops: make(chan *fileOp), stop: make(chan struct{}), idx: idx}
+	if err := db.View(func(tx *bolt.Tx) error {
+		if tx.ID() != txid { // written between the two opens (by another process): read again
+			st.idx = newDoneIndex()
+			return loadIndex(tx, st.idx)
+		}
+		return nil
+	}); err != nil {
 		st.leases.Destruct()
 		db.Close()
 		return nil, fmt.Errorf("file store: reading the records of %s: %v", path, err)
@@ -687,21 +704,52 @@ func checkFileDB(db *bolt.DB, path string) error {
 	})
 }
 
-// loadIndex reads the key and expiry of every done record in the file
-// into the index (the expired ones too: the sweep deletes them from both).
-// A damaged page panics here, in openBolt's recover: the file is refused
-// at open.
-func (st *fileState) loadIndex() error {
-	return st.db.View(func(tx *bolt.Tx) error {
-		ix := st.idx
-		c := tx.Bucket(bucketEvents).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(v) >= 8 {
-				ix.add(maphash.Bytes(ix.seed, k), binary.BigEndian.Uint64(v))
+// fileNoFreelistSync: see openBolt (a variable for the benchmarks that
+// compare both).
+var fileNoFreelistSync = true
+
+// preread opens the file read-only, checks that it is a store's, reads
+// every page of its buckets (a damaged one panics here, in openBolt's
+// recover: the file is refused at open) and returns the index of its
+// done records and the ID of the transaction read.
+func preread(path string) (idx *doneIndex, txid int, err error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Nanosecond})
+	if err != nil {
+		return nil, 0, fileOpenError(path, err)
+	}
+	defer db.Close() // also when a damaged page panics
+	if err := checkFileDB(db, path); err != nil {
+		return nil, 0, err
+	}
+	idx = newDoneIndex()
+	err = db.View(func(tx *bolt.Tx) error {
+		txid = tx.ID()
+		if err := loadIndex(tx, idx); err != nil {
+			return err
+		}
+		for _, b := range [][]byte{bucketExpiry, bucketLeases} {
+			c := tx.Bucket(b).Cursor()
+			for k, _ := c.First(); k != nil; k, _ = c.Next() {
 			}
 		}
 		return nil
 	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("file store: reading the records of %s: %v", path, err)
+	}
+	return idx, txid, nil
+}
+
+// loadIndex reads the key and expiry of every done record in the file
+// into idx (the expired ones too: the sweep deletes them from both).
+func loadIndex(tx *bolt.Tx, idx *doneIndex) error {
+	c := tx.Bucket(bucketEvents).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(v) >= 8 {
+			idx.add(maphash.Bytes(idx.seed, k), binary.BigEndian.Uint64(v))
+		}
+	}
+	return nil
 }
 
 // lookup returns the live done record of key: none if the index has no
