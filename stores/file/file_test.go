@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -592,6 +593,58 @@ func BenchmarkFileStoreNewEventFullFile(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(st.writes.Load()-writes0)/float64(st.txns.Load()-txns0), "commits/txn")
+}
+
+// BenchmarkFileStoreOpen: the start-up with 1,000,000 done records (the
+// read-only pass that builds the index, then bbolt's open, which
+// rebuilds the freelist), the memory the index takes and the file's size.
+//
+//	flock /tmp/bench.lock go test -run '^$' -bench FileStoreOpen -benchtime 1x ./stores/file
+func BenchmarkFileStoreOpen(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "dedup.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
+	const records = 1000000
+	for i := 0; i < records; i += 10000 {
+		if err := st.write(func(tx *fileTx) error {
+			for j := i; j < i+10000; j++ {
+				if err := tx.put(benchKey(uint64(j)), val, 72*time.Hour); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := st.Destruct(); err != nil {
+		b.Fatal(err)
+	}
+	fi, _ := os.Stat(path)
+	var heap0, heap1 runtime.MemStats
+	for b.Loop() {
+		runtime.GC()
+		runtime.ReadMemStats(&heap0)
+		st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&heap1)
+		if n := st.idx.len(); n != records {
+			b.Fatalf("index of %d records, want %d", n, records)
+		}
+		if err := st.Destruct(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(heap1.HeapAlloc-heap0.HeapAlloc)/records, "index-B/record")
+	b.ReportMetric(float64(fi.Size())/(1<<20), "file-MiB")
 }
 
 // BenchmarkFileStoreDuplicate: a claim that finds a done record (a read
