@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"hash/maphash"
 	"io/fs"
 	"math"
 	"os"
@@ -270,15 +271,17 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	if err != nil {
 		return 0, "", err
 	}
-	if val, done, err := st.read(key); err != nil || done {
+	// The index says which keys may have a done record: a new event's
+	// claim opens no transaction; a duplicate reads its record.
+	if val, done, err := st.lookup(key); err != nil || done {
 		return dedup.AlreadyDone, val, err
 	}
 	if res, val := st.leases.Claim(key, token, ttl); res != dedup.Claimed {
 		return res, val, nil
 	}
-	// A commit writes its record before it drops its lease: if one did
-	// both since the read above, the record is there now.
-	if val, done, err := st.read(key); err != nil || done {
+	// A commit puts its record in the file and the index before it drops
+	// its lease: if one did both since the lookup above, it is there now.
+	if val, done, err := st.lookup(key); err != nil || done {
 		st.leases.Release(key, token)
 		if err != nil {
 			return 0, "", err
@@ -312,9 +315,9 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	st.leases.Renew(key, token, dedup.DrainFor)
 	var again, released bool
 	err = st.writeThen(func(tx *fileTx) error {
-		old, live := tx.get(key)
-		again = live && old == enc // a retried commit whose first attempt landed
-		return tx.put(key, enc, retention)
+		var err error
+		again, err = tx.replace(key, enc, retention) // a retried commit whose first attempt landed
+		return err
 	}, func() {
 		// Dropped by the writer as soon as the record is on disk, in
 		// order with the other writes, even if this caller gave up
@@ -346,6 +349,9 @@ func (s *Store) Get(_ context.Context, key string) (dedup.Entry, error) {
 		return e, nil
 	}
 	var e dedup.Entry
+	if !st.idx.mayBeDone(key, unixNano(st.now())) {
+		return e, nil
+	}
 	err = st.view(func(tx *bolt.Tx) error {
 		e = (&fileTx{events: tx.Bucket(bucketEvents), now: st.now()}).entry(key)
 		return nil
@@ -382,6 +388,7 @@ func (s *Store) Forget(_ context.Context, key string, force bool) (dedup.Entry, 
 		if err := tx.unindex(key); err != nil {
 			return err
 		}
+		tx.ch.forgot = append(tx.ch.forgot, st.idx.hash(key))
 		return tx.events.Delete([]byte(key))
 	}, func() {
 		if force {
@@ -431,8 +438,10 @@ const (
 	// fileSweepBatch bounds the entries one sweep transaction deletes,
 	// so that a sweep holds the writer for a few milliseconds at most.
 	fileSweepBatch = 500
-	// fileMaxBatch bounds the operations grouped in one transaction.
-	fileMaxBatch = 1024
+	// fileMaxBatch bounds the operations grouped in one transaction: one
+	// transaction takes every write waiting (at most one per delivery in
+	// flight), up to this many.
+	fileMaxBatch = 8192
 )
 
 var errFileLocked = errors.New("in use by another process")
@@ -456,6 +465,7 @@ type fileState struct {
 	now    func() time.Time
 	logger *zap.Logger
 	leases *memstate.State
+	idx    *doneIndex // the keys of the done records in the file
 
 	ops  chan *fileOp
 	stop chan struct{}
@@ -505,13 +515,24 @@ func openBolt(path string, now func() time.Time, sweepEvery time.Duration, logge
 			st, err = nil, fileDamaged(path, p)
 		}
 	}()
+	// First, read-only: every page of the store's buckets is read here,
+	// where a damaged one's panic is caught, and the index is built.
+	// Only then the file is opened for writing with NoFreelistSync,
+	// whose open rebuilds the freelist by a check of every page, partly
+	// in a goroutine of bbolt's where a panic could not be caught.
+	idx, txid, err := preread(path)
+	if err != nil {
+		return nil, err
+	}
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:      time.Nanosecond, // try the lock once: never hang
 		FreelistType: bolt.FreelistMapType,
-		// The freelist is written with every commit (bbolt's default)
-		// rather than rebuilt at open by a scan of the whole file, in a
-		// goroutine of bbolt's where a damaged page's panic cannot be
-		// caught.
+		// The freelist is not written with every commit (with many free
+		// pages, writing it is most of a commit's pages and CPU): bbolt
+		// rebuilds it at open. A file written with it synced (versions
+		// before the index) opens as it is, and so does one written
+		// without it by an older version.
+		NoFreelistSync: fileNoFreelistSync,
 	})
 	if err != nil {
 		return nil, fileOpenError(path, err)
@@ -521,7 +542,18 @@ func openBolt(path string, now func() time.Time, sweepEvery time.Duration, logge
 		return nil, err
 	}
 	st = &fileState{path: path, db: db, now: now, logger: logger, leases: memstate.New(now, sweepEvery),
-		ops: make(chan *fileOp), stop: make(chan struct{})}
+		ops: make(chan *fileOp), stop: make(chan struct{}), idx: idx}
+	if err := db.View(func(tx *bolt.Tx) error {
+		if tx.ID() != txid { // written between the two opens (by another process): read again
+			st.idx = newDoneIndex()
+			return loadIndex(tx, st.idx)
+		}
+		return nil
+	}); err != nil {
+		st.leases.Destruct()
+		db.Close()
+		return nil, fmt.Errorf("file store: reading the records of %s: %v", path, err)
+	}
 	if err := st.unparkLeases(); err != nil {
 		st.leases.Destruct()
 		db.Close()
@@ -672,6 +704,63 @@ func checkFileDB(db *bolt.DB, path string) error {
 	})
 }
 
+// fileNoFreelistSync: see openBolt (a variable for the benchmarks that
+// compare both).
+var fileNoFreelistSync = true
+
+// preread opens the file read-only, checks that it is a store's, reads
+// every page of its buckets (a damaged one panics here, in openBolt's
+// recover: the file is refused at open) and returns the index of its
+// done records and the ID of the transaction read.
+func preread(path string) (idx *doneIndex, txid int, err error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Nanosecond})
+	if err != nil {
+		return nil, 0, fileOpenError(path, err)
+	}
+	defer db.Close() // also when a damaged page panics
+	if err := checkFileDB(db, path); err != nil {
+		return nil, 0, err
+	}
+	idx = newDoneIndex()
+	err = db.View(func(tx *bolt.Tx) error {
+		txid = tx.ID()
+		if err := loadIndex(tx, idx); err != nil {
+			return err
+		}
+		for _, b := range [][]byte{bucketExpiry, bucketLeases} {
+			c := tx.Bucket(b).Cursor()
+			for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, 0, fmt.Errorf("file store: reading the records of %s: %v", path, err)
+	}
+	return idx, txid, nil
+}
+
+// loadIndex reads the key and expiry of every done record in the file
+// into idx (the expired ones too: the sweep deletes them from both).
+func loadIndex(tx *bolt.Tx, idx *doneIndex) error {
+	c := tx.Bucket(bucketEvents).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(v) >= 8 {
+			idx.add(maphash.Bytes(idx.seed, k), binary.BigEndian.Uint64(v))
+		}
+	}
+	return nil
+}
+
+// lookup returns the live done record of key: none if the index has no
+// live record for it, else what the file holds.
+func (st *fileState) lookup(key string) (string, bool, error) {
+	if !st.idx.mayBeDone(key, unixNano(st.now())) {
+		return "", false, nil
+	}
+	return st.read(key)
+}
+
 // read returns the live done record of key from a read-only transaction.
 func (st *fileState) read(key string) (string, bool, error) {
 	var val string
@@ -790,6 +879,7 @@ func (st *fileState) writeThen(fn func(*fileTx) error, after func()) error {
 func (st *fileState) writer() {
 	defer st.wg.Done()
 	batch := make([]*fileOp, 0, 64)
+	var changes indexChanges
 	for {
 		select {
 		case op := <-st.ops:
@@ -808,13 +898,20 @@ func (st *fileState) writer() {
 		}
 		st.txns.Add(1)
 		st.writes.Add(int64(len(batch)))
+		changes.reset()
 		err := st.update(func(btx *bolt.Tx) error {
-			tx := &fileTx{events: btx.Bucket(bucketEvents), expiry: btx.Bucket(bucketExpiry), now: st.now()}
+			tx := fileTx{events: btx.Bucket(bucketEvents), expiry: btx.Bucket(bucketExpiry), now: st.now(), ix: st.idx, ch: &changes}
+			// Expiry keys grow with time: filled pages are not split in
+			// half (the default, for inserts all over the tree).
+			tx.expiry.FillPercent = 0.9
 			for _, op := range batch {
-				op.err = op.fn(tx)
+				op.err = op.fn(&tx)
 			}
 			return nil
 		})
+		if err == nil {
+			st.idx.apply(&changes) // before the leases are dropped
+		}
 		for _, op := range batch {
 			if err != nil {
 				op.err = fmt.Errorf("file store: writing %s: %v", st.path, err)
@@ -905,6 +1002,8 @@ func parkOpenFiles() {
 type fileTx struct {
 	events, expiry *bolt.Bucket
 	now            time.Time
+	ix             *doneIndex    // nil in read-only transactions
+	ch             *indexChanges // what the transaction changes in ix
 }
 
 // entry returns key's live record and its expiry.
@@ -932,16 +1031,40 @@ func (tx *fileTx) get(key string) (string, bool) {
 	return string(raw[8:]), true
 }
 
-// put sets key to val for ttl, keeping the expiry index in step.
+// put sets key to val for ttl, keeping the expiry bucket and the index
+// in step.
 func (tx *fileTx) put(key, val string, ttl time.Duration) error {
-	if err := tx.unindex(key); err != nil {
-		return err
-	}
+	_, err := tx.replace(key, val, ttl)
+	return err
+}
+
+// replace is put, and reports whether key held val, live, before.
+func (tx *fileTx) replace(key, val string, ttl time.Duration) (same bool, err error) {
 	exp := unixNano(tx.now.Add(ttl))
-	if err := tx.events.Put([]byte(key), fileRecord(exp, val)); err != nil {
-		return err
+	// One allocation for the three byte strings the transaction keeps
+	// until it commits (bbolt keeps what Put is given): the key, the
+	// record, the expiry key.
+	buf := make([]byte, 2*len(key)+16+len(val))
+	k, rec, ek := buf[:len(key)], buf[len(key):len(key)+8+len(val)], buf[len(key)+8+len(val):]
+	copy(k, key)
+	if raw := tx.events.Get(k); len(raw) >= 8 {
+		old := binary.BigEndian.Uint64(raw)
+		same = unixNano(tx.now) < old && string(raw[8:]) == val
+		binary.BigEndian.PutUint64(ek, old)
+		copy(ek[8:], key)
+		if err := tx.expiry.Delete(ek); err != nil {
+			return false, err
+		}
 	}
-	return tx.expiry.Put(expiryKey(exp, key), nil)
+	binary.BigEndian.PutUint64(rec, exp)
+	copy(rec[8:], val)
+	if err := tx.events.Put(k, rec); err != nil {
+		return false, err
+	}
+	tx.ch.added = append(tx.ch.added, hashExp{tx.ix.hash(key), exp})
+	binary.BigEndian.PutUint64(ek, exp)
+	copy(ek[8:], key)
+	return same, tx.expiry.Put(ek, nil)
 }
 
 // unixNano is t in Unix nanoseconds as the file keeps expiries,
@@ -1014,8 +1137,10 @@ func (tx *fileTx) sweep(max int) (int, error) {
 			if err := tx.events.Delete(key); err != nil {
 				return 0, err
 			}
+			tx.ch.swept = append(tx.ch.swept, maphash.Bytes(tx.ix.seed, key))
 		}
 	}
+	tx.ch.sweepAt = now
 	return len(keys), nil
 }
 

@@ -11,10 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -489,11 +491,36 @@ func TestFileStoreLeasesLostByKill9ActAsExpired(t *testing.T) {
 	}
 }
 
+// benchKey is the i-th key of a benchmark: random-looking, as senders'
+// event IDs are (evt_ and 24 characters of a hash of i), so that commits
+// land all over the B+tree as they do in production, not appended at its
+// end (sequential keys, bbolt's best case).
+// cpuPerOp reports the process's CPU time (user + system) per operation
+// from start: what a benchmark costs the machine, not only its wall time.
+func cpuPerOp(b *testing.B, start time.Duration) {
+	b.ReportMetric(float64(processCPU()-start)/float64(b.N)/1e3, "cpu-µs/op")
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func benchKey(i uint64) string {
+	h := i*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019
+	h ^= h >> 29
+	h *= 0xBF58476D1CE4E5B9
+	h ^= h >> 32
+	g := (h ^ i) * 0x94D049BB133111EB
+	return "sangho_dedup:evt_" + fmt.Sprintf("%016x%08x", h, uint32(g>>32))
+}
+
 // BenchmarkFileStoreNewEvent: claim + commit of new events from 32
 // goroutines, as under load; reports how many commits share one write
-// transaction (one fsync pair) and the sweep of one batch.
+// transaction (one fsync pair). Keys look random (benchKey).
 //
-//	go test -run '^$' -bench Store -benchtime 3s .
+//	flock /tmp/bench.lock go test -run '^$' -bench BenchmarkFileStore -benchmem ./stores/file
 func BenchmarkFileStoreNewEvent(b *testing.B) {
 	st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
 	if err != nil {
@@ -505,9 +532,11 @@ func BenchmarkFileStoreNewEvent(b *testing.B) {
 	rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
 	b.SetParallelism(16)
 	b.ReportAllocs()
+	cpu0 := processCPU()
+	defer cpuPerOp(b, cpu0)
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			key := "sangho_dedup:evt_" + strconv.FormatInt(n.Add(1), 10)
+			key := benchKey(uint64(n.Add(1)))
 			tok := newToken()
 			if _, _, err := s.Claim(context.Background(), key, tok, time.Minute); err != nil {
 				b.Fatal(err)
@@ -518,6 +547,105 @@ func BenchmarkFileStoreNewEvent(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(st.writes.Load())/float64(st.txns.Load()), "commits/txn")
+}
+
+// BenchmarkFileStoreNewEventFullFile: as BenchmarkFileStoreNewEvent, in
+// a file that already holds 200,000 done records (a B+tree of some
+// depth, pages to copy on every insert).
+func BenchmarkFileStoreNewEventFullFile(b *testing.B) {
+	st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Destruct()
+	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
+	const preload = 200000
+	for i := 0; i < preload; i += 10000 {
+		if err := st.write(func(tx *fileTx) error {
+			for j := i; j < i+10000; j++ {
+				if err := tx.put(benchKey(uint64(1<<40+j)), val, time.Hour); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s := &Store{state: st}
+	var n atomic.Int64
+	rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
+	txns0, writes0 := st.txns.Load(), st.writes.Load()
+	b.SetParallelism(16)
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := processCPU()
+	defer cpuPerOp(b, cpu0)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := benchKey(uint64(n.Add(1)))
+			tok := newToken()
+			if _, _, err := s.Claim(context.Background(), key, tok, time.Minute); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := s.Commit(context.Background(), key, tok, rec, time.Hour); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.ReportMetric(float64(st.writes.Load()-writes0)/float64(st.txns.Load()-txns0), "commits/txn")
+}
+
+// BenchmarkFileStoreOpen: the start-up with 1,000,000 done records (the
+// read-only pass that builds the index, then bbolt's open, which
+// rebuilds the freelist), the memory the index takes and the file's size.
+//
+//	flock /tmp/bench.lock go test -run '^$' -bench FileStoreOpen -benchtime 1x ./stores/file
+func BenchmarkFileStoreOpen(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "dedup.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
+	const records = 1000000
+	for i := 0; i < records; i += 10000 {
+		if err := st.write(func(tx *fileTx) error {
+			for j := i; j < i+10000; j++ {
+				if err := tx.put(benchKey(uint64(j)), val, 72*time.Hour); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := st.Destruct(); err != nil {
+		b.Fatal(err)
+	}
+	fi, _ := os.Stat(path)
+	var heap0, heap1 runtime.MemStats
+	for b.Loop() {
+		runtime.GC()
+		runtime.ReadMemStats(&heap0)
+		st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&heap1)
+		if n := st.idx.len(); n != records {
+			b.Fatalf("index of %d records, want %d", n, records)
+		}
+		if err := st.Destruct(); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+	b.ReportMetric(float64(heap1.HeapAlloc-heap0.HeapAlloc)/records, "index-B/record")
+	b.ReportMetric(float64(fi.Size())/(1<<20), "file-MiB")
 }
 
 // BenchmarkFileStoreDuplicate: a claim that finds a done record (a read
@@ -531,17 +659,19 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 	s := &Store{state: st}
 	ctx := context.Background()
 	for i := range 10000 {
-		key := "sangho_dedup:evt_" + strconv.Itoa(i)
+		key := benchKey(uint64(i))
 		_, _, _ = s.Claim(ctx, key, "t", time.Minute)
 		if _, err := s.Commit(ctx, key, "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
 			b.Fatal(err)
 		}
 	}
 	b.ReportAllocs()
+	cpu0 := processCPU()
+	defer cpuPerOp(b, cpu0)
 	i := 0
 	for b.Loop() {
 		i++
-		if res, _, err := s.Claim(ctx, "sangho_dedup:evt_"+strconv.Itoa(i%10000), "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
+		if res, _, err := s.Claim(ctx, benchKey(uint64(i%10000)), "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
 			b.Fatal(res, err)
 		}
 	}
@@ -606,7 +736,7 @@ func TestFileStoreDamagedPagesAreErrors(t *testing.T) {
 	const pageSize = 4096
 	// damage rewrites the flags of the pages that have flags from (leaf 0x02,
 	// branch 0x01, freelist 0x10), past the two meta pages.
-	damage := func(from uint16) []byte {
+	damage := func(content []byte, from uint16) []byte {
 		b := append([]byte(nil), content...)
 		for off := 2 * pageSize; off+pageSize <= len(b); off += pageSize {
 			if binary.LittleEndian.Uint16(b[off+8:]) == from {
@@ -615,10 +745,13 @@ func TestFileStoreDamagedPagesAreErrors(t *testing.T) {
 		}
 		return b
 	}
+	synced := withSyncedFreelist(t, content)
 	for name, data := range map[string][]byte{
-		"leaf pages":     damage(0x02),
-		"branch pages":   damage(0x01),
-		"freelist pages": damage(0x10),
+		"leaf pages":   damage(content, 0x02),
+		"branch pages": damage(content, 0x01),
+		// the store does not write the freelist (NoFreelistSync): a file
+		// of an older version has one
+		"freelist pages": damage(synced, 0x10),
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "dedup.db")
@@ -681,6 +814,31 @@ func TestFileStoreParksLeasesAtExitWhileInUse(t *testing.T) {
 	if !strings.HasSuffix(string(parked), "inflight:tok") {
 		t.Fatalf("the lease was not parked at exit: %q", parked)
 	}
+}
+
+// withSyncedFreelist is content as bbolt writes it with its freelist on
+// disk (its default, and the store's before the index).
+func withSyncedFreelist(t *testing.T, content []byte) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "synced.db")
+	if err := os.WriteFile(path, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, nil) // writes the freelist at open
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	synced, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(synced, content) {
+		t.Fatal("bbolt did not write the freelist")
+	}
+	return synced
 }
 
 // testDatabase is the content of a closed database of 2,000 done
