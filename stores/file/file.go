@@ -732,13 +732,35 @@ func preread(path string) (idx *doneIndex, txid int, err error) {
 			for k, _ := c.First(); k != nil; k, _ = c.Next() {
 			}
 		}
+		// bbolt's own consistency check, the one its read-write open
+		// runs to rebuild the freelist (NoFreelistSync), where a failure
+		// panics past the handle it has opened (its file descriptor and
+		// lock would stay taken): here it is an error, and the file is
+		// refused before the read-write open. Every error is read, so
+		// that the checker's goroutine ends.
+		var damage []error
+		for err := range tx.Check() {
+			damage = append(damage, err)
+		}
+		if len(damage) > 0 {
+			return errCheck{damage}
+		}
 		return nil
 	})
+	var ce errCheck
+	if errors.As(err, &ce) {
+		return nil, 0, fileDamaged(path, fmt.Sprintf("%v (and %d more)", ce.errs[0], len(ce.errs)-1))
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("file store: reading the records of %s: %v", path, err)
 	}
 	return idx, txid, nil
 }
+
+// errCheck carries what bbolt's consistency check found.
+type errCheck struct{ errs []error }
+
+func (e errCheck) Error() string { return e.errs[0].Error() }
 
 // loadIndex reads the key and expiry of every done record in the file
 // into idx (the expired ones too: the sweep deletes them from both).
