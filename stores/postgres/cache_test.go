@@ -104,7 +104,7 @@ func TestLocalCacheFlushAndLostListener(t *testing.T) {
 
 	learn("evt_1")
 	// the statement docs/postgres.md gives for rows deleted by hand
-	srv.Psql(t, "DELETE FROM "+table+"; SELECT pg_notify('sangho_dedup_forget_' || left(md5('\""+table+"\"'), 16), '*')")
+	srv.Psql(t, "DELETE FROM "+table+"; SELECT pg_notify('sangho_dedup_forget_' || left(md5('\"public\".\""+table+"\"'), 16), '*')")
 	waitFor(t, "the cache emptied by '*'", func() bool { return claimResult(t, s, "evt_1") == dedup.Claimed })
 
 	learn("evt_2")

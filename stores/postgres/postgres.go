@@ -164,7 +164,7 @@ func (s *Store) StateID() string { return s.state }
 type options struct {
 	config   *pgxpool.Config
 	password string // to scrub from errors
-	schema   string // "" when the table is not qualified
+	schema   string // "public" when the table is not qualified
 	table    string
 	create   bool
 	timeout  time.Duration
@@ -206,6 +206,12 @@ func (s *Store) resolve() (*options, error) {
 	var err error
 	if o.schema, o.table, err = parseTable(table); err != nil {
 		return fail(err)
+	}
+	if o.schema == "" {
+		// An unqualified table is public's, whatever the connection's
+		// search_path: every spelling of one table is then one SQL name,
+		// one state ID and one forget channel for the local cache.
+		o.schema = "public"
 	}
 	if s.LocalCache < 0 {
 		return fail(fmt.Errorf("local_cache: %d is negative (0: off)", s.LocalCache))
@@ -363,11 +369,7 @@ func (o *options) stateID() string {
 			hosts = append(hosts, a)
 		}
 	}
-	schema := o.schema
-	if schema == "" {
-		schema = "public"
-	}
-	return "postgres " + strings.Join(hosts, ",") + " db " + cc.Database + " table " + schema + "." + o.table
+	return "postgres " + strings.Join(hosts, ",") + " db " + cc.Database + " table " + o.schema + "." + o.table
 }
 
 func canonicalAddr(host string, port uint16) string {
