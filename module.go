@@ -249,7 +249,7 @@ type Handler struct {
 	// from and the default tolerance. Default: {"name": "sangho"}.
 	ProviderRaw json.RawMessage `json:"provider,omitempty" caddy:"namespace=http.sangho_dedup.providers inline_key=name"`
 
-	// Deprecated: the shape before v0.3, {"provider": "<name>", ...};
+	// Deprecated: the shape before v0.3, {"scheme": "<name>", ...};
 	// accepted with a warning for one release, as provider.
 	VerifierRaw json.RawMessage `json:"verifier,omitempty"`
 
