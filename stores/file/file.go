@@ -279,6 +279,14 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	if res, val := st.leases.Claim(key, token, ttl); res != dedup.Claimed {
 		return res, val, nil
 	}
+	// A store closed meanwhile (its config cleaned up and its last
+	// delivery done) refuses the claim: its commit could not land, and
+	// an event processed without its record would be processed again.
+	// (The index answers without the file, which would have said so.)
+	if st.isClosed() {
+		st.leases.Release(key, token)
+		return 0, "", errFileClosed
+	}
 	// A commit puts its record in the file and the index before it drops
 	// its lease: if one did both since the lookup above, it is there now.
 	if val, done, err := st.lookup(key); err != nil || done {
@@ -843,6 +851,16 @@ type fileOp struct {
 var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan struct{}, 1)} }}
 
 var errFileClosed = errors.New("file store: the database file is closed (Caddy is stopping)")
+
+// isClosed reports whether Destruct has begun.
+func (st *fileState) isClosed() bool {
+	select {
+	case <-st.stop:
+		return true
+	default:
+		return false
+	}
+}
 
 // fileWriteTimeout bounds how long a write waits for the disk, so that a
 // stalled fsync never holds a backend's answer back from the sender: the
