@@ -83,8 +83,11 @@ type Drainer interface {
 // after the handler's background commit retries have landed or been
 // given up (Caddy runs its exit callbacks in no set order): the file
 // store parks its live leases so that none is lost with the process.
-// The handler calls ParkAtExit once at exit, for every store it loaded
-// that implements it, even one whose config was cleaned up.
+// The handler calls ParkAtExit once at exit on one store of each type
+// that implements it (the last one loaded): ParkAtExit must act on every
+// resource of its type still open in the process, since the configs
+// that used them may have been cleaned up (the file store parks the
+// leases of every file still open).
 type ExitParker interface {
 	ParkAtExit()
 }
