@@ -221,9 +221,9 @@ var errPanic = errors.New("the next handler panicked")
 type verdict int
 
 const (
-	commit  verdict = iota // the backend answered 2xx: processed
-	release                // the backend answered non-2xx, or was never reached: retry now
-	hold                   // unknown whether the backend got it: let the lease expire
+	toCommit  verdict = iota // the backend answered 2xx: processed
+	toRelease                // the backend answered non-2xx, or was never reached: retry now
+	toHold                   // unknown whether the backend got it: let the lease expire
 )
 
 // judge decides from the status line the next handler wrote and the
@@ -244,15 +244,15 @@ const (
 func judge(status int, err error) verdict {
 	switch {
 	case status == 0 && err == nil:
-		return commit
+		return toCommit
 	case status >= 200 && status <= 299:
-		return commit
+		return toCommit
 	case status != 0:
-		return release
+		return toRelease
 	case neverForwarded(err):
-		return release
+		return toRelease
 	}
-	return hold
+	return toHold
 }
 
 // neverForwarded reports whether err shows that the request did not
@@ -274,7 +274,7 @@ func (d *delivery) settle(err error) {
 	h := d.h
 	status := int(d.sw.status.Load())
 	switch judge(status, err) {
-	case commit:
+	case toCommit:
 		h.outcome(d.repl, outcomeProcessed)
 		rec := dedup.DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
 		// Registered before the first try, so that a forget meanwhile
@@ -307,7 +307,7 @@ func (d *delivery) settle(err error) {
 		default:
 			h.debug("event processed", d.id, d.typ)
 		}
-	case release:
+	case toRelease:
 		released, rerr := d.release(d.ctx)
 		h.outcome(d.repl, outcomeReleased)
 		spanEvent(d.ctx, spanEventReleased, status, err, 0)
@@ -321,7 +321,7 @@ func (d *delivery) settle(err error) {
 		default:
 			h.logger.Info("event released", zap.String("event_id", d.id), zap.Int("status", status), zap.NamedError("cause", err))
 		}
-	case hold:
+	case toHold:
 		h.outcome(d.repl, outcomeHeld)
 		spanEvent(d.ctx, spanEventHeld, status, err, time.Duration(h.LockTTL))
 		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
