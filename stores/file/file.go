@@ -525,9 +525,6 @@ func openBolt(path string, now func() time.Time, sweepEvery time.Duration, logge
 	}()
 	// First, read-only: every page of the store's buckets is read here,
 	// where a damaged one's panic is caught, and the index is built.
-	// Only then the file is opened for writing with NoFreelistSync,
-	// whose open rebuilds the freelist by a check of every page, partly
-	// in a goroutine of bbolt's where a panic could not be caught.
 	idx, txid, err := preread(path)
 	if err != nil {
 		return nil, err
@@ -535,11 +532,14 @@ func openBolt(path string, now func() time.Time, sweepEvery time.Duration, logge
 	db, err = bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:      time.Nanosecond, // try the lock once: never hang
 		FreelistType: bolt.FreelistMapType,
-		// The freelist is not written with every commit (with many free
-		// pages, writing it is most of a commit's pages and CPU): bbolt
-		// rebuilds it at open. A file written with it synced (versions
-		// before the index) opens as it is, and so does one written
-		// without it by an older version.
+		// The freelist is written with every commit (bbolt's default)
+		// rather than rebuilt at open by bbolt's check of every page,
+		// which runs partly in a goroutine of its own: a damaged page
+		// would panic there past the handle bolt.Open has taken (its
+		// file descriptor and lock), and bbolt's read-only check of the
+		// same pages races with its own rollback on that panic. Tried
+		// (NoFreelistSync) and measured: no gain shown at the request
+		// level (bench/FILESTORE.md).
 		NoFreelistSync: fileNoFreelistSync,
 	})
 	if err != nil {
@@ -714,7 +714,7 @@ func checkFileDB(db *bolt.DB, path string) error {
 
 // fileNoFreelistSync: see openBolt (a variable for the benchmarks that
 // compare both).
-var fileNoFreelistSync = true
+var fileNoFreelistSync = false
 
 // preread opens the file read-only, checks that it is a store's, reads
 // every page of its buckets (a damaged one panics here, in openBolt's
@@ -740,35 +740,13 @@ func preread(path string) (idx *doneIndex, txid int, err error) {
 			for k, _ := c.First(); k != nil; k, _ = c.Next() {
 			}
 		}
-		// bbolt's own consistency check, the one its read-write open
-		// runs to rebuild the freelist (NoFreelistSync), where a failure
-		// panics past the handle it has opened (its file descriptor and
-		// lock would stay taken): here it is an error, and the file is
-		// refused before the read-write open. Every error is read, so
-		// that the checker's goroutine ends.
-		var damage []error
-		for err := range tx.Check() {
-			damage = append(damage, err)
-		}
-		if len(damage) > 0 {
-			return errCheck{damage}
-		}
 		return nil
 	})
-	var ce errCheck
-	if errors.As(err, &ce) {
-		return nil, 0, fileDamaged(path, fmt.Sprintf("%v (and %d more)", ce.errs[0], len(ce.errs)-1))
-	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("file store: reading the records of %s: %v", path, err)
 	}
 	return idx, txid, nil
 }
-
-// errCheck carries what bbolt's consistency check found.
-type errCheck struct{ errs []error }
-
-func (e errCheck) Error() string { return e.errs[0].Error() }
 
 // loadIndex reads the key and expiry of every done record in the file
 // into idx (the expired ones too: the sweep deletes them from both).

@@ -745,13 +745,10 @@ func TestFileStoreDamagedPagesAreErrors(t *testing.T) {
 		}
 		return b
 	}
-	synced := withSyncedFreelist(t, content)
 	for name, data := range map[string][]byte{
-		"leaf pages":   damage(content, 0x02),
-		"branch pages": damage(content, 0x01),
-		// the store does not write the freelist (NoFreelistSync): a file
-		// of an older version has one
-		"freelist pages": damage(synced, 0x10),
+		"leaf pages":     damage(content, 0x02),
+		"branch pages":   damage(content, 0x01),
+		"freelist pages": damage(content, 0x10),
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "dedup.db")
@@ -814,31 +811,6 @@ func TestFileStoreParksLeasesAtExitWhileInUse(t *testing.T) {
 	if !strings.HasSuffix(string(parked), "inflight:tok") {
 		t.Fatalf("the lease was not parked at exit: %q", parked)
 	}
-}
-
-// withSyncedFreelist is content as bbolt writes it with its freelist on
-// disk (its default, and the store's before the index).
-func withSyncedFreelist(t *testing.T, content []byte) []byte {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "synced.db")
-	if err := os.WriteFile(path, content, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	db, err := bolt.Open(path, 0o600, nil) // writes the freelist at open
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	synced, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if bytes.Equal(synced, content) {
-		t.Fatal("bbolt did not write the freelist")
-	}
-	return synced
 }
 
 // testDatabase is the content of a closed database of 2,000 done
