@@ -72,7 +72,29 @@ func Start(t testing.TB, extra ...string) *Server {
 }
 
 func newServer(t testing.TB, bin, dir string, extra ...string) *Server {
-	port := FreePort(t)
+	return newServerOn(t, FreePort(t), bin, dir, extra...)
+}
+
+// clusterPort is a free port whose cluster bus port (10000 above it) is
+// free too: a node whose bus port is taken aborts at start.
+func clusterPort(t testing.TB) int {
+	t.Helper()
+	for range 100 {
+		port := FreePort(t)
+		if port+10000 > 65535 {
+			continue
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
+		if err == nil {
+			l.Close()
+			return port
+		}
+	}
+	t.Fatal("found no free port whose cluster bus port is free too, in 100 tries")
+	return 0
+}
+
+func newServerOn(t testing.TB, port int, bin, dir string, extra ...string) *Server {
 	s := &Server{Addr: "127.0.0.1:" + strconv.Itoa(port), Port: port, Dir: dir, bin: bin}
 	s.args = append([]string{
 		"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir,
@@ -171,7 +193,7 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 	c := &Cluster{}
 	for range 6 {
 		dir := t.TempDir()
-		s := newServer(t, bin, dir, append([]string{"--cluster-enabled", "yes",
+		s := newServerOn(t, clusterPort(t), bin, dir, append([]string{"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(dir, "nodes.conf"), "--cluster-node-timeout", "1000",
 			// A replica may take over whatever its data age (tests kill
 			// masters seconds after start), and syncs without delay.
