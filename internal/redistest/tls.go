@@ -55,22 +55,22 @@ func GenerateTLS(t testing.TB) *TLSFiles {
 	t.Helper()
 	dir := t.TempDir()
 	f := &TLSFiles{}
-	ca, caKey := newCA(t, "redistest CA")
+	ca, caKey := NewCA(t, "redistest CA")
 	f.caCert = ca
-	f.CA = writePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Raw)
-	other, otherKey := newCA(t, "redistest other CA")
-	f.OtherCA = writePEM(t, dir, "other-ca.pem", "CERTIFICATE", other.Raw)
+	f.CA = WritePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Raw)
+	other, otherKey := NewCA(t, "redistest other CA")
+	f.OtherCA = WritePEM(t, dir, "other-ca.pem", "CERTIFICATE", other.Raw)
 
-	f.ServerCert, f.ServerKey = leaf(t, dir, "server", ca, caKey, &x509.Certificate{
+	f.ServerCert, f.ServerKey = Leaf(t, dir, "server", ca, caKey, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: TLSServerName},
 		DNSNames:    []string{TLSServerName},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
-	f.ClientCert, f.ClientKey = leaf(t, dir, "client", ca, caKey, &x509.Certificate{
+	f.ClientCert, f.ClientKey = Leaf(t, dir, "client", ca, caKey, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "caddy"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
-	f.OtherClientCert, f.OtherClientKey = leaf(t, dir, "other-client", other, otherKey, &x509.Certificate{
+	f.OtherClientCert, f.OtherClientKey = Leaf(t, dir, "other-client", other, otherKey, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "stranger"},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})
@@ -95,7 +95,9 @@ func newKey(t testing.TB) *ecdsa.PrivateKey {
 	return k
 }
 
-func newCA(t testing.TB, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
+// NewCA makes a self-signed CA certificate named name (ECDSA P-256,
+// valid for an hour), for the TLS tests of every server.
+func NewCA(t testing.TB, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
 	key := newKey(t)
 	tmpl := &x509.Certificate{
@@ -118,7 +120,10 @@ func newCA(t testing.TB, name string) (*x509.Certificate, *ecdsa.PrivateKey) {
 	return cert, key
 }
 
-func leaf(t testing.TB, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, tmpl *x509.Certificate) (certFile, keyFile string) {
+// Leaf signs tmpl with the CA (serial, an hour's validity and the key
+// usage filled in) and writes the certificate and its key as PEM files
+// <name>.pem and <name>-key.pem in dir.
+func Leaf(t testing.TB, dir, name string, ca *x509.Certificate, caKey *ecdsa.PrivateKey, tmpl *x509.Certificate) (certFile, keyFile string) {
 	t.Helper()
 	key := newKey(t)
 	tmpl.SerialNumber = nextSerial()
@@ -133,10 +138,11 @@ func leaf(t testing.TB, dir, name string, ca *x509.Certificate, caKey *ecdsa.Pri
 	if err != nil {
 		t.Fatal(err)
 	}
-	return writePEM(t, dir, name+".pem", "CERTIFICATE", der), writePEM(t, dir, name+"-key.pem", "PRIVATE KEY", keyDER)
+	return WritePEM(t, dir, name+".pem", "CERTIFICATE", der), WritePEM(t, dir, name+"-key.pem", "PRIVATE KEY", keyDER)
 }
 
-func writePEM(t testing.TB, dir, name, typ string, der []byte) string {
+// WritePEM writes der as a PEM block of type typ to dir/name (0600).
+func WritePEM(t testing.TB, dir, name, typ string, der []byte) string {
 	t.Helper()
 	p := filepath.Join(dir, name)
 	if err := os.WriteFile(p, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
