@@ -241,19 +241,27 @@ func (c *tableCheck) run(ctx context.Context, logger *zap.Logger) error {
 	return nil
 }
 
-// create runs the DDL in one transaction; another instance creating the
-// table at the same moment is fine.
+// create runs the DDL in one transaction. CREATE TABLE IF NOT EXISTS is
+// not safe against itself: two sessions that both see no table both
+// create it, and the loser fails on the row type's name (42710) or the
+// catalog's unique index (23505). So instances take a transaction-scoped
+// advisory lock on the table's name first: the second one in waits,
+// then finds the table. A creator outside that lock (another tool) is
+// still met by the error codes that mean "created meanwhile".
 func (c *tableCheck) create(ctx context.Context) error {
 	tx, err := c.db.pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(context.Background()) //nolint:errcheck // after Commit, a no-op
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, c.db.ddlLockKey()); err != nil {
+		return err
+	}
 	for _, q := range c.db.sql.ddl {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			var pg *pgconn.PgError
-			if errors.As(err, &pg) && (pg.Code == "23505" || pg.Code == "42P07") {
-				return nil // created meanwhile by another instance
+			if errors.As(err, &pg) && (pg.Code == "23505" || pg.Code == "42P07" || pg.Code == "42710") {
+				return nil // created meanwhile outside the lock
 			}
 			return err
 		}

@@ -18,9 +18,15 @@ const sweepFor = 30 * time.Second
 
 // lockKey is the advisory lock that lets one instance at a time sweep
 // the table.
-func (db *sharedDB) lockKey() int64 {
+func (db *sharedDB) lockKey() int64 { return db.advisoryKey("sangho_dedup.sweep ") }
+
+// ddlLockKey is the advisory lock that lets one instance at a time
+// create the table.
+func (db *sharedDB) ddlLockKey() int64 { return db.advisoryKey("sangho_dedup.ddl ") }
+
+func (db *sharedDB) advisoryKey(purpose string) int64 {
 	h := fnv.New64a()
-	h.Write([]byte("sangho_dedup.sweep " + db.opts.qualified()))
+	h.Write([]byte(purpose + db.opts.qualified()))
 	return int64(h.Sum64())
 }
 

@@ -233,3 +233,35 @@ func TestSweeperRuns(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// Many instances meeting a missing table at the same moment all create
+// or find it: none fails. PostgreSQL's CREATE TABLE IF NOT EXISTS alone
+// is not safe against itself (the loser fails on the row type's name,
+// SQLSTATE 42710), which CI once met as 16 failed claims.
+func TestConcurrentTableCreation(t *testing.T) {
+	srv := pgtest.Start(t)
+	for round := range 8 {
+		table := uniqueTable()
+		var stores []*Store
+		for i := range 8 { // options that differ: a pool each, as in separate instances
+			s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", fmt.Sprintf("%dms", 1000+i)))
+			stores = append(stores, s)
+		}
+		var wg sync.WaitGroup
+		var failed atomic.Int32
+		for i, s := range stores {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, _, err := s.Claim(context.Background(), fmt.Sprintf("evt_%d", i), "tok", time.Minute); err != nil {
+					failed.Add(1)
+					t.Errorf("round %d, instance %d: %v", round, i, err)
+				}
+			}()
+		}
+		wg.Wait()
+		if failed.Load() > 0 {
+			t.Fatalf("round %d: %d of %d instances failed on a table created at once", round, failed.Load(), len(stores))
+		}
+	}
+}
