@@ -277,6 +277,9 @@ func (p *caddyProc) reload(site string) error {
 	body := caddyfileGlobal(p.port, mustAtoi(p.admin[strings.LastIndexByte(p.admin, ':')+1:]), p.global, site)
 	req, _ := http.NewRequest(http.MethodPost, "http://"+p.admin+"/load", strings.NewReader(body))
 	req.Header.Set("Content-Type", "text/caddyfile")
+	// Caddy skips a /load of the config it already runs; this header
+	// makes it reload all the same, so a reload fault is one.
+	req.Header.Set("Cache-Control", "must-revalidate")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err

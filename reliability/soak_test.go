@@ -12,7 +12,6 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -163,7 +162,7 @@ func (tg *soakTarget) drive(ctx context.Context, rate float64, retention time.Du
 
 // soakFaults injects a fault every 20 s, in turn: the backends answer
 // 500 for a second, Redis is paused for a second, each Caddy reloads
-// (forced: Caddy skips a reload to the config it runs).
+// (the same config: caddyProc.reload forces it).
 func soakFaults(ctx context.Context, t *testing.T, r *redistest.Server, targets []*soakTarget) {
 	tick := time.NewTicker(20 * time.Second)
 	defer tick.Stop()
@@ -187,7 +186,7 @@ func soakFaults(ctx context.Context, t *testing.T, r *redistest.Server, targets 
 			rc.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL")
 		case 2:
 			for _, tg := range targets {
-				if err := forceReload(tg.p, tg.site); err != nil {
+				if err := tg.p.reload(tg.site); err != nil {
 					t.Errorf("%s: reload: %v", tg.name, err)
 				}
 			}
@@ -196,26 +195,6 @@ func soakFaults(ctx context.Context, t *testing.T, r *redistest.Server, targets 
 			tg.s.fig.faults.Add(1)
 		}
 	}
-}
-
-// forceReload loads site again through the admin API, as
-// caddyProc.reload does, and makes Caddy reload even though the config
-// is unchanged: a plain /load of the same config is a no-op.
-func forceReload(p *caddyProc, site string) error {
-	body := caddyfileGlobal(p.port, mustAtoi(p.admin[strings.LastIndexByte(p.admin, ':')+1:]), p.global, site)
-	req, _ := http.NewRequest(http.MethodPost, "http://"+p.admin+"/load", strings.NewReader(body))
-	req.Header.Set("Content-Type", "text/caddyfile")
-	req.Header.Set("Cache-Control", "must-revalidate")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("reload: %d %s", resp.StatusCode, b)
-	}
-	return nil
 }
 
 // sample records the process and store figures every 10 s, 5 s off the
