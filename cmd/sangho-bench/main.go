@@ -18,7 +18,9 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -36,6 +38,10 @@ import (
 
 const secret = "whsec_bench_secret"
 
+// profileDir is --cpuprofile; profileAdmin is Caddy's admin address
+// when it is set.
+var profileDir, profileAdmin string
+
 func main() {
 	caddyBin := flag.String("caddy", "bench/out/caddy", "Caddy binary with the plugin (go build -o bench/out/caddy ./cmd/caddy)")
 	out := flag.String("out", "", "also write the report to this file")
@@ -50,6 +56,7 @@ func main() {
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
+	flag.StringVar(&profileDir, "cpuprofile", "", "write a CPU profile of Caddy during each throughput scenario's first round into this directory (Caddy's admin API is then on a loopback port)")
 	generator := flag.String("generator", "auto", "load generator of the throughput runs: wrk, go, or auto (wrk if on PATH, else go); the fixed-rate latency runs always use the Go generator (wrk has no fixed rate)")
 	flag.Parse()
 	if *growthOnly {
@@ -286,6 +293,12 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		}
 		return pg.cpuTicks()
 	}
+	if profileDir != "" {
+		if err := os.MkdirAll(profileDir, 0o755); err != nil {
+			return err
+		}
+		profileAdmin = fmt.Sprintf("127.0.0.1:%d", freePort())
+	}
 	caddyfile := benchCaddyfile(ports, backend, redisPort, redisOpts, filepath.Join(tmp, "dedup.db"), pgDSN, pgOpts)
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
@@ -360,6 +373,10 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 			if s.dup > 0 {
 				cfg.Warmup = 32
 			}
+			var profiled chan struct{}
+			if profileDir != "" && r == 0 && !s.latency {
+				profiled = profile(s, dur)
+			}
 			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
 			k0, _ := redisCalls(rc)
 			var res load.Result
@@ -372,6 +389,9 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 				return fmt.Errorf("%s: %w", s.name(), err)
 			}
 			c1, r1 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
+			if profiled != nil {
+				<-profiled
+			}
 			k1, _ := redisCalls(rc)
 			n := float64(res.Requests + cfg.Warmup)
 			s.results = append(s.results, res)
@@ -578,11 +598,42 @@ func benchCaddyfile(ports [6]int, backend string, redisPort int, redisOpts, file
 	if pgDSN != "" {
 		pgSite = dedup(ports[5], "postgres", fmt.Sprintf("store postgres {\n\t\t\tdsn %q\n\t\t\t%s\n\t\t}", pgDSN, pgOpts))
 	}
-	return "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n" +
+	admin := "admin off"
+	if profileAdmin != "" {
+		admin = "admin " + profileAdmin
+	}
+	return "{\n\t" + admin + "\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\tlevel ERROR\n\t}\n}\n" +
 		site(ports[0], "\treverse_proxy "+backend) +
 		dedup(ports[1], "memory", "store memory") +
 		dedup(ports[2], "redis", fmt.Sprintf("store redis {\n\t\t\taddress 127.0.0.1:%d\n\t\t\t%s\n\t\t}", redisPort, redisOpts)) +
 		dedup(ports[3], "file", "store file "+filePath) +
 		site(ports[4], "\theader Content-Type application/json\n\trespond \"{\\\"received\\\":true}\" 200") +
 		pgSite
+}
+
+// profile fetches a CPU profile of Caddy over most of the scenario's run
+// into --cpuprofile; the channel closes when it is written.
+func profile(s *scenario, dur time.Duration) chan struct{} {
+	done := make(chan struct{})
+	secs := max(int(dur.Seconds())-1, 1)
+	name := strings.Join(strings.Fields(s.name()), "_")
+	name = strings.NewReplacer("%", "pct", "/", "per").Replace(name)
+	go func() {
+		defer close(done)
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", profileAdmin, secs))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sangho-bench: profile:", err)
+			return
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(filepath.Join(profileDir, name+".pprof"))
+		if err == nil {
+			_, err = io.Copy(f, resp.Body)
+			f.Close()
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "sangho-bench: profile:", err)
+		}
+	}()
+	return done
 }
