@@ -42,6 +42,9 @@ const secret = "whsec_bench_secret"
 // when it is set.
 var profileDir, profileAdmin string
 
+// loadStarts, when set, is called as the load of a scenario starts.
+var loadStarts func()
+
 func main() {
 	caddyBin := flag.String("caddy", "bench/out/caddy", "Caddy binary with the plugin (go build -o bench/out/caddy ./cmd/caddy)")
 	out := flag.String("out", "", "also write the report to this file")
@@ -374,8 +377,11 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 				cfg.Warmup = 32
 			}
 			var profiled chan struct{}
+			loadStarts = nil
 			if profileDir != "" && r == 0 && !s.latency {
-				profiled = profile(s, dur)
+				// from the moment the load starts (wrk's events are
+				// signed first, which takes a while for 64 KiB ones)
+				loadStarts = func() { profiled = profile(s, dur) }
 			}
 			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
 			k0, _ := redisCalls(rc)
@@ -383,6 +389,9 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 			if wrk != "" && !s.latency {
 				res, err = wrkRun(context.Background(), wrk, tmp, cfg, deduped(s.target))
 			} else {
+				if loadStarts != nil {
+					loadStarts()
+				}
 				res, err = load.Run(context.Background(), cfg)
 			}
 			if err != nil {

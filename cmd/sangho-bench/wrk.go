@@ -44,6 +44,9 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 	if err != nil {
 		return load.Result{}, err
 	}
+	if loadStarts != nil {
+		loadStarts()
+	}
 	out, err := exec.CommandContext(ctx, wrk, "-t1", "-c"+strconv.Itoa(cfg.Concurrency),
 		"-d"+strconv.Itoa(int(cfg.Duration.Seconds()))+"s", "--timeout", "30s",
 		"-s", script, cfg.URL, "--", data, strconv.FormatFloat(cfg.Duplicates, 'f', -1, 64)).CombinedOutput()
