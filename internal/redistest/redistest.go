@@ -36,17 +36,6 @@ func Bin(t testing.TB, name string) string {
 	return p
 }
 
-// FreePort returns a port that was free on 127.0.0.1 a moment ago.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("finding a free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // Server is one redis-server (or sentinel) process.
 type Server struct {
 	Addr string
@@ -81,7 +70,7 @@ func clusterPort(t testing.TB) int {
 	t.Helper()
 	for range 100 {
 		port := FreePort(t)
-		if port+10000 > 65535 {
+		if port+10000 > 65535 || !reserve(port+10000) {
 			continue
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))

@@ -1,0 +1,61 @@
+package redistest
+
+import (
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+// FreePort returns a port that was free on 127.0.0.1 a moment ago and
+// that no other test process on this machine has been handed (see
+// reserve): the test packages run at once, and two of them given one
+// port would each start a server on it. Two Caddys both bind it, since
+// Caddy's listeners set SO_REUSEPORT, and share its connections.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("finding a free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if reserve(port) {
+			return port
+		}
+	}
+	t.Fatal("finding a free port: 100 ports in a row were held by other test processes")
+	return 0
+}
+
+// portLocks is one lock file shared by the test processes of the
+// machine; a port is reserved by a write lock on its byte. The file stays
+// open for the life of the process, which holds its locks until it exits:
+// closing any descriptor of the file would drop them all.
+var portLocks struct {
+	once sync.Once
+	f    *os.File
+}
+
+// reserve claims port for this process among the test processes of the
+// machine, for as long as it lives. Within one process the lock is the
+// process's own, so a port freed and handed out again is fine. Without a
+// lock file (an unwritable temporary folder) every port is granted, as
+// before there were reservations.
+func reserve(port int) bool {
+	portLocks.once.Do(func() {
+		f, err := os.OpenFile(filepath.Join(os.TempDir(), "sangho-dedup-test-ports.lock"), os.O_CREATE|os.O_RDWR, 0o666)
+		if err == nil {
+			portLocks.f = f
+		}
+	})
+	if portLocks.f == nil {
+		return true
+	}
+	lk := syscall.Flock_t{Type: syscall.F_WRLCK, Whence: io.SeekStart, Start: int64(port), Len: 1}
+	return syscall.FcntlFlock(portLocks.f.Fd(), syscall.F_SETLK, &lk) == nil
+}
