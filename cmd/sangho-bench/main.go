@@ -59,7 +59,7 @@ func main() {
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
-	flag.StringVar(&profileDir, "cpuprofile", "", "write a CPU profile of Caddy during each throughput scenario's first round into this directory (Caddy's admin API is then on a loopback port)")
+	flag.StringVar(&profileDir, "cpuprofile", "", "write a CPU profile of Caddy during each throughput scenario's first round into this directory (Caddy's admin API is then on a loopback port; the profiled round's figures include the profiler's cost)")
 	generator := flag.String("generator", "auto", "load generator of the throughput runs: wrk, go, or auto (wrk if on PATH, else go); the fixed-rate latency runs always use the Go generator (wrk has no fixed rate)")
 	flag.Parse()
 	if *growthOnly {

@@ -50,6 +50,7 @@ func reserve(port int) bool {
 	portLocks.once.Do(func() {
 		f, err := os.OpenFile(filepath.Join(os.TempDir(), "sangho-dedup-test-ports.lock"), os.O_CREATE|os.O_RDWR, 0o666)
 		if err == nil {
+			_ = f.Chmod(0o666) // past the umask: test processes of other users share it too
 			portLocks.f = f
 		}
 	})

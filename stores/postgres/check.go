@@ -261,7 +261,14 @@ func (c *tableCheck) create(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, q); err != nil {
 			var pg *pgconn.PgError
 			if errors.As(err, &pg) && (pg.Code == "23505" || pg.Code == "42P07" || pg.Code == "42710") {
-				return nil // created meanwhile outside the lock
+				// Created meanwhile outside the lock, or another object
+				// (an enum, a domain) holds the name: only the table
+				// being there now tells them apart.
+				_ = tx.Rollback(ctx)
+				var exists bool
+				if qerr := c.db.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, c.db.opts.qualified()).Scan(&exists); qerr == nil && exists {
+					return nil
+				}
 			}
 			return err
 		}

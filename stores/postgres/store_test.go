@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,5 +264,53 @@ func TestConcurrentTableCreation(t *testing.T) {
 		if failed.Load() > 0 {
 			t.Fatalf("round %d: %d of %d instances failed on a table created at once", round, failed.Load(), len(stores))
 		}
+	}
+}
+
+// The creation waits for the advisory lock of the table's name: while
+// another session holds it, a first claim waits (here until its
+// statement timeout), and goes through once it is released.
+func TestTableCreationTakesTheLock(t *testing.T) {
+	srv := pgtest.Start(t)
+	s, _ := provision(t, storeJSON(srv.DSN, uniqueTable(), "statement_timeout", "300ms"))
+	holder := connect(t, srv.DSN)
+	if _, err := holder.Exec(context.Background(), `SELECT pg_advisory_lock($1)`, s.db.ddlLockKey()); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, _, err := s.Claim(context.Background(), "evt_1", "tok", time.Minute); err == nil {
+		t.Fatalf("the claim created the table while another session held its creation lock")
+	}
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Fatalf("the claim failed after %v, without waiting for the lock", d)
+	}
+	if _, err := holder.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, s.db.ddlLockKey()); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second) // a failed check is retried after checkRetryEvery
+	for {
+		_, _, err := s.Claim(context.Background(), "evt_1", "tok", time.Minute)
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the lock was released: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Another object holding the table's name (here an enum type) is the
+// error it is, not a table "created meanwhile".
+func TestTableNameTakenByAType(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	if _, err := connect(t, srv.DSN).Exec(context.Background(), `CREATE TYPE `+table+` AS ENUM ('a')`); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := provision(t, storeJSON(srv.DSN, table))
+	_, _, err := s.Claim(context.Background(), "evt_1", "tok", time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "creating table") || !strings.Contains(err.Error(), "42710") {
+		t.Fatalf("claim with the table's name taken by a type: %v; want the creation's error (42710)", err)
 	}
 }
