@@ -1,9 +1,11 @@
 //go:build ignore
 
-// fsynccost measures what one durable append costs on this machine: the
-// wall time and the process CPU (user + system) of a 1.5 KB append
+// fsynccost measures what one durable write costs on this machine: the
+// wall time and the process CPU (user + system) of a 1.5 KB write
 // followed by fdatasync, the least a durable store does per group
-// commit. Run it in the folder of the store's file:
+// commit; once appended to a growing file, once overwriting a file
+// written beforehand (whose size and extents do not change). Run it in
+// the folder of the store's file:
 //
 //	go run bench/floor/fsynccost.go [file]
 package main
@@ -21,30 +23,59 @@ func cpu() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+const n = 2000
+
+func run(path string, prealloc bool) error {
+	flags := os.O_CREATE | os.O_WRONLY | os.O_TRUNC
+	if !prealloc {
+		flags |= os.O_APPEND
+	}
+	f, err := os.OpenFile(path, flags, 0o600)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(path)
+	defer f.Close()
+	buf := make([]byte, 1500)
+	if prealloc {
+		if _, err := f.Write(make([]byte, n*len(buf))); err != nil {
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			return err
+		}
+	}
+	c0, t0 := cpu(), time.Now()
+	for i := range n {
+		if prealloc {
+			_, err = f.WriteAt(buf, int64(i*len(buf)))
+		} else {
+			_, err = f.Write(buf)
+		}
+		if err != nil {
+			return err
+		}
+		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+			return err
+		}
+	}
+	mode := "append to a growing file"
+	if prealloc {
+		mode = "overwrite a written file"
+	}
+	fmt.Printf("1.5 KB %s + fdatasync, %d times: wall %v each, process CPU %v each\n", mode, n, time.Since(t0)/n, (cpu()-c0)/n)
+	return nil
+}
+
 func main() {
 	path := "fsynccost.dat"
 	if len(os.Args) > 1 {
 		path = os.Args[1]
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	defer os.Remove(path)
-	defer f.Close()
-	buf := make([]byte, 1500)
-	const n = 2000
-	c0, t0 := cpu(), time.Now()
-	for range n {
-		if _, err := f.Write(buf); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			os.Exit(1)
-		}
-		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+	for _, prealloc := range []bool{false, true, false, true} {
+		if err := run(path, prealloc); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 	}
-	fmt.Printf("append 1.5 KB + fdatasync, %d times: wall %v each, process CPU %v each\n", n, time.Since(t0)/n, (cpu()-c0)/n)
 }
