@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
 )
 
 // pgServer is the benchmark's PostgreSQL: initdb and pg_ctl of the
@@ -24,56 +24,22 @@ type pgServer struct {
 	cred       *syscall.Credential
 }
 
-// pgBin finds one of PostgreSQL's programs: $PG_BIN, the newest
-// /usr/lib/postgresql/*/bin, or the PATH.
-func pgBin(name string) (string, error) {
-	var dirs []string
-	if d := os.Getenv("PG_BIN"); d != "" {
-		dirs = append(dirs, d)
-	}
-	versions, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	ver := func(d string) int { n, _ := strconv.Atoi(filepath.Base(filepath.Dir(d))); return n }
-	slices.SortFunc(versions, func(a, b string) int { return ver(b) - ver(a) })
-	for _, d := range append(dirs, versions...) {
-		if p := filepath.Join(d, name); isExec(p) {
-			return p, nil
-		}
-	}
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	return "", fmt.Errorf("PostgreSQL's %s not found (apt-get install postgresql, or set PG_BIN; --only without postgres skips it)", name)
-}
-
-func isExec(p string) bool {
-	fi, err := os.Stat(p)
-	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
-}
-
 func startPostgres(tmp string) (*pgServer, error) {
-	initdb, err := pgBin("initdb")
+	initdb, err := pgtest.Find("initdb")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w; --only without postgres skips it", err)
 	}
-	pgctl, err := pgBin("pg_ctl")
+	pgctl, err := pgtest.Find("pg_ctl")
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w; --only without postgres skips it", err)
 	}
 	s := &pgServer{dir: filepath.Join(tmp, "pg"), pgctl: pgctl, port: freePort()}
 	if err := os.Mkdir(s.dir, 0o700); err != nil {
 		return nil, err
 	}
 	if os.Geteuid() == 0 {
-		for _, name := range []string{"postgres", "nobody"} {
-			if u, err := user.Lookup(name); err == nil {
-				uid, _ := strconv.Atoi(u.Uid)
-				gid, _ := strconv.Atoi(u.Gid)
-				s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
-				break
-			}
-		}
-		if s.cred == nil {
-			return nil, fmt.Errorf("running as root and no user postgres or nobody to run PostgreSQL as")
+		if s.cred, err = pgtest.Unprivileged(); err != nil {
+			return nil, err
 		}
 		if err := os.Chown(s.dir, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
 			return nil, err

@@ -27,15 +27,25 @@ import (
 )
 
 // Bin returns the path of one of PostgreSQL's programs (initdb, pg_ctl,
-// psql, ...): from $PG_BIN if set, else the newest
-// /usr/lib/postgresql/<version>/bin (Debian keeps them there, off the
-// PATH), else the PATH. It fails the test if there is none. go test
-// -short leaves out every test that needs one.
+// psql, ...), as Find, or fails the test. go test -short leaves out
+// every test that needs one.
 func Bin(t testing.TB, name string) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("-short: needs a real PostgreSQL")
 	}
+	p, err := Find(name)
+	if err != nil {
+		t.Fatalf("%v: the PostgreSQL tests need a real server (.ci/run installs it)", err)
+	}
+	return p
+}
+
+// Find returns the path of one of PostgreSQL's programs: from $PG_BIN if
+// set, else the newest /usr/lib/postgresql/<version>/bin (Debian keeps
+// them there, off the PATH), else the PATH; or an error saying what to
+// install. cmd/sangho-bench starts its server with it too.
+func Find(name string) (string, error) {
 	var dirs []string
 	if d := os.Getenv("PG_BIN"); d != "" {
 		dirs = append(dirs, d)
@@ -45,14 +55,13 @@ func Bin(t testing.TB, name string) string {
 	dirs = append(dirs, versions...)
 	for _, d := range dirs {
 		if p := filepath.Join(d, name); isExecutable(p) {
-			return p
+			return p, nil
 		}
 	}
 	if p, err := exec.LookPath(name); err == nil {
-		return p
+		return p, nil
 	}
-	t.Fatalf("PostgreSQL's %s is not installed: the PostgreSQL tests need a real server (Debian: apt-get install postgresql; .ci/run installs it), or set PG_BIN to the folder of its programs", name)
-	return ""
+	return "", fmt.Errorf("PostgreSQL's %s is not installed (Debian: apt-get install postgresql), or set PG_BIN to the folder of its programs", name)
 }
 
 func versionOf(binDir string) int {
@@ -235,6 +244,17 @@ func (s *Server) run(t testing.TB, bin string, args ...string) {
 // unprivileged is the user a root test runs PostgreSQL as.
 func unprivileged(t testing.TB) *syscall.Credential {
 	t.Helper()
+	cred, err := Unprivileged()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cred
+}
+
+// Unprivileged is the user to run PostgreSQL as when this process is
+// root (initdb refuses root): "postgres", which Debian's package creates,
+// else "nobody".
+func Unprivileged() (*syscall.Credential, error) {
 	for _, name := range []string{"postgres", "nobody"} {
 		u, err := user.Lookup(name)
 		if err != nil {
@@ -242,10 +262,9 @@ func unprivileged(t testing.TB) *syscall.Credential {
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
-		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 	}
-	t.Fatal("running as root, and no unprivileged user (postgres, nobody) to run PostgreSQL as: initdb refuses root")
-	return nil
+	return nil, fmt.Errorf("running as root, and no unprivileged user (postgres, nobody) to run PostgreSQL as: initdb refuses root")
 }
 
 // WaitReady waits (at most timeout) until the server accepts
