@@ -20,32 +20,14 @@ import (
 // promise. Each derives the fact from the code (or states it once) and
 // reads every place in the docs that repeats it.
 
-// readDoc returns a Markdown file of the repository.
-func readDoc(t *testing.T, name string) string {
+// readRepoDoc returns a Markdown file of the repository.
+func readRepoDoc(t *testing.T, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.FromSlash(name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return string(b)
-}
-
-// section returns the text of the heading line head ("## Logs") up to
-// the next heading of the same or a higher level.
-func section(t *testing.T, doc, file, head string) string {
-	t.Helper()
-	i := strings.Index(doc, "\n"+head+"\n")
-	if i < 0 {
-		t.Fatalf("%s has no section %q", file, head)
-	}
-	s := doc[i+len(head)+2:]
-	level := strings.Repeat("#", strings.Index(head, " "))
-	for _, l := range strings.SplitAfter(s, "\n") {
-		if strings.HasPrefix(l, "#") && strings.HasPrefix(l, level) && !strings.HasPrefix(l, level+"#") {
-			return s[:strings.Index(s, l)]
-		}
-	}
-	return s
 }
 
 // registeredStores are the names of the store modules Caddy knows
@@ -116,7 +98,7 @@ func TestDocsListEveryStore(t *testing.T) {
 		{"README.md", "the store option's row", cut("(?m)^\\| `store` \\|(.*)$"), backticked},
 	}
 	for _, p := range places {
-		list := p.list(readDoc(t, p.file))
+		list := p.list(readRepoDoc(t, p.file))
 		if list == "" {
 			t.Errorf("%s: %s not found: has its wording changed? (this test reads it)", p.file, p.what)
 			continue
@@ -212,7 +194,7 @@ func codeLogLines(t *testing.T) map[logLine][]string {
 // docs/observability.md: rows "| level | `message` | ...".
 func docLogLines(t *testing.T) map[logLine]bool {
 	t.Helper()
-	logs := section(t, readDoc(t, "docs/observability.md"), "docs/observability.md", "## Logs")
+	logs := docSection(t, "docs/observability.md", "## Logs")
 	row := regexp.MustCompile("(?m)^\\| (debug|info|warn|error)(?: \\([^|]*\\))? \\| `([^`]+)` \\|")
 	got := map[logLine]bool{}
 	for _, m := range row.FindAllStringSubmatch(logs, -1) {
@@ -256,8 +238,8 @@ func TestDocsLogTables(t *testing.T) {
 	}
 }
 
-// phrase matches words across line breaks: "a b" as a\s+b.
-func phrase(words string) string {
+// wordsAcrossLines matches words across line breaks: "a b" as a\s+b.
+func wordsAcrossLines(words string) string {
 	q := strings.Fields(words)
 	for i := range q {
 		q[i] = regexp.QuoteMeta(q[i])
@@ -267,13 +249,13 @@ func phrase(words string) string {
 
 // crashWindow is the one window of the promise that no edge can close,
 // as the README and docs/stores.md state it (issue 24, item 15).
-var crashWindow = regexp.MustCompile(phrase("if Caddy dies while the backend is working on an event, the backend may finish it, " +
+var crashWindow = regexp.MustCompile(wordsAcrossLines("if Caddy dies while the backend is working on an event, the backend may finish it, " +
 	"and the sender's retry after the lease is gone is processed again"))
 
 // leaseOutlivesCaddy is the same window on a shared store, whose lease
 // survives Caddy until lock_ttl.
-var leaseOutlivesCaddy = regexp.MustCompile(`(?s)` + phrase("the lease survives Caddy") + `.{0,120}?` +
-	phrase("once it expires after `lock_ttl` the sender's retry is processed again"))
+var leaseOutlivesCaddy = regexp.MustCompile(`(?s)` + wordsAcrossLines("the lease survives Caddy") + `.{0,120}?` +
+	wordsAcrossLines("once it expires after `lock_ttl` the sender's retry is processed again"))
 
 // TestDocsStateTheCrashWindow: the README's promise paragraph and
 // docs/stores.md say that an event whose backend outlives a Caddy that
@@ -282,7 +264,7 @@ var leaseOutlivesCaddy = regexp.MustCompile(`(?s)` + phrase("the lease survives 
 // after lock_ttl. So that an edit cannot drop it silently while the
 // window is open.
 func TestDocsStateTheCrashWindow(t *testing.T) {
-	readme := readDoc(t, "README.md")
+	readme := readRepoDoc(t, "README.md")
 	i := strings.Index(readme, "\nNo event is processed twice")
 	if i < 0 {
 		t.Fatal("README.md: the promise paragraph (\"No event is processed twice ...\") not found")
@@ -294,11 +276,11 @@ func TestDocsStateTheCrashWindow(t *testing.T) {
 	if !crashWindow.MatchString(promise) {
 		t.Errorf("README.md: the promise paragraph does not state the crash window (%s):\n%s", crashWindow, promise)
 	}
-	if !crashWindow.MatchString(readDoc(t, "docs/stores.md")) {
+	if !crashWindow.MatchString(readRepoDoc(t, "docs/stores.md")) {
 		t.Errorf("docs/stores.md does not state the crash window (%s)", crashWindow)
 	}
 	for _, f := range []string{"docs/redis.md", "docs/postgres.md"} {
-		if !leaseOutlivesCaddy.MatchString(readDoc(t, f)) {
+		if !leaseOutlivesCaddy.MatchString(readRepoDoc(t, f)) {
 			t.Errorf("%s does not say that the lease survives Caddy and that the retry is processed again once it expires after lock_ttl (%s)", f, leaseOutlivesCaddy)
 		}
 	}
@@ -309,7 +291,7 @@ func TestDocsStateTheCrashWindow(t *testing.T) {
 // and that the first minutes compile with -race in silence (issue 24,
 // item 14: "about 5 minutes" alone sent a new user waiting 13).
 func TestReadmeTestDuration(t *testing.T) {
-	readme := readDoc(t, "README.md")
+	readme := readRepoDoc(t, "README.md")
 	i := strings.Index(readme, "Run the tests (")
 	if i < 0 {
 		t.Fatal("README.md: \"Run the tests (\" not found")
