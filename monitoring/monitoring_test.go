@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -42,14 +45,27 @@ func tool(t *testing.T, name string) string {
 
 // TestRulesPromtool: the rule file is valid (promtool check rules) and
 // its unit tests pass (promtool test rules): each alert fires on the
-// history meant to fire it and stays quiet on the other.
+// history meant to fire it and stays quiet on the other. The commands
+// are the README's, run as written from the repository's root, where
+// the README says to run them.
 func TestRulesPromtool(t *testing.T) {
 	promtool := tool(t, "promtool")
-	for _, args := range [][]string{{"check", "rules", rulesFile}, {"test", "rules", ruleTestsFile}} {
-		out, err := exec.Command(promtool, args...).CombinedOutput()
-		if err != nil {
-			t.Errorf("promtool %s: %v\n%s", strings.Join(args, " "), err, out)
+	var checked, tested bool
+	for _, l := range strings.Split(strings.TrimSpace(recipe(t, "README.md", "promtool")), "\n") {
+		args := strings.Fields(l)
+		if len(args) < 4 || args[0] != "promtool" || args[2] != "rules" {
+			t.Fatalf("README.md: %q is not a promtool ... rules command", l)
 		}
+		checked = checked || args[1] == "check" && slices.Contains(args[3:], "monitoring/"+rulesFile)
+		tested = tested || args[1] == "test" && slices.Contains(args[3:], "monitoring/"+ruleTestsFile)
+		cmd := exec.Command(promtool, args[1:]...)
+		cmd.Dir = ".."
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s (from the repository's root): %v\n%s", l, err, out)
+		}
+	}
+	if !checked || !tested {
+		t.Errorf("README.md's promtool commands do not check monitoring/%s and test monitoring/%s", rulesFile, ruleTestsFile)
 	}
 }
 
@@ -110,7 +126,7 @@ func TestRulesComplete(t *testing.T) {
 		"SanghoDedupStoreUnavailable", "SanghoDedupStoreErrors", "SanghoDedupCommitRetrying",
 		"SanghoDedupCommitAbandoned", "SanghoDedupEventsHeld", "SanghoDedupSignatureFailures",
 		"SanghoDedupPayloadMismatch", "SanghoDedupInFlightPersists", "SanghoDedupRedisPermissionMissing",
-		"SanghoDedupRedisEviction", "SanghoDedupLocalCacheOff",
+		"SanghoDedupRedisEviction", "SanghoDedupLocalCacheOff", "SanghoDedupPostgresProblem",
 	} {
 		if !names[want] {
 			t.Errorf("no alert %s", want)
@@ -181,6 +197,18 @@ func TestRuleTestsCoverEveryRule(t *testing.T) {
 }
 
 type dashboard struct {
+	// Inputs and Requires are Grafana's import format (what "Export for
+	// sharing externally" writes): the import asks for each input.
+	Inputs []struct {
+		Name     string `json:"name"`
+		Label    string `json:"label"`
+		Type     string `json:"type"`
+		PluginID string `json:"pluginId"`
+	} `json:"__inputs"`
+	Requires []struct {
+		Type string `json:"type"`
+		ID   string `json:"id"`
+	} `json:"__requires"`
 	UID           string  `json:"uid"`
 	Title         string  `json:"title"`
 	SchemaVersion int     `json:"schemaVersion"`
@@ -237,31 +265,61 @@ func loadDashboard(t *testing.T) dashboard {
 }
 
 // TestDashboardSchema: dashboard.json keeps to Grafana's documented
-// dashboard JSON model (Grafana itself is not available here): a uid,
-// a title, a schemaVersion, a datasource variable of type datasource
-// used by every panel and target (so the import asks for no fixed data
-// source), unique panel IDs with a gridPos inside the 24-column grid,
-// and targets with a refId and an expr. The panels the issue asks for
-// are there.
+// dashboard JSON model and import format (Grafana itself is not
+// available here): a uid, a title, a schemaVersion; one __inputs entry,
+// a Prometheus data source, so that the import asks which Prometheus to
+// use, and __requires naming Grafana, that data source and every panel
+// type; every panel, target and query variable on that input, none on a
+// fixed data source or a variable the import does not set; unique panel
+// IDs with a gridPos inside the 24-column grid, and targets with a refId
+// and an expr. The panels the issue asks for are there.
 func TestDashboardSchema(t *testing.T) {
 	d := loadDashboard(t)
 	if d.UID == "" || d.Title == "" || d.SchemaVersion < 30 {
 		t.Errorf("uid %q, title %q, schemaVersion %d", d.UID, d.Title, d.SchemaVersion)
 	}
+	if len(d.Inputs) != 1 || d.Inputs[0].Name != "DS_PROMETHEUS" || d.Inputs[0].Type != "datasource" ||
+		d.Inputs[0].PluginID != "prometheus" || d.Inputs[0].Label == "" {
+		t.Fatalf("__inputs %+v: want one, DS_PROMETHEUS, of type datasource, pluginId prometheus, with a label", d.Inputs)
+	}
+	ds := "${" + d.Inputs[0].Name + "}"
+	requires := map[string]bool{}
+	for _, r := range d.Requires {
+		requires[r.Type+"/"+r.ID] = true
+	}
+	for _, want := range []string{"grafana/grafana", "datasource/prometheus"} {
+		if !requires[want] {
+			t.Errorf("__requires has no %s: %+v", want, d.Requires)
+		}
+	}
+	b, err := os.ReadFile(dashboardFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every ${...} in a uid is the input: a leftover ${datasource} would
+	// be a variable the import leaves unset.
+	for _, m := range regexp.MustCompile(`"uid":\s*"(\$\{[^}]*\})"`).FindAllStringSubmatch(string(b), -1) {
+		if m[1] != ds {
+			t.Errorf("a datasource uid %s: the import sets only %s", m[1], ds)
+		}
+	}
 	vars := map[string]string{}
 	for _, v := range d.Templating.List {
 		vars[v.Name] = v.Type
-		if v.Type == "query" && (v.Datasource == nil || v.Datasource.UID != "${datasource}") {
-			t.Errorf("variable %s does not use the datasource variable", v.Name)
+		if v.Type == "query" && (v.Datasource == nil || v.Datasource.UID != ds) {
+			t.Errorf("variable %s: datasource %+v, want the input %s", v.Name, v.Datasource, ds)
 		}
 	}
-	if vars["datasource"] != "datasource" || vars["instance"] != "query" || vars["endpoint"] != "query" {
-		t.Errorf("variables %v: want datasource (datasource), instance and endpoint (query)", vars)
+	if vars["instance"] != "query" || vars["endpoint"] != "query" {
+		t.Errorf("variables %v: want instance and endpoint (query)", vars)
 	}
 	ids := map[int]bool{}
 	titles := ""
 	for _, p := range d.Panels {
 		titles += strings.ToLower(p.Title) + "\n"
+		if !requires["panel/"+p.Type] {
+			t.Errorf("panel %q: __requires has no panel/%s", p.Title, p.Type)
+		}
 		if ids[p.ID] || p.ID == 0 {
 			t.Errorf("panel %q: id %d missing or not unique", p.Title, p.ID)
 		}
@@ -269,8 +327,8 @@ func TestDashboardSchema(t *testing.T) {
 		if p.Type != "timeseries" || p.Description == "" || p.FieldConfig.Defaults.Unit == "" {
 			t.Errorf("panel %q: type %q, a description and a unit wanted", p.Title, p.Type)
 		}
-		if p.Datasource == nil || p.Datasource.Type != "prometheus" || p.Datasource.UID != "${datasource}" {
-			t.Errorf("panel %q: datasource %+v, want the ${datasource} variable", p.Title, p.Datasource)
+		if p.Datasource == nil || p.Datasource.Type != "prometheus" || p.Datasource.UID != ds {
+			t.Errorf("panel %q: datasource %+v, want the input %s", p.Title, p.Datasource, ds)
 		}
 		if g := p.GridPos; g == nil || g.W < 1 || g.H < 1 || g.X < 0 || g.X+g.W > 24 {
 			t.Errorf("panel %q: gridPos %+v", p.Title, p.GridPos)
@@ -280,45 +338,163 @@ func TestDashboardSchema(t *testing.T) {
 		}
 		refs := map[string]bool{}
 		for _, tg := range p.Targets {
-			if tg.Expr == "" || tg.RefID == "" || refs[tg.RefID] || tg.Datasource == nil || tg.Datasource.UID != "${datasource}" {
+			if tg.Expr == "" || tg.RefID == "" || refs[tg.RefID] || tg.Datasource == nil || tg.Datasource.UID != ds {
 				t.Errorf("panel %q: target %+v", p.Title, tg)
 			}
 			refs[tg.RefID] = true
 		}
 	}
-	for _, want := range []string{"outcomes per second", "duplicate ratio", "store latency", "store errors", "in flight and held", "signature failures by reason", "commit retries"} {
+	for _, want := range []string{"outcomes per second", "duplicate ratio", "store latency", "store errors", "in flight and held",
+		"signature failures by reason", "commit retries", "redis checks", "postgresql checks"} {
 		if !strings.Contains(titles, want) {
 			t.Errorf("no panel %q", want)
 		}
 	}
 }
 
-// exporterSeries gathers the series this module exports, from the
-// registry of a config that provisioned the handler: name → type.
-func exporterSeries(t *testing.T) map[string]string {
+// storeConfigs is a config of every store module that registers
+// series, for exporterFamilies: a store connects on first use, so no
+// server is needed. A store registered in Caddy but missing here fails
+// the tests that use it (its series would go unchecked).
+func storeConfigs(t *testing.T) map[string]json.RawMessage {
+	file, _ := json.Marshal(map[string]string{"type": "file", "path": filepath.Join(t.TempDir(), "dedup.db")})
+	return map[string]json.RawMessage{
+		"file":     file,
+		"memory":   nil, // registers no series (memoryRegistersNoSeries), and warns at every load
+		"redis":    json.RawMessage(`{"type":"redis","address":["127.0.0.1:1"]}`),
+		"postgres": json.RawMessage(`{"type":"postgres","dsn":"postgres://monitoring@127.0.0.1:1/monitoring?sslmode=disable"}`),
+	}
+}
+
+// metricFamily is what exporterFamilies tells of a metric family: its type
+// and the values of its problem label.
+type metricFamily struct {
+	typ      string
+	problems []string
+}
+
+// exporterFamilies gathers the series this module exports, from the
+// registry of a config that provisioned the handler on every registered
+// store: name → family.
+func exporterFamilies(t *testing.T) map[string]metricFamily {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	// Every store registers its own series when provisioned (a store's
-	// connection is made on first use: no server is needed here).
-	file, _ := json.Marshal(map[string]string{"type": "file", "path": filepath.Join(t.TempDir(), "dedup.db")})
-	for i, store := range []json.RawMessage{file, json.RawMessage(`{"type":"redis","address":["127.0.0.1:1"]}`)} {
+	configs := storeConfigs(t)
+	mods := caddy.GetModules("http.sangho_dedup.stores")
+	if len(mods) == 0 {
+		t.Fatal("no store module registered")
+	}
+	for i, m := range mods {
+		store, ok := configs[m.ID.Name()]
+		if !ok {
+			t.Fatalf("store %s is registered but storeConfigs has no config for it: add one, so that its series are checked", m.ID.Name())
+		}
+		if store == nil {
+			continue
+		}
 		h := &sanghodedup.Handler{Secrets: []string{"whsec_monitoring"}, StoreRaw: store, KeyPrefix: fmt.Sprintf("m%d:", i)}
 		if err := h.Provision(ctx); err != nil {
-			t.Fatalf("provision: %v", err)
+			t.Fatalf("provision on store %s: %v", m.ID.Name(), err)
 		}
 	}
 	families, err := ctx.GetMetricsRegistry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := map[string]string{}
+	ours := map[string]metricFamily{}
 	for _, f := range families {
-		if strings.HasPrefix(f.GetName(), "caddy_sangho_dedup_") {
-			got[f.GetName()] = strings.ToLower(f.GetType().String())
+		if !strings.HasPrefix(f.GetName(), "caddy_sangho_dedup_") {
+			continue
+		}
+		mf := metricFamily{typ: strings.ToLower(f.GetType().String())}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "problem" {
+					mf.problems = append(mf.problems, l.GetValue())
+				}
+			}
+		}
+		ours[f.GetName()] = mf
+	}
+	return ours
+}
+
+// TestMemoryRegistersNoSeries: the memory store imports no Prometheus
+// package, so exporterFamilies may leave it out.
+func TestMemoryRegistersNoSeries(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("..", "stores", "memory", "*.go"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("stores/memory: %v %v", files, err)
+	}
+	fset := token.NewFileSet()
+	for _, file := range files {
+		f, err := parser.ParseFile(fset, file, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if p, _ := strconv.Unquote(imp.Path.Value); strings.Contains(p, "prometheus") || strings.HasSuffix(p, "/promreg") {
+				t.Errorf("%s imports %s: give storeConfigs a memory config, so that its series are checked", file, p)
+			}
 		}
 	}
+}
+
+// exporterSeries is exporterFamilies as name → type.
+func exporterSeries(t *testing.T) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for name, f := range exporterFamilies(t) {
+		got[name] = f.typ
+	}
 	return got
+}
+
+// TestRulesAlertOnEveryStoreProblem: for every problem a store's checks
+// count (the problem label of each *_problems_total series the stores
+// export, at 0 from the start), an alert's expression selects it: a
+// store's problem cannot go without an alert.
+func TestRulesAlertOnEveryStoreProblem(t *testing.T) {
+	rules := loadRules(t)
+	n := 0
+	for name, f := range exporterFamilies(t) {
+		if !strings.HasSuffix(name, "_problems_total") {
+			continue
+		}
+		if len(f.problems) == 0 {
+			t.Errorf("%s: no series with a problem label", name)
+		}
+		for _, problem := range f.problems {
+			n++
+			if !slices.ContainsFunc(rules, func(r rule) bool { return selects(r.Expr, name, problem) }) {
+				t.Errorf("no alert selects %s{problem=%q}", name, problem)
+			}
+		}
+	}
+	if n < 5 {
+		t.Errorf("only %d store problems found (Redis's and PostgreSQL's are exported at 0 from the start)", n)
+	}
+}
+
+// selects says whether a PromQL expression selects series name with
+// the label problem=value: a selector of name with no problem matcher,
+// or one whose = or =~ matcher matches value.
+func selects(expr, name, value string) bool {
+	sel := regexp.MustCompile(regexp.QuoteMeta(name) + `(?:\{([^}]*)\})?`)
+	matcher := regexp.MustCompile(`problem\s*(=~|!=|!~|=)\s*"([^"]*)"`)
+	for _, m := range sel.FindAllStringSubmatch(expr, -1) {
+		pm := matcher.FindStringSubmatch(m[1])
+		switch {
+		case pm == nil:
+			return true
+		case pm[1] == "=" && pm[2] == value:
+			return true
+		case pm[1] == "=~" && regexp.MustCompile("^(?:"+pm[2]+")$").MatchString(value):
+			return true
+		}
+	}
+	return false
 }
 
 // docsMetricTable parses the metric table of the Metrics section of
@@ -374,5 +550,39 @@ func TestDocsMetricTable(t *testing.T) {
 	}
 	if len(extra) > 0 {
 		t.Errorf("in the metric table of docs/observability.md but not exported: %v", extra)
+	}
+}
+
+// TestReadmeLinksSayWhereTheyGo: a link of monitoring/README.md whose
+// sentence sends the reader to "the README" leads to a README, and one
+// that sends them to the metric table leads to the file that has it
+// (issue 24: "listed in the main README" linked to docs/observability.md).
+func TestReadmeLinksSayWhereTheyGo(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := string(b)
+	link := regexp.MustCompile(`\[([^\]]*)\]\(([^)\s]+)\)`)
+	n := 0
+	for _, m := range link.FindAllStringSubmatchIndex(s, -1) {
+		before := s[max(0, m[0]-80):m[0]]
+		if k := strings.LastIndexAny(before, ".:;"); k >= 0 {
+			before = before[k+1:] // this sentence only
+		}
+		target := s[m[4]:m[5]]
+		file, _, _ := strings.Cut(target, "#")
+		if strings.Contains(before, "README") && !strings.HasSuffix(file, "README.md") {
+			t.Errorf("monitoring/README.md: %q sends the reader to a README, but the link goes to %s", strings.TrimSpace(before)+s[m[0]:m[1]], target)
+		}
+		if strings.Contains(before, "series") && strings.Contains(before, "listed") {
+			n++
+			if target != "../docs/observability.md#metrics" {
+				t.Errorf("monitoring/README.md: the series are listed in docs/observability.md#metrics, but the link goes to %s", target)
+			}
+		}
+	}
+	if n == 0 {
+		t.Error("monitoring/README.md no longer says where the series are listed (the metric table of docs/observability.md)")
 	}
 }

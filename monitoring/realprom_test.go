@@ -22,13 +22,15 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
+	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // The real-Prometheus test: one Caddy built from ./cmd/caddy, with
-// sangho_dedup on the file store and on Redis (several endpoints, some
-// broken on purpose), Caddy's tracing on and an access log written as the
+// sangho_dedup on the file store, on Redis (several endpoints, some
+// broken on purpose) and on PostgreSQL (a role without the privileges),
+// Caddy's tracing on and an access log written as the
 // docs/observability.md says, scraped every second by Debian's prometheus loaded with
 // the rule file, while deliveries of every outcome arrive. Then every
 // PromQL expression of the dashboard and of the rule file is evaluated
@@ -195,6 +197,13 @@ func startFleet(t *testing.T) *fleet {
 	f.be = be
 	dead := "127.0.0.1:" + strconv.Itoa(freePort(t)) // nothing listens there
 
+	// PostgreSQL: a role granted nothing, so the store cannot create its
+	// table (PostgreSQL 15 revokes CREATE on public from PUBLIC): every
+	// claim is a permission_missing problem, answered 503.
+	pg := pgtest.Start(t)
+	pg.Psql(t, "CREATE ROLE caddy_nogrant LOGIN")
+	pgNoGrant := pg.DSNAs("caddy_nogrant", "")
+
 	sitePort, adminPort, metricsPort, promPort := freePort(t), freePort(t), freePort(t), freePort(t)
 	f.site = "http://127.0.0.1:" + strconv.Itoa(sitePort)
 	f.admin = "http://127.0.0.1:" + strconv.Itoa(adminPort)
@@ -233,6 +242,7 @@ http://127.0.0.1:%d {
 		{"acl", redis(main.Addr, "username nopexpire\n\t\t\t\tpassword pw_nopexpire")},
 		{"notrack", redis(main.Addr, "username notrack\n\t\t\t\tpassword pw_notrack\n\t\t\t\tlocal_cache 10000")},
 		{"evict", redis(evict.Addr, "")},
+		{"pg_acl", "store postgres {\n\t\t\t\tdsn \"" + pgNoGrant + "\"\n\t\t\t}"},
 	} {
 		cfg += endpoint(e.name, e.extra, be.url)
 	}
@@ -456,6 +466,7 @@ func (f *fleet) deliverEveryOutcome(t *testing.T) {
 		want("unchecked", f.deliver(t, "pass", event(fmt.Sprintf("evt_pass_%d", i)), secret), 200)
 	}
 	want("permission missing", f.deliver(t, "acl", event("evt_acl_1"), secret), 503)
+	want("postgres permission missing", f.deliver(t, "pg_acl", event("evt_pg_acl_1"), secret), 503)
 	want("processed without local cache", f.deliver(t, "notrack", event("evt_notrack_1"), secret), 200)
 	want("processed on an evicting Redis", f.deliver(t, "evict", event("evt_evict_1"), secret), 200)
 	for i := range 2 {
@@ -682,8 +693,8 @@ func (f *fleet) checkDashboardQueries(t *testing.T) {
 		if err != nil || len(res) == 0 {
 			t.Errorf("variable %s: %v, %d values", v.Name, err, len(res))
 		}
-		if v.Name == "endpoint" && len(res) != 10 {
-			t.Errorf("variable endpoint: %d values, want the 10 endpoints: %v", len(res), res)
+		if v.Name == "endpoint" && len(res) != 11 {
+			t.Errorf("variable endpoint: %d values, want the 11 endpoints: %v", len(res), res)
 		}
 	}
 	t.Logf("%d dashboard expressions evaluated", n)
@@ -870,7 +881,7 @@ func (f *fleet) checkTraces(t *testing.T) {
 // traffic sends a mix of deliveries for d, for the panel pictures:
 // new events and redeliveries on the file store and on Redis, bursts of
 // forged signatures, a store outage, held events meeting redeliveries
-// (409), slow claims.
+// (409), slow claims, claims refused by PostgreSQL.
 func (f *fleet) traffic(t *testing.T, d time.Duration) {
 	begin := time.Now()
 	var wg sync.WaitGroup
@@ -901,6 +912,8 @@ func (f *fleet) traffic(t *testing.T, d time.Duration) {
 				}
 			case phase == 4 && n%2 == 0:
 				f.deliver(t, "slow", event(id), secret)
+			case phase == 5 && n%4 == 0: // a PostgreSQL role without its privileges
+				f.deliver(t, "pg_acl", event(id), secret)
 			}
 		})
 		time.Sleep(250 * time.Millisecond)
