@@ -116,6 +116,9 @@ func (c *tableCheck) ensure(ctx context.Context, logger *zap.Logger) error {
 	c.mu.Unlock()
 
 	err := c.run(ctx, logger)
+	if err != nil && c.db.startupTimeoutRefused(err, logger) {
+		err = c.run(ctx, logger) // the first connection, without statement_timeout
+	}
 	var pe *problemError
 	if errors.As(err, &pe) {
 		c.log(pe, logger)
