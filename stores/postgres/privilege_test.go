@@ -186,3 +186,43 @@ func TestTableMissing(t *testing.T) {
 		t.Fatalf("logs = %v", logs.All())
 	}
 }
+
+// A privilege revoked while the store runs is named in the statement's
+// error and in the log line, as at start: every "postgres permission
+// missing" line names UPDATE, not "a privilege".
+func TestPrivilegeRevokedWhileRunningIsNamed(t *testing.T) {
+	srv := pgtest.StartWith(t, pgtest.Options{HBA: passwordHBA})
+	srv.Psql(t, docBlock(t, "ddl"))
+	srv.Psql(t, `CREATE ROLE caddy_dedup LOGIN PASSWORD 'change-me';
+GRANT USAGE ON SCHEMA public TO caddy_dedup;
+GRANT SELECT, INSERT, UPDATE, DELETE ON processed_webhook_events TO caddy_dedup;`)
+	s, logs := provision(t, storeJSON(srv.DSNAs("caddy_dedup", "change-me"), "", "create_table", "false"))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "k", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	srv.Psql(t, `REVOKE UPDATE ON processed_webhook_events FROM caddy_dedup`)
+	_, err := s.Renew(ctx, "k", "tok", time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "UPDATE") {
+		t.Fatalf("renew after UPDATE was revoked = %v; want an error naming UPDATE", err)
+	}
+	l := logs.FilterMessage("postgres permission missing").All()
+	if len(l) == 0 {
+		t.Fatal("no log line for the revoked privilege")
+	}
+	for _, e := range l {
+		if p := e.ContextMap()["privilege"]; p != "UPDATE" {
+			t.Fatalf("logged privilege %q; want UPDATE (lines: %+v)", p, l)
+		}
+	}
+	// every request meanwhile is refused with the name, and the check is
+	// not rerun (nor logged) more than once a second
+	for range 5 {
+		if _, _, err := s.Claim(ctx, "k2", "tok", time.Minute); err == nil || !strings.Contains(err.Error(), "UPDATE") {
+			t.Fatalf("claim without UPDATE = %v; want an error naming UPDATE", err)
+		}
+	}
+	if n := logs.FilterMessage("postgres permission missing").Len(); n != 1 {
+		t.Fatalf("%d log lines for one revocation within a second; want 1", n)
+	}
+}
