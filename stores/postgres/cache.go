@@ -193,7 +193,14 @@ func (l *listener) session() error {
 	}()
 	timeout := l.db.opts.timeout
 	cctx, ccancel := context.WithTimeout(ctx, timeout)
-	conn, err := pgx.ConnectConfig(cctx, l.db.opts.config.ConnConfig.Copy())
+	cc := l.db.opts.config.ConnConfig.Copy()
+	_ = l.db.beforeConnect(cctx, cc)
+	conn, err := pgx.ConnectConfig(cctx, cc)
+	if err != nil && l.db.startupTimeoutRefused(err, l.logger) {
+		cc = l.db.opts.config.ConnConfig.Copy()
+		_ = l.db.beforeConnect(cctx, cc)
+		conn, err = pgx.ConnectConfig(cctx, cc)
+	}
 	if err == nil {
 		_, err = conn.Exec(cctx, "LISTEN "+pgx.Identifier{forgetChannel(l.db.opts.qualified())}.Sanitize())
 	}

@@ -116,6 +116,9 @@ func (c *tableCheck) ensure(ctx context.Context, logger *zap.Logger) error {
 	c.mu.Unlock()
 
 	err := c.run(ctx, logger)
+	if err != nil && c.db.startupTimeoutRefused(err, logger) {
+		err = c.run(ctx, logger) // the first connection, without statement_timeout
+	}
 	var pe *problemError
 	if errors.As(err, &pe) {
 		c.log(pe, logger)
@@ -155,29 +158,42 @@ func (c *tableCheck) log(pe *problemError, logger *zap.Logger) {
 	logger.Error("postgres permission missing", fields...)
 }
 
-// failed turns an operation's error into the store's: a refusal for
-// lack of a privilege or of the table sends the next request through
-// the check again (which logs it by name).
-func (c *tableCheck) failed(err error, logger *zap.Logger) error {
+// failed turns an operation's error into the store's. A statement
+// refused for lack of a privilege or of the table runs the check again
+// at once (at most once per checkRetryEvery, as at start), so that the
+// error and the log line name what is missing ("UPDATE"), not only that
+// something is.
+func (c *tableCheck) failed(ctx context.Context, err error, logger *zap.Logger) error {
 	var pg *pgconn.PgError
-	if errors.As(err, &pg) && (pg.Code == "42501" || pg.Code == "42P01") {
-		c.ok.Store(false)
-		c.mu.Lock()
-		c.refused = nil
-		c.mu.Unlock()
-		qualified := c.db.opts.qualified()
-		pe := &problemError{problem: problemPermission, privilege: "a privilege", table: qualified, err: err}
-		if pg.Code == "42P01" {
-			pe = &problemError{problem: problemTable, table: qualified, err: err}
-			if c.db.opts.create {
-				// recreated by the next check
-				return c.db.opts.scrub(fmt.Errorf("postgres store: table %s vanished: %w", qualified, err))
-			}
-		}
-		c.log(pe, logger)
-		return c.db.opts.scrub(pe)
+	if !errors.As(err, &pg) || (pg.Code != "42501" && pg.Code != "42P01") {
+		return c.db.opts.scrub(fmt.Errorf("postgres store: %w", err))
 	}
-	return c.db.opts.scrub(fmt.Errorf("postgres store: %w", err))
+	qualified := c.db.opts.qualified()
+	c.ok.Store(false)
+	if pg.Code == "42P01" && c.db.opts.create {
+		// recreated by the next check
+		return c.db.opts.scrub(fmt.Errorf("postgres store: table %s vanished: %w", qualified, err))
+	}
+	cerr := c.ensure(ctx, logger)
+	var pe *problemError
+	switch {
+	case errors.As(cerr, &pe):
+		return cerr // named, and logged by the check
+	case cerr != nil:
+		// the check could not run (e.g. the request's time is up): the
+		// next request runs it and logs what is missing
+		return c.db.opts.scrub(fmt.Errorf("postgres store: %w", err))
+	case pg.Code == "42P01":
+		// created again meanwhile
+		return c.db.opts.scrub(fmt.Errorf("postgres store: %w", err))
+	}
+	// The check finds every privilege it knows: the refusal is one it
+	// cannot see (a column privilege, a row security policy), or the
+	// privilege was granted again meanwhile.
+	pe = &problemError{problem: problemPermission, table: qualified, err: err,
+		privilege: "a privilege the check does not see (the role holds SELECT, INSERT, UPDATE and DELETE on the table: a column privilege or a row security policy?)"}
+	c.log(pe, logger)
+	return c.db.opts.scrub(pe)
 }
 
 // run checks the schema's USAGE, the table (creating it when allowed)

@@ -165,7 +165,7 @@ func (s *Store) op(ctx context.Context, f func(ctx context.Context) error) error
 	if err == nil {
 		return nil
 	}
-	return s.db.check.failed(err, s.logger)
+	return s.db.check.failed(ctx, err, s.logger)
 }
 
 // maxClaimTries bounds the reruns of a claim that raced (see claim).

@@ -18,6 +18,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -58,7 +59,7 @@ const (
 //
 // Expired rows are invisible to the store at once and deleted in the
 // background, in batches of 1000, by one Caddy instance at a time
-// (pg_try_advisory_lock).
+// (pg_try_advisory_xact_lock in each batch's transaction).
 type Store struct {
 	// DSN is the connection string, a postgres:// URL or key=value
 	// pairs as libpq takes them (sslmode, sslrootcert, sslcert and sslkey
@@ -397,15 +398,19 @@ type sharedDB struct {
 	lis   *listener
 	stop  chan struct{}
 	done  chan struct{}
+
+	noStartupTimeout atomic.Bool // a pooler refused statement_timeout as a startup parameter (pooler.go)
 }
 
 func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {
+	db := &sharedDB{opts: o, sql: newStatements(o.qualified()),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	o.config.BeforeConnect = db.beforeConnect
 	pool, err := pgxpool.NewWithConfig(context.Background(), o.config)
 	if err != nil {
 		return nil, err
 	}
-	db := &sharedDB{pool: pool, opts: o, sql: newStatements(o.qualified()),
-		stop: make(chan struct{}), done: make(chan struct{})}
+	db.pool = pool
 	db.check = newTableCheck(db)
 	if o.cache > 0 {
 		db.cache = newDoneCache(o.cache)

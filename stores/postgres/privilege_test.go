@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -32,6 +34,66 @@ func docBlock(t *testing.T, name string) string {
 		t.Fatalf("docs/postgres.md has no sql block marked %q", name)
 	}
 	return string(m[1])
+}
+
+// docDSN is the dsn of the caddyfile block of docs/postgres.md marked
+// name.
+func docDSN(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../docs/postgres.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- test: " + regexp.QuoteMeta(name) + " -->\n```caddyfile\n.*?dsn \"([^\"]*)\".*?```").FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("docs/postgres.md has no caddyfile block with a dsn marked %q", name)
+	}
+	return string(m[1])
+}
+
+// psqlFile runs sql as a reader of the docs would, psql -f with the
+// text in a file (each statement on its own, as CREATE DATABASE needs),
+// through dsn.
+func psqlFile(t *testing.T, dsn, sql string) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "block.sql")
+	if err := os.WriteFile(f, []byte(sql), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(pgtest.Bin(t, "psql"), "-X", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", f).CombinedOutput()
+	if err != nil {
+		t.Fatalf("psql -f of\n%s: %v\n%s", sql, err, out)
+	}
+}
+
+// docSetup runs the docs' role and database blocks as the superuser,
+// then the blocks named in the database they create (as its owner, the
+// superuser), and returns the DSN of that database for the superuser
+// and for the docs' role. It checks that the database is the one the
+// docs' first DSN names.
+func docSetup(t *testing.T, srv *pgtest.Server, blocks ...string) (owner, role string) {
+	t.Helper()
+	create := docBlock(t, "database")
+	m := regexp.MustCompile(`CREATE DATABASE (\w+);`).FindStringSubmatch(create)
+	if m == nil {
+		t.Fatalf("the database block creates no database: %q", create)
+	}
+	db := m[1]
+	b, err := os.ReadFile("../../docs/postgres.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`dsn "postgres://[^"/]*/` + db + `\?`).Match(b) {
+		t.Fatalf("the first DSN of docs/postgres.md does not name the database %q its database block creates", db)
+	}
+	psqlFile(t, srv.DSN, docBlock(t, "role"))
+	psqlFile(t, srv.DSN, create)
+	owner = strings.Replace(srv.DSN, "/postgres?", "/"+db+"?", 1)
+	for _, name := range blocks {
+		psqlFile(t, owner, docBlock(t, name))
+	}
+	role = strings.Replace(srv.DSNAs("caddy_dedup", "change-me"), "/postgres?", "/"+db+"?", 1)
+	return owner, role
 }
 
 // everyOperation runs every store operation once and fails the test on
@@ -81,42 +143,47 @@ func everyOperation(t *testing.T, s *Store) {
 	}
 }
 
-// The docs' DDL and GRANT lines, run verbatim, give a role that can run
-// every store operation with create_table off; and the DDL is the one
-// the store runs itself.
+// The docs' role and database blocks, then the DDL and the GRANT lines
+// for create_table off, run verbatim as a new user would, give a role
+// that can run every store operation with create_table off; and the
+// DDL is the one the store runs itself.
 func TestDocsGrantLeastPrivilege(t *testing.T) {
 	srv := pgtest.StartWith(t, pgtest.Options{HBA: passwordHBA})
-	srv.Psql(t, docBlock(t, "ddl"))
-	srv.Psql(t, docBlock(t, "grant"))
-	s, logs := provision(t, storeJSON(srv.DSNAs("caddy_dedup", "change-me"), "", "create_table", "false"))
+	owner, role := docSetup(t, srv, "ddl", "grant")
+	s, logs := provision(t, storeJSON(role, "", "create_table", "false"))
 	everyOperation(t, s)
 	if n := logs.FilterMessage("postgres permission missing").Len(); n != 0 {
 		t.Fatalf("%d permission errors logged", n)
 	}
 	// The store's own DDL makes the same table.
-	s2, _ := provision(t, storeJSON(srv.DSN, "own_ddl"))
+	s2, _ := provision(t, storeJSON(owner, "own_ddl"))
 	if _, _, err := s2.Claim(context.Background(), "x", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	appDB := *srv
+	appDB.DSN = owner
 	shape := func(table string) string {
-		return srv.Psql(t, `SELECT string_agg(column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, ''), ', ' ORDER BY ordinal_position)
+		return appDB.Psql(t, `SELECT string_agg(column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, ''), ', ' ORDER BY ordinal_position)
   FROM information_schema.columns WHERE table_name = '`+table+`'`) + " / " +
-			srv.Psql(t, `SELECT string_agg(replace(indexdef, '`+table+`', 'T'), ', ' ORDER BY indexdef) FROM pg_indexes WHERE tablename = '`+table+`'`) + " / " +
-			srv.Psql(t, `SELECT string_agg(pg_get_constraintdef(oid), ', ' ORDER BY 1) FROM pg_constraint WHERE conrelid = '`+table+`'::regclass`)
+			appDB.Psql(t, `SELECT string_agg(replace(indexdef, '`+table+`', 'T'), ', ' ORDER BY indexdef) FROM pg_indexes WHERE tablename = '`+table+`'`) + " / " +
+			appDB.Psql(t, `SELECT string_agg(pg_get_constraintdef(oid), ', ' ORDER BY 1) FROM pg_constraint WHERE conrelid = '`+table+`'::regclass`)
 	}
 	if a, b := shape("processed_webhook_events"), shape("own_ddl"); a != b {
 		t.Fatalf("the docs' DDL and the store's differ:\n docs:  %s\n store: %s", a, b)
 	}
 }
 
-// The docs' GRANT lines for create_table on: the role creates the
-// table on first use, then runs every operation.
+// The docs' role and database blocks, then the GRANT line for
+// create_table on (the default), run verbatim as a new user would: the
+// role creates the table on first use, then runs every operation.
 func TestDocsGrantCreateTable(t *testing.T) {
 	srv := pgtest.StartWith(t, pgtest.Options{HBA: passwordHBA})
-	srv.Psql(t, docBlock(t, "grant-create"))
-	s, _ := provision(t, storeJSON(srv.DSNAs("caddy_dedup", "change-me"), ""))
+	owner, role := docSetup(t, srv, "grant-create")
+	s, _ := provision(t, storeJSON(role, ""))
 	everyOperation(t, s)
-	if owner := srv.Psql(t, `SELECT tableowner FROM pg_tables WHERE tablename = 'processed_webhook_events'`); owner != "caddy_dedup" {
+	appDB := *srv
+	appDB.DSN = owner
+	if owner := appDB.Psql(t, `SELECT tableowner FROM pg_tables WHERE tablename = 'processed_webhook_events'`); owner != "caddy_dedup" {
 		t.Fatalf("table owner = %q", owner)
 	}
 }
@@ -184,5 +251,45 @@ func TestTableMissing(t *testing.T) {
 	}
 	if logs.FilterMessage("postgres table missing").Len() != 1 {
 		t.Fatalf("logs = %v", logs.All())
+	}
+}
+
+// A privilege revoked while the store runs is named in the statement's
+// error and in the log line, as at start: every "postgres permission
+// missing" line names UPDATE, not "a privilege".
+func TestPrivilegeRevokedWhileRunningIsNamed(t *testing.T) {
+	srv := pgtest.StartWith(t, pgtest.Options{HBA: passwordHBA})
+	srv.Psql(t, docBlock(t, "ddl"))
+	srv.Psql(t, `CREATE ROLE caddy_dedup LOGIN PASSWORD 'change-me';
+GRANT USAGE ON SCHEMA public TO caddy_dedup;
+GRANT SELECT, INSERT, UPDATE, DELETE ON processed_webhook_events TO caddy_dedup;`)
+	s, logs := provision(t, storeJSON(srv.DSNAs("caddy_dedup", "change-me"), "", "create_table", "false"))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "k", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	srv.Psql(t, `REVOKE UPDATE ON processed_webhook_events FROM caddy_dedup`)
+	_, err := s.Renew(ctx, "k", "tok", time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "UPDATE") {
+		t.Fatalf("renew after UPDATE was revoked = %v; want an error naming UPDATE", err)
+	}
+	l := logs.FilterMessage("postgres permission missing").All()
+	if len(l) == 0 {
+		t.Fatal("no log line for the revoked privilege")
+	}
+	for _, e := range l {
+		if p := e.ContextMap()["privilege"]; p != "UPDATE" {
+			t.Fatalf("logged privilege %q; want UPDATE (lines: %+v)", p, l)
+		}
+	}
+	// every request meanwhile is refused with the name, and the check is
+	// not rerun (nor logged) more than once a second
+	for range 5 {
+		if _, _, err := s.Claim(ctx, "k2", "tok", time.Minute); err == nil || !strings.Contains(err.Error(), "UPDATE") {
+			t.Fatalf("claim without UPDATE = %v; want an error naming UPDATE", err)
+		}
+	}
+	if n := logs.FilterMessage("postgres permission missing").Len(); n != 1 {
+		t.Fatalf("%d log lines for one revocation within a second; want 1", n)
 	}
 }

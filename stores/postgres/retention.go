@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 )
 
@@ -62,41 +63,45 @@ func (db *sharedDB) sweeper(logger *zap.Logger) {
 	}
 }
 
-// sweep deletes expired rows in batches if no other instance is
-// sweeping the table (pg_try_advisory_lock, held on one connection for
-// the sweep); it reports how many it deleted and whether it swept.
+// sweep deletes expired rows in batches, each its own transaction that
+// first takes a transaction-scoped advisory lock (pg_try_advisory_xact_lock):
+// while another instance's batch holds it, this one stops, so one
+// instance at a time sweeps the table. The lock ends with the batch's
+// transaction, on the server connection that ran it: nothing to release,
+// and behind a transaction-mode pooler (which may hand every transaction
+// another server connection) no lock is left on an idle one. It reports
+// how many rows it deleted and whether it swept (false: another
+// instance held the lock at the first batch).
 func (db *sharedDB) sweep(ctx context.Context) (deleted int64, swept bool, err error) {
-	conn, err := db.pool.Acquire(ctx)
-	if err != nil {
-		return 0, false, err
-	}
-	defer conn.Release()
 	key := db.lockKey()
-	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&got); err != nil {
-		return 0, false, err
-	}
-	if !got {
-		return 0, false, nil
-	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.Background(), db.opts.timeout)
-		defer cancel()
-		if _, uerr := conn.Exec(uctx, `SELECT pg_advisory_unlock($1)`, key); uerr != nil {
-			// the session keeps the lock: close it so the server drops it
-			_ = conn.Conn().Close(context.Background())
-		}
-	}()
 	for {
-		bctx, cancel := context.WithTimeout(ctx, db.opts.timeout)
-		tag, err := conn.Exec(bctx, db.sql.sweep, sweepBatch)
-		cancel()
-		if err != nil {
-			return deleted, true, err
+		n, got, err := db.sweepBatch(ctx, key)
+		swept = swept || got
+		if !got || err != nil {
+			return deleted, swept, err
 		}
-		deleted += tag.RowsAffected()
-		if tag.RowsAffected() < sweepBatch || ctx.Err() != nil {
+		deleted += n
+		if n < sweepBatch || ctx.Err() != nil {
 			return deleted, true, ctx.Err()
 		}
 	}
+}
+
+// sweepBatch deletes one batch under the sweep's lock, in one
+// transaction; got is false when another instance holds the lock.
+func (db *sharedDB) sweepBatch(ctx context.Context, key int64) (n int64, got bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, db.opts.timeout)
+	defer cancel()
+	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, key).Scan(&got); err != nil || !got {
+			return err
+		}
+		tag, err := tx.Exec(ctx, db.sql.sweep, sweepBatch)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return 0, got, err
+	}
+	return n, got, nil
 }
