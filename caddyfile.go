@@ -42,7 +42,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_store_error reject|pass  # default reject
 //		require_body_id on|off      # default on
 //		key_prefix <string>         # default "sangho_dedup:"
-//		name <string>               # default: the key_prefix
+//		name <string>               # default: the key_prefix without its trailing colon
 //		on_payload_mismatch reject|log # default reject
 //		store file [<path>]         # the default
 //		store memory
