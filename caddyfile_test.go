@@ -305,4 +305,14 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "whsec_from_the_environment") {
 		t.Errorf("{$VAR} set: %v\n%s", err, out)
 	}
+	// and the docs say both, where secrets are explained
+	for _, doc := range []string{"README.md", "docs/configuration.md", "docs/security.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text := strings.Join(strings.Fields(string(b)), " "); !strings.Contains(text, "`{$X}`") || !strings.Contains(text, "adapted JSON") || !strings.Contains(text, "`{env.X}`") {
+			t.Errorf("%s does not say what {$X} does beside {env.X}", doc)
+		}
+	}
 }
