@@ -233,3 +233,49 @@ func TestServerNamedEndpointKeepsTheDefaultPrefix(t *testing.T) {
 		t.Errorf("the new site's backend got the event %d times, want 1", n)
 	}
 }
+
+// The two-site recipe of docs/configuration.md ("One endpoint, one
+// prefix"), run as written but for the addresses: it loads on the
+// default file, each site's backend gets the event once, and the shop's
+// records stay under the default prefix.
+func TestDocsTwoSitesOnTheDefaultFile(t *testing.T) {
+	ownDataDir(t)
+	blocks := codeBlocks(docSection(t, "docs/configuration.md", "## One endpoint, one prefix"), "caddyfile")
+	if len(blocks) != 1 {
+		t.Fatalf("docs/configuration.md's One endpoint, one prefix has %d caddyfile blocks, want 1", len(blocks))
+	}
+	t.Setenv("SHOP_WEBHOOK_SECRET", secret1)
+	t.Setenv("BILLING_WEBHOOK_SECRET", secret2)
+	shop, billing := ledger.New(t), ledger.New(t)
+	portA, portB := freePort(t), freePort(t)
+	src := strings.NewReplacer(
+		"shop.example.com {", fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1", portA),
+		"billing.example.com {", fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1", portB),
+		"localhost:8080", shop.Addr,
+		"localhost:8081", billing.Addr,
+	).Replace(blocks[0])
+	if !strings.Contains(src, shop.Addr) || !strings.Contains(src, billing.Addr) || !strings.Contains(src, "127.0.0.1:"+strconv.Itoa(portB)) {
+		t.Fatalf("the recipe changed shape; the test's replacements no longer apply:\n%s", blocks[0])
+	}
+	cfg, _ := adaptCaddyfile(t, "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\toutput discard\n\t}\n}\n"+src)
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatalf("the recipe does not load: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	for range 2 {
+		for port, secret := range map[int]string{portA: secret1, portB: secret2} {
+			if a := sendWith(t, "http://127.0.0.1:"+strconv.Itoa(port)+"/webhook", bodyA, secret); a.status != 200 {
+				t.Fatalf("delivery to :%d: %d %s", port, a.status, a.body)
+			}
+		}
+	}
+	for name, l := range map[string]*ledger.Ledger{"shop": shop, "billing": billing} {
+		if n, _ := l.Counts(""); n != 1 {
+			t.Errorf("%s's backend got the event %d times, want 1", name, n)
+		}
+	}
+	eps := currentEndpoints()
+	if eps["shop"] == nil || eps["shop"].KeyPrefix != DefaultKeyPrefix || eps["billing"] == nil || eps["billing"].KeyPrefix != "sangho_dedup:billing:" {
+		t.Errorf("endpoints: %v", eps)
+	}
+}
