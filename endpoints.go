@@ -119,9 +119,15 @@ func (h *Handler) sharedStateError(prev, use endpointUse, where string) error {
 	if strings.HasPrefix(h.storeState, "file ") {
 		shared = " A file is shared by every site of this Caddy that uses it, the default store's too (one file per Caddy, in its data directory)."
 	}
+	// Caddy provisions servers in no set order: name the endpoints in
+	// one, so that the same config gets the same advice.
 	example := "key_prefix " + h.KeyPrefix + "<name>:"
-	if h.Name != defaultName(h.KeyPrefix) {
-		example = "key_prefix " + h.KeyPrefix + h.Name + ":"
+	if a, b := prev.name, use.name; a != defaultName(h.KeyPrefix) && b != defaultName(h.KeyPrefix) && a != b {
+		if a > b {
+			a, b = b, a
+		}
+		example = fmt.Sprintf("key_prefix %s%s: in %q if %q ran before, or key_prefix %s%s: in %q if %q did",
+			h.KeyPrefix, b, b, a, h.KeyPrefix, a, a, b)
 	}
 	return fmt.Errorf("sangho_dedup endpoints %q (%s) and %q (%s) share one store (%s) with different secrets: "+
 		"one endpoint would answer the other's events as duplicates and its backend would never see them.%s "+
