@@ -32,7 +32,9 @@ func init() {
 //	                                               delivery is processed; force also removes
 //	                                               the lease of an event in flight (dangerous)
 //
-// <name> is a handler's `name` (default: its key_prefix), URL-escaped.
+// <name> is a handler's `name` (default: its key_prefix without the
+// trailing colon, "sangho_dedup"), URL-escaped; the key_prefix itself,
+// its default name before, still reaches an endpoint named by default.
 type AdminAPI struct {
 	logger *zap.Logger
 }
@@ -108,7 +110,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	if err := errors.Join(err1, err2); err != nil {
 		return apiError(http.StatusBadRequest, "malformed path: %v", err)
 	}
-	h, ok := currentEndpoints()[name]
+	h, ok := endpointNamed(name)
 	if !ok {
 		return apiError(http.StatusNotFound, "no sangho_dedup endpoint named %q in the running config (GET /sangho_dedup/ lists them)", name)
 	}
@@ -147,6 +149,23 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return writeJSON(w, http.StatusOK, info)
 	}
 	return apiError(http.StatusMethodNotAllowed, "method %s not allowed: GET or DELETE", r.Method)
+}
+
+// endpointNamed returns the running config's handler named name. The
+// key_prefix of an endpoint named by default reaches it too: that was
+// its name ("sangho_dedup:") before the trailing colon was dropped, and
+// scripts written against it keep working.
+func endpointNamed(name string) (*Handler, bool) {
+	eps := currentEndpoints()
+	if h, ok := eps[name]; ok {
+		return h, true
+	}
+	for _, h := range eps {
+		if h.KeyPrefix == name && h.Name == defaultName(h.KeyPrefix) {
+			return h, true
+		}
+	}
+	return nil, false
 }
 
 func listEndpoints() []EndpointInfo {

@@ -63,14 +63,18 @@ func (a *adminServer) api(t *testing.T, method, path string) (int, map[string]an
 // returns its exit status and output.
 func (a *adminServer) cli(t *testing.T, verb, id string, flags ...string) (int, string, error) {
 	t.Helper()
+	return runCommand(t, verb, id, append([]string{"address", a.admin}, flags...)...)
+}
+
+// runCommand runs `caddy sangho-dedup <verb> <id>` as registered, with
+// the flags given as name, value pairs.
+func runCommand(t *testing.T, verb, id string, flags ...string) (int, string, error) {
+	t.Helper()
 	root := &cobra.Command{}
 	caddycmd.Commands()["sangho-dedup"].CobraFunc(root)
 	sub, _, err := root.Find([]string{verb})
 	if err != nil || sub == root {
 		t.Fatalf("no subcommand %s", verb)
-	}
-	if err := sub.Flags().Set("address", a.admin); err != nil {
-		t.Fatal(err)
 	}
 	for i := 0; i+1 < len(flags); i += 2 {
 		if err := sub.Flags().Set(flags[i], flags[i+1]); err != nil {
@@ -176,6 +180,11 @@ func TestAdminAPIAndCommand(t *testing.T) {
 		if status, v := s.api(t, http.MethodDelete, path+"evt_slow"); status != 409 || !strings.Contains(fmt.Sprint(v["error"]), "in flight") {
 			t.Fatalf("DELETE in flight: %d %v", status, v)
 		}
+		// the command speaks of its flag, not of the API's query
+		if code, out, err := s.cli(t, "forget", "evt_slow"); code != 2 || err == nil || !strings.Contains(err.Error(), "in flight") ||
+			!strings.Contains(err.Error(), "--force") || strings.Contains(err.Error(), "?force") {
+			t.Fatalf("forget in flight without --force: exit %d, %v\n%s", code, err, out)
+		}
 		if code, out, err := s.cli(t, "forget", "evt_slow", "force", "true"); code != 0 || err != nil || !strings.Contains(out, "in_flight") {
 			t.Fatalf("forced forget in flight: %d %v\n%s", code, err, out)
 		}
@@ -194,12 +203,12 @@ func TestAdminAPIAndCommand(t *testing.T) {
 func TestCommandPicksTheOnlyEndpoint(t *testing.T) {
 	l := ledger.New(t)
 	s := startAdminCaddy(t, dedupSite(l.Addr, "store memory\n\t\tkey_prefix only_one:"))
-	if code, out, err := s.cli(t, "get", "evt_x"); code != 1 || err != nil || !strings.Contains(out, "only_one:") {
+	if code, out, err := s.cli(t, "get", "evt_x"); code != 1 || err != nil || !strings.Contains(out, "endpoint      only_one\n") {
 		t.Fatalf("get without --name: %d %v\n%s", code, err, out)
 	}
 	s2 := startAdminCaddy(t, twoEndpoints(l.Addr, l.Addr, "store memory\n\t\t\tkey_prefix two_a:", "store memory\n\t\t\tkey_prefix two_b:"))
 	code, _, err := s2.cli(t, "get", "evt_x")
-	if code != 2 || err == nil || !strings.Contains(err.Error(), "two_a:") || !strings.Contains(err.Error(), "--name") {
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "one of two_a, two_b)") || !strings.Contains(err.Error(), "--name") {
 		t.Fatalf("get without --name on two endpoints: %d %v", code, err)
 	}
 }
@@ -259,5 +268,86 @@ func TestCommandOverUnixSocketAdmin(t *testing.T) {
 	}
 	if code, out, err := s.cli(t, "forget", "evt_1QZtest000000000001"); code != 0 || err != nil {
 		t.Fatalf("forget over %s: exit %d, %v\n%s", sock, code, err, out)
+	}
+}
+
+// TestCommandFindsTheAdminAddressInTheConfig: like `caddy stop` and
+// `caddy reload`, the command takes --config (and --adapter) to find the
+// admin address in the config Caddy runs (it knew only --address and
+// the default, so a Caddy with `admin 127.0.0.1:2999` or a unix socket
+// needed the address typed again). --address wins over --config, and a
+// config that cannot be read is an error that names it.
+func TestCommandFindsTheAdminAddressInTheConfig(t *testing.T) {
+	ownDataDir(t)
+	l := ledger.New(t)
+	port, admin := freePort(t), "127.0.0.1:"+strconv.Itoa(freePort(t))
+	src := strings.Replace(serverCaddyfile(port, dedupSite(l.Addr, "store memory\n\t\tname cfg")), "admin off", "admin "+admin, 1)
+	dir := t.TempDir()
+	caddyfilePath, confPath := filepath.Join(dir, "Caddyfile"), filepath.Join(dir, "site.conf")
+	for _, p := range []string{caddyfilePath, confPath} {
+		if err := os.WriteFile(p, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	adapted, _ := adaptCaddyfile(t, src)
+	if err := caddy.Load([]byte(adapted), true); err != nil {
+		t.Fatalf("loading config: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	url := "http://127.0.0.1:" + strconv.Itoa(port) + "/webhook"
+	if a := send(t, url, bodyA, ""); a.status != 200 {
+		t.Fatalf("delivery: %d %s", a.status, a.body)
+	}
+	const id = "evt_1QZtest000000000001"
+	for _, flags := range [][]string{
+		{"config", caddyfilePath},                              // the adapter known by the file's name, as caddy's commands do
+		{"config", confPath, "adapter", "caddyfile"},           // another name: --adapter
+		{"config", "/nonexistent/Caddyfile", "address", admin}, // --address first, the config is not read
+	} {
+		code, out, err := runCommand(t, "get", id, flags...)
+		if code != 0 || err != nil || !strings.Contains(out, id+": processed") {
+			t.Errorf("get %v: exit %d, %v\n%s", flags, code, err, out)
+		}
+	}
+	code, _, err := runCommand(t, "get", id, "config", filepath.Join(dir, "missing.Caddyfile"))
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "missing.Caddyfile") {
+		t.Errorf("get with a config that does not exist: exit %d, %v", code, err)
+	}
+}
+
+// TestCommandDefaultEndpointName: an endpoint with no `name` and the
+// default key_prefix is named "sangho_dedup", without the prefix's
+// trailing colon (it showed in the command's output, in the list and in
+// every admin URL); a key_prefix of one's own gives its name the same
+// way. The name before, the key_prefix itself, still reaches the
+// endpoint, so that scripts written against it keep working.
+func TestCommandDefaultEndpointName(t *testing.T) {
+	l := ledger.New(t)
+	s := startAdminCaddy(t, dedupSite(l.Addr, "store memory"))
+	if a := send(t, s.url, bodyA, ""); a.status != 200 {
+		t.Fatalf("delivery: %d %s", a.status, a.body)
+	}
+	const id = "evt_1QZtest000000000001"
+	resp, err := http.Get("http://" + s.admin + "/sangho_dedup/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []EndpointInfo
+	_ = json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	if len(list) != 1 || list[0].Name != "sangho_dedup" || list[0].KeyPrefix != "sangho_dedup:" {
+		t.Fatalf("the endpoints: %+v, want one named sangho_dedup with key_prefix sangho_dedup:", list)
+	}
+	code, out, err := s.cli(t, "get", id)
+	if code != 0 || err != nil || !strings.Contains(out, "  endpoint      sangho_dedup\n") {
+		t.Fatalf("get: exit %d, %v\n%s", code, err, out)
+	}
+	for _, name := range []string{"sangho_dedup", "sangho_dedup:", "sangho_dedup%3A"} {
+		if status, v := s.api(t, http.MethodGet, "/sangho_dedup/"+name+"/events/"+id); status != 200 || v["state"] != "done" {
+			t.Errorf("GET through the name %s: %d %v", name, status, v)
+		}
+	}
+	if code, out, err := s.cli(t, "get", id, "name", "sangho_dedup:"); code != 0 || err != nil {
+		t.Errorf("get --name sangho_dedup: (the name before): exit %d, %v\n%s", code, err, out)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
@@ -226,5 +227,92 @@ func TestExampleCaddyfileAdapts(t *testing.T) {
 	}
 	if strings.Index(cfg, `"handler":"sangho_dedup"`) > strings.Index(cfg, `"handler":"reverse_proxy"`) {
 		t.Fatal("sangho_dedup does not run before reverse_proxy")
+	}
+}
+
+// TestCaddyfileUnsetEnvSecret: Caddy replaces {$VAR} in the whole
+// Caddyfile before the directive sees a token, so an unset or empty
+// variable leaves `secret` with no value (it said "wrong argument
+// count") or, quoted, an empty one (refused only at start, as "secret
+// #1 is empty"). The error names the variable when the Caddyfile came
+// from a file (read back to find it), points to {env.VAR} either way,
+// and never shows a value.
+func TestCaddyfileUnsetEnvSecret(t *testing.T) {
+	const unset, empty, set = "SANGHO_DEDUP_TEST_UNSET_SECRET", "SANGHO_DEDUP_TEST_EMPTY_SECRET", "SANGHO_DEDUP_TEST_SET_SECRET"
+	os.Unsetenv(unset)
+	t.Setenv(empty, "")
+	t.Setenv(set, "whsec_from_the_environment")
+	adapt := func(src string, fromFile bool) error {
+		t.Helper()
+		var opts map[string]any
+		if fromFile {
+			path := filepath.Join(t.TempDir(), "Caddyfile")
+			if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			opts = map[string]any{"filename": path}
+		}
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), opts)
+		return err
+	}
+	site := func(secretLine string) string {
+		return ":8080 {\n\tsangho_dedup {\n\t\tprovider stripe\n\t\t" + secretLine + "\n\t}\n\trespond 200\n}\n"
+	}
+	for _, c := range []struct {
+		line string
+		name string
+	}{
+		{"secret {$" + unset + "}", unset},
+		{`secret "{$` + empty + `}"`, empty},
+		{"secret {$" + unset + ":}", unset},
+		{"secret {$" + set + "} {$" + unset + "}", ""}, // one secret left: fine
+	} {
+		err := adapt(site(c.line), true)
+		if c.name == "" {
+			if err != nil {
+				t.Errorf("%s: %v", c.line, err)
+			}
+			continue
+		}
+		if err == nil {
+			t.Errorf("%s adapted", c.line)
+			continue
+		}
+		for _, want := range []string{"secret", "{$" + c.name + "}", "unset or empty", "{env." + c.name + "}"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: the error lacks %q: %v", c.line, want, err)
+			}
+		}
+		if strings.Contains(err.Error(), "wrong argument count") {
+			t.Errorf("%s: still the generic error: %v", c.line, err)
+		}
+	}
+
+	// Adapted from memory (the admin API's /load, a test): no file to read
+	// the name from; the error still says what to look for.
+	err := adapt(site("secret {$"+unset+"}"), false)
+	if err == nil || !strings.Contains(err.Error(), "secret has no value") || !strings.Contains(err.Error(), "{$VAR}") || !strings.Contains(err.Error(), "{env.VAR}") {
+		t.Errorf("from memory: %v", err)
+	}
+	// A literal secret line with no value is not blamed on a variable.
+	err = adapt(site("secret"), true)
+	if err == nil || !strings.Contains(err.Error(), "secret has no value") || strings.Contains(err.Error(), "{$"+unset) {
+		t.Errorf("secret with no value: %v", err)
+	}
+	// Set, {$VAR} works, and the secret is in the adapted JSON: why the
+	// docs prefer {env.VAR}.
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site("secret {$"+set+"}")), nil)
+	if err != nil || !strings.Contains(string(out), "whsec_from_the_environment") {
+		t.Errorf("{$VAR} set: %v\n%s", err, out)
+	}
+	// and the docs say both, where secrets are explained
+	for _, doc := range []string{"README.md", "docs/configuration.md", "docs/security.md"} {
+		b, err := os.ReadFile(doc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if text := strings.Join(strings.Fields(string(b)), " "); !strings.Contains(text, "`{$X}`") || !strings.Contains(text, "adapted JSON") || !strings.Contains(text, "`{env.X}`") {
+			t.Errorf("%s does not say what {$X} does beside {env.X}", doc)
+		}
 	}
 }

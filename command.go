@@ -21,17 +21,20 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "sangho-dedup",
-		Usage: "get|forget <id> [--name <name>] [--force] [--address <admin>] [--json]",
+		Usage: "get|forget <id> [--name <name>] [--force] [--config <path> [--adapter <name>]] [--address <admin>] [--json]",
 		Short: "Looks up or forgets a webhook event in a running Caddy's sangho_dedup store",
 		Long: `
-Talks to the admin API of a running Caddy (the address from --address, else
-Caddy's default admin address, localhost:2019).
+Talks to the admin API of a running Caddy, found as caddy stop and caddy
+reload find it: at --address, else at the admin address of the config
+given with --config (and --adapter), else at Caddy's default admin
+address, localhost:2019.
 
   caddy sangho-dedup get <id> [--name N]            did the event reach the backend, and when?
   caddy sangho-dedup forget <id> [--name N] [--force]
                                                     let the next delivery of the event through
 
---name picks the endpoint (a handler's name, by default its key_prefix);
+--name picks the endpoint (a handler's name, by default its key_prefix
+without the trailing colon: sangho_dedup);
 it may be omitted when the config has one. forget refuses an event in
 flight (a backend is working on it) unless --force, which removes its lease
 too: a redelivery may then be processed while the backend still works.
@@ -60,7 +63,9 @@ for the event, 2 any error. --json prints the admin API's answer.
 					},
 				}
 				c.Flags().String("name", "", "endpoint name (default: the only one)")
-				c.Flags().String("address", "", "admin API address (default: "+caddy.DefaultAdminListen+")")
+				c.Flags().StringP("config", "c", "", "config file to read the admin address from, if --address is not used")
+				c.Flags().StringP("adapter", "a", "", "name of the config adapter to apply (when --config is used)")
+				c.Flags().String("address", "", "admin API address (default: the config's, else "+caddy.DefaultAdminListen+")")
 				c.Flags().Bool("json", false, "print the admin API's JSON answer")
 				if sub.name == "forget" {
 					c.Flags().Bool("force", false, "also remove the lease of an event in flight (dangerous)")
@@ -77,8 +82,11 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 	addr, _ := c.Flags().GetString("address")
 	asJSON, _ := c.Flags().GetBool("json")
 	force, _ := c.Flags().GetBool("force")
-	if addr == "" {
-		addr = caddy.DefaultAdminListen
+	config, _ := c.Flags().GetString("config")
+	adapter, _ := c.Flags().GetString("adapter")
+	addr, err := caddycmd.DetermineAdminAPIAddress(addr, nil, config, adapter)
+	if err != nil {
+		return 2, fmt.Errorf("finding the admin address in --config %s: %v", config, err)
 	}
 	client, base, origin, err := adminClient(addr)
 	if err != nil {
@@ -122,6 +130,9 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 		if json.Unmarshal(body, &info) != nil || info.State == "" {
 			return 2, errors.New(apiMessage(status, body)) // an unknown name, not an absent event
 		}
+	} else if verb == "forget" && status == http.StatusConflict {
+		// the API's answer speaks of ?force=true
+		return 2, fmt.Errorf("event %q is in flight (a backend is working on it): not forgotten; --force removes its lease too, and a redelivery may then be processed while the backend still works", id)
 	} else {
 		return 2, errors.New(apiMessage(status, body))
 	}

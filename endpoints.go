@@ -33,7 +33,8 @@ type configEndpoints struct {
 
 type endpointUse struct {
 	secrets [sha256.Size]byte // of the sorted secret set; never printed
-	handler string            // "#n" in provisioning order, and its server's listeners
+	handler string            // "handler #n" in provisioning order, and its server's listeners
+	name    string
 }
 
 // configOf names the loaded config ctx belongs to. Caddy provisions each
@@ -75,7 +76,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 		sum.Write([]byte(s))
 		sum.Write([]byte{0})
 	}
-	var use endpointUse
+	use := endpointUse{name: h.Name}
 	sum.Sum(use.secrets[:0])
 	where := h.storeState + " key_prefix " + strconv.Quote(h.KeyPrefix)
 
@@ -89,13 +90,12 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 		endpoints.byConfig[h.cfgKey] = cfg
 	}
 	cfg.handlers++
-	use.handler = "#" + strconv.Itoa(cfg.handlers)
+	use.handler = "handler #" + strconv.Itoa(cfg.handlers)
 	if srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server); ok && len(srv.Listen) > 0 {
-		use.handler += " (listening on " + strings.Join(srv.Listen, " ") + ")"
+		use.handler += ", listening on " + strings.Join(srv.Listen, " ")
 	}
 	if prev, ok := cfg.uses[where]; ok && prev.secrets != use.secrets {
-		return fmt.Errorf("sangho_dedup handlers %s and %s share one store (%s) with different secrets: one endpoint would answer the other's events as duplicates and its backend would never see them; give each endpoint its own key_prefix",
-			prev.handler, use.handler, where)
+		return h.sharedStateError(prev, use, where)
 	} else if !ok {
 		cfg.uses[where] = use
 	}
@@ -108,6 +108,32 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 		cfg.names[h.Name] = h
 	}
 	return nil
+}
+
+// sharedStateError refuses two endpoints with different secrets on one
+// store and key_prefix, and says how to part them without losing the
+// records already stored: a name does not change the prefix, so the
+// endpoint that ran before keeps its prefix, and its records with it.
+func (h *Handler) sharedStateError(prev, use endpointUse, where string) error {
+	shared := ""
+	if strings.HasPrefix(h.storeState, "file ") {
+		shared = " A file is shared by every site of this Caddy that uses it, the default store's too (one file per Caddy, in its data directory)."
+	}
+	// Caddy provisions servers in no set order: name the endpoints in
+	// one, so that the same config gets the same advice.
+	example := "key_prefix " + h.KeyPrefix + "<name>:"
+	if a, b := prev.name, use.name; a != defaultName(h.KeyPrefix) && b != defaultName(h.KeyPrefix) && a != b {
+		if a > b {
+			a, b = b, a
+		}
+		example = fmt.Sprintf("key_prefix %s%s: in %q if %q ran before, or key_prefix %s%s: in %q if %q did",
+			h.KeyPrefix, b, b, a, h.KeyPrefix, a, a, b)
+	}
+	return fmt.Errorf("sangho_dedup endpoints %q (%s) and %q (%s) share one store (%s) with different secrets: "+
+		"one endpoint would answer the other's events as duplicates and its backend would never see them.%s "+
+		"Give each endpoint its own key_prefix: leave the one that ran before as it is (its records are stored under its prefix; a name does not change it), "+
+		"and give the other a prefix of its own, e.g. %s",
+		prev.name, prev.handler, use.name, use.handler, where, shared, example)
 }
 
 // Cleanup forgets this handler's config in the registry of endpoints.

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -157,5 +158,124 @@ func TestServerTwoSiteBlocksAreTwoEndpoints(t *testing.T) {
 	}
 	if got := names(); !slices.Equal(got, []string{"alpha", "beta"}) {
 		t.Errorf("after a reload with beta again: %v", got)
+	}
+}
+
+// Every site of one Caddy shares the default file (one per Caddy, in its
+// data directory). Two named sites on it with different secrets and no
+// key_prefix are refused, and the error names both endpoints, says the
+// file is shared by every site, which endpoint to leave as it is (its
+// records are stored under its prefix) and the key_prefix line to write
+// in the other. (The error said "give each endpoint its own key_prefix"
+// and nothing of the records.)
+func TestServerTwoNamedSitesOnTheDefaultFileNameTheFix(t *testing.T) {
+	ownDataDir(t)
+	src := twoSites("off", freePort(t), freePort(t),
+		siteEndpoint(secret1, "name shop", "127.0.0.1:1"), siteEndpoint(secret2, "name billing", "127.0.0.1:1"))
+	cfg, _ := adaptCaddyfile(t, src)
+	err := caddyLoad(cfg)
+	defer caddy.Stop()
+	if err == nil {
+		t.Fatal("two named sites on the default file, with different secrets and no key_prefix, loaded")
+	}
+	for _, want := range []string{`"shop"`, `"billing"`, "shared by every site of this Caddy", "records", `key_prefix sangho_dedup:billing:`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error lacks %q: %v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), secret1) || strings.Contains(err.Error(), secret2) {
+		t.Errorf("the error shows a secret: %v", err)
+	}
+}
+
+// A `name` does not change the key_prefix: an endpoint with a name and no
+// key_prefix stores under the default prefix, as it always has. So the
+// records an existing config stored (here an unnamed endpoint, as most
+// configs run today) are still duplicates after the endpoint is named and
+// a second site with a key_prefix of its own is added beside it; deriving
+// a prefix from the name would have processed every retained event again.
+func TestServerNamedEndpointKeepsTheDefaultPrefix(t *testing.T) {
+	ownDataDir(t)
+	file := filepath.Join(t.TempDir(), "dedup.db")
+	store := "store file " + file
+	before := ledger.New(t)
+	port := freePort(t)
+	cfg, _ := adaptCaddyfile(t, serverCaddyfile(port, dedupSite(before.Addr, store)))
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	if a := sendWith(t, "http://127.0.0.1:"+strconv.Itoa(port)+"/webhook", bodyA, secret1); a.status != 200 || a.dedup != "" {
+		t.Fatalf("first delivery: %d %q", a.status, a.dedup)
+	}
+	if err := caddy.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	shop, billing := ledger.New(t), ledger.New(t)
+	portA, portB := freePort(t), freePort(t)
+	cfg, _ = adaptCaddyfile(t, twoSites("off", portA, portB,
+		siteEndpoint(secret1, store+"\n\t\tname shop", shop.Addr),
+		siteEndpoint(secret2, store+"\n\t\tname billing\n\t\tkey_prefix sangho_dedup:billing:", billing.Addr)))
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if a := sendWith(t, "http://127.0.0.1:"+strconv.Itoa(portA)+"/webhook", bodyA, secret1); a.status != 200 || a.dedup != "duplicate" {
+		t.Errorf("the event stored before, to the named endpoint: %d %q, want 200 duplicate", a.status, a.dedup)
+	}
+	if a := sendWith(t, "http://127.0.0.1:"+strconv.Itoa(portB)+"/webhook", bodyA, secret2); a.status != 200 || a.dedup != "" {
+		t.Errorf("the event to the new site: %d %q, want it processed", a.status, a.dedup)
+	}
+	if n, _ := shop.Counts(""); n != 0 {
+		t.Errorf("the named endpoint's backend got the stored event %d times, want 0", n)
+	}
+	if n, _ := billing.Counts(""); n != 1 {
+		t.Errorf("the new site's backend got the event %d times, want 1", n)
+	}
+}
+
+// The two-site recipe of docs/configuration.md ("One endpoint, one
+// prefix"), run as written but for the addresses: it loads on the
+// default file, each site's backend gets the event once, and the shop's
+// records stay under the default prefix.
+func TestDocsTwoSitesOnTheDefaultFile(t *testing.T) {
+	ownDataDir(t)
+	blocks := codeBlocks(docSection(t, "docs/configuration.md", "## One endpoint, one prefix"), "caddyfile")
+	if len(blocks) != 1 {
+		t.Fatalf("docs/configuration.md's One endpoint, one prefix has %d caddyfile blocks, want 1", len(blocks))
+	}
+	t.Setenv("SHOP_WEBHOOK_SECRET", secret1)
+	t.Setenv("BILLING_WEBHOOK_SECRET", secret2)
+	shop, billing := ledger.New(t), ledger.New(t)
+	portA, portB := freePort(t), freePort(t)
+	src := strings.NewReplacer(
+		"shop.example.com {", fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1", portA),
+		"billing.example.com {", fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1", portB),
+		"localhost:8080", shop.Addr,
+		"localhost:8081", billing.Addr,
+	).Replace(blocks[0])
+	if !strings.Contains(src, shop.Addr) || !strings.Contains(src, billing.Addr) || !strings.Contains(src, "127.0.0.1:"+strconv.Itoa(portB)) {
+		t.Fatalf("the recipe changed shape; the test's replacements no longer apply:\n%s", blocks[0])
+	}
+	cfg, _ := adaptCaddyfile(t, "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\toutput discard\n\t}\n}\n"+src)
+	if err := caddyLoad(cfg); err != nil {
+		t.Fatalf("the recipe does not load: %v", err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	for range 2 {
+		for port, secret := range map[int]string{portA: secret1, portB: secret2} {
+			if a := sendWith(t, "http://127.0.0.1:"+strconv.Itoa(port)+"/webhook", bodyA, secret); a.status != 200 {
+				t.Fatalf("delivery to :%d: %d %s", port, a.status, a.body)
+			}
+		}
+	}
+	for name, l := range map[string]*ledger.Ledger{"shop": shop, "billing": billing} {
+		if n, _ := l.Counts(""); n != 1 {
+			t.Errorf("%s's backend got the event %d times, want 1", name, n)
+		}
+	}
+	eps := currentEndpoints()
+	if eps["shop"] == nil || eps["shop"].KeyPrefix != DefaultKeyPrefix || eps["billing"] == nil || eps["billing"].KeyPrefix != "sangho_dedup:billing:" {
+		t.Errorf("endpoints: %v", eps)
 	}
 }

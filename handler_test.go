@@ -471,8 +471,8 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	read := func() map[string]float64 {
 		m := map[string]float64{}
 		for _, o := range allOutcomes {
-			// The endpoint label is the handler's name, its key_prefix by default.
-			m[o] = testutil.ToFloat64(metrics.events.WithLabelValues("metrics:", o))
+			// The endpoint label is the handler's name, its key_prefix without the colon by default.
+			m[o] = testutil.ToFloat64(metrics.events.WithLabelValues("metrics", o))
 		}
 		for _, r := range sigReasons {
 			m["signature "+r] = testutil.ToFloat64(metrics.sigReason[r])

@@ -210,14 +210,17 @@ type Handler struct {
 	OnStoreError string `json:"on_store_error,omitempty"`
 
 	// Prefix of every store key, so that several routes or tenants can
-	// share one store. Default: "sangho_dedup:".
+	// share one store. The default store is one file per Caddy, shared
+	// by every site: endpoints with different secrets on it need
+	// different prefixes. A name does not change the prefix.
+	// Default: "sangho_dedup:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
 
 	// How operators refer to this endpoint in the admin API
 	// (/sangho_dedup/<name>/events/<id>) and `caddy sangho-dedup`.
 	// Handlers of one config with the same name must use the same store
 	// and key_prefix (the same endpoint on several routes). Default: the
-	// key_prefix.
+	// key_prefix without its trailing colon ("sangho_dedup").
 	Name string `json:"name,omitempty"`
 
 	// What to answer when an event that was processed is delivered again
@@ -374,13 +377,23 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	noteExitParker(store)
 	onExitOnce.Do(func() { caddy.OnExit(drainCommitRetries) })
 	if h.Name == "" {
-		h.Name = h.KeyPrefix
+		h.Name = defaultName(h.KeyPrefix)
 	}
 	if err := h.registerEndpoint(ctx, secrets); err != nil {
 		return err
 	}
 	h.outcomes = outcomeCounters(h.Name)
 	return registerMetrics(ctx.GetMetricsRegistry())
+}
+
+// defaultName is the name of an endpoint that has none: its key_prefix
+// without the trailing colon, which would show in every admin URL and in
+// the command's output ("sangho_dedup:" is named "sangho_dedup").
+func defaultName(keyPrefix string) string {
+	if n := strings.TrimSuffix(keyPrefix, ":"); n != "" {
+		return n
+	}
+	return keyPrefix
 }
 
 // resolveSecret returns the n-th secret: the value of s if s is one

@@ -170,14 +170,14 @@ func TestMetricsRegisteredWithCaddy(t *testing.T) {
 							t.Errorf("unexpected label %q", l.GetName())
 						}
 					}
-					if labels["endpoint"] == "reg:" && labels["outcome"] == outcomeProcessed {
+					if labels["endpoint"] == "reg" && labels["outcome"] == outcomeProcessed {
 						processed = m.GetCounter().GetValue()
 					}
 				}
 				// One series per endpoint (the handler's name, here its
-				// key_prefix), counting across both configs.
+				// key_prefix without the colon), counting across both configs.
 				if processed < 1 {
-					t.Errorf("config %d: no processed count for endpoint \"reg:\"", i)
+					t.Errorf("config %d: no processed count for endpoint \"reg\"", i)
 				}
 			}
 		}
@@ -187,8 +187,9 @@ func TestMetricsRegisteredWithCaddy(t *testing.T) {
 	}
 }
 
-// TestNames: a handler's name defaults to its key_prefix; two handlers
-// of one config with one name need the same store and prefix.
+// TestNames: a handler's name defaults to its key_prefix without the
+// trailing colon; two handlers of one config with one name need the same
+// store and prefix.
 func TestNames(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
@@ -196,19 +197,24 @@ func TestNames(t *testing.T) {
 	if err := a.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if a.Name != "a:" {
-		t.Fatalf("default name %q, want the key_prefix", a.Name)
+	if a.Name != "a" {
+		t.Fatalf("default name %q, want the key_prefix without its colon", a.Name)
+	}
+	for prefix, want := range map[string]string{"t:x:": "t:x", "plain_": "plain_", ":": ":", "c::": "c:"} {
+		if got := defaultName(prefix); got != want {
+			t.Errorf("default name of key_prefix %q: %q, want %q", prefix, got, want)
+		}
 	}
 	same := &Handler{Secrets: []string{secret1}, KeyPrefix: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
 	if err := same.Provision(ctx); err != nil {
 		t.Fatalf("the same endpoint on a second route: %v", err)
 	}
-	clash := &Handler{Secrets: []string{secret2}, KeyPrefix: "b:", Name: "a:", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
+	clash := &Handler{Secrets: []string{secret2}, KeyPrefix: "b:", Name: "a", StoreRaw: json.RawMessage(`{"type":"memory"}`)}
 	err := clash.Provision(ctx)
-	if err == nil || !strings.Contains(err.Error(), `named "a:"`) || !strings.Contains(err.Error(), "own name") {
+	if err == nil || !strings.Contains(err.Error(), `named "a"`) || !strings.Contains(err.Error(), "own name") {
 		t.Fatalf("a name on two endpoints: %v", err)
 	}
-	if got := currentEndpoints(); got["a:"] != a {
+	if got := currentEndpoints(); got["a"] != a {
 		t.Fatalf("current endpoints %v", got)
 	}
 }
