@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -219,6 +220,9 @@ type redisClient struct {
 	pipe    *redisPipe
 	cache   *doneCache
 	tracker *tracker
+
+	idMu     sync.Mutex
+	identity string // the Cluster or master as Redis names it, once asked (identify)
 }
 
 func newRedisClient(o *goredis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
@@ -250,9 +254,12 @@ func (c *redisClient) Destruct() error {
 }
 
 // Provision resolves placeholders, then takes a client with these
-// settings from the usage pool or creates one. It does not contact
-// Redis: Caddy starts while Redis is down, and requests are answered
-// 503 (or passed, see on_store_error) until Redis is back.
+// settings from the usage pool or creates one. Caddy starts while
+// Redis is down, and requests are answered 503 (or passed, see
+// on_store_error) until Redis is back. On a Cluster or behind Sentinel
+// it asks, once per client and for at most 2s, which Cluster or master
+// the addresses lead to (see redisClient.identify); it does not contact
+// a standalone server.
 func (s *Store) Provision(ctx caddy.Context) error {
 	s.check = newPermCheck()
 	if s.logger == nil {
@@ -270,7 +277,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 			zap.String("option", "tls_insecure_skip_verify or skip_verify"),
 			zap.String("risk", "anyone on the path can read and change the dedup state"))
 	}
-	s.poolKey, s.state = opts.poolKey(), opts.stateID()
+	s.poolKey = opts.poolKey()
 	s.users = new(storepool.Users)
 	v, _, err := storepool.Pool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
 		return newRedisClient(opts.universal, opts.cacheSize, s.logger), nil
@@ -279,6 +286,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return err
 	}
 	rc := v.(*redisClient)
+	s.state = rc.identify(ctx, opts, s.logger)
 	s.client, s.cache, s.tracker = rc.UniversalClient, rc.cache, rc.tracker
 	s.cluster, _ = s.client.(*goredis.ClusterClient)
 	s.cmd = s.client
