@@ -42,8 +42,9 @@ func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
 	err := db.pool.QueryRow(qctx, `SELECT system_identifier::text, current_database() FROM pg_control_system()`).Scan(&system, &database)
 	if err != nil {
 		id := o.stateID()
-		logger.Warn("postgres store: could not ask the server which table this is; two endpoints on this table through differently spelled DSNs may go unnoticed until a reload can ask",
-			zap.String("state", id), zap.Error(o.scrub(err)))
+		logger.Warn("postgres identity unknown", zap.String("compared_as", id),
+			zap.String("risk", "another endpoint on this table through a DSN spelled otherwise goes unnoticed until a reload can ask the server"),
+			zap.Error(o.scrub(err)))
 		return id
 	}
 	db.identity = "postgres system_identifier " + system + " database " + database + " table " + o.schema + "." + o.table

@@ -2,9 +2,15 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
@@ -87,5 +93,22 @@ func TestStateIDWithoutTheServer(t *testing.T) {
 	}
 	if d := time.Since(start); d > 2*identifyTimeout {
 		t.Errorf("provisioning with the server down took %v", d)
+	}
+
+	// The warning names what is compared, never the password.
+	const pw = "s3cret-identity-pw"
+	c, _ := provision(t, storeJSON("postgres://postgres:"+pw+"@127.0.0.1:"+port+"/postgres?sslmode=disable", ""))
+	core, logs := observer.New(zap.DebugLevel)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if id := c.db.identify(ctx, zap.New(core)); id != a.StateID() {
+		t.Errorf("state ID %q, want %q", id, a.StateID())
+	}
+	warned := logs.FilterMessage("postgres identity unknown").All()
+	if len(warned) != 1 || warned[0].ContextMap()["compared_as"] != a.StateID() {
+		t.Fatalf("warnings: %v", logs.All())
+	}
+	if b, _ := json.Marshal(warned[0].ContextMap()); strings.Contains(string(b), pw) {
+		t.Errorf("the password is in the warning: %s", b)
 	}
 }

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
@@ -52,6 +55,8 @@ func TestStateIDWithRedisDown(t *testing.T) {
 		"cluster":  {{Address: []string{a, b}}, {Address: []string{b, a}}},
 		"sentinel": {{Address: []string{a, b}, MasterName: "m"}, {Address: []string{b, a}, MasterName: "m"}},
 	} {
+		core, logs := observer.New(zap.DebugLevel)
+		pair[0].logger = zap.New(core)
 		start := time.Now()
 		x, y := provisionRedisStore(t, pair[0]), provisionRedisStore(t, pair[1])
 		if d := time.Since(start); d > 2*identifyTimeout {
@@ -59,6 +64,9 @@ func TestStateIDWithRedisDown(t *testing.T) {
 		}
 		if x.StateID() != y.StateID() || !strings.Contains(x.StateID(), "127.0.0.1") && !strings.Contains(x.StateID(), "localhost") {
 			t.Errorf("%s: state IDs %q and %q", name, x.StateID(), y.StateID())
+		}
+		if w := logs.FilterMessage("redis identity unknown").All(); len(w) != 1 || w[0].ContextMap()["compared_as"] != x.StateID() {
+			t.Errorf("%s: warnings %v", name, logs.All())
 		}
 	}
 }

@@ -60,8 +60,9 @@ func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *
 	}
 	if err != nil {
 		id = o.stateID()
-		logger.Warn("redis store: could not ask Redis which Cluster or master this is; two endpoints on it through different address lists may go unnoticed until a reload can ask",
-			zap.String("state", id), zap.Error(err))
+		logger.Warn("redis identity unknown", zap.String("compared_as", id),
+			zap.String("risk", "another endpoint on this Redis through other addresses goes unnoticed until a reload can ask Redis"),
+			zap.Error(err))
 		return id
 	}
 	rc.identity = id

@@ -334,8 +334,10 @@ func (o resolvedOptions) poolKey() string {
 	return "sangho_dedup.goredis." + hex.EncodeToString(sum[:])
 }
 
-// stateID names the Redis data these options reach: the servers (or
-// Sentinels and master name) and the database, whatever the other
+// stateID names the Redis data these options reach as the addresses
+// tell (redisClient.identify asks a Cluster or the Sentinels instead
+// when it can): the servers (or Sentinels and master name) and the
+// database, whatever the other
 // settings and however they are given (address or url, db in the url or
 // as an option), each address spelled one way by canonicalRedisAddr.
 // Two stores with the same ID share their keys: the handler refuses two
@@ -355,13 +357,14 @@ func (o resolvedOptions) stateID() string {
 }
 
 // canonicalRedisAddr spells an address one way without resolving it
-// (Provision touches no network, and what a name resolves to can
-// change): the host name in lower case without a trailing dot, an IP
-// address in its canonical form, the port as a plain number, and
+// (what a name resolves to can change; a standalone server is not
+// asked, see redisClient.identify): the host name in lower case
+// without a trailing dot, an IP address in its canonical form, the
+// port as a plain number, and
 // localhost, 127.0.0.1 and ::1 as one (RFC 6761 localhost; Redis listens
 // on both loopback addresses by default, bind 127.0.0.1 -::1). A unix
 // socket's path is cleaned. One server reached by two different names
-// (a DNS name and its IP) still counts as two: the README says so.
+// (a DNS name and its IP) still counts as two: docs/redis.md says so.
 func canonicalRedisAddr(a string) string {
 	if strings.HasPrefix(a, "/") {
 		return filepath.Clean(a)
