@@ -16,8 +16,10 @@ import (
 	"net"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -49,8 +51,11 @@ const (
 // are one statement each and check the lease token. A done record is as
 // durable as the server's commit (synchronous_commit).
 //
-// Provision does not contact PostgreSQL: Caddy starts while it is down,
-// and deliveries are answered as on_store_error says until it is back.
+// Caddy starts while PostgreSQL is down, and deliveries are answered as
+// on_store_error says until it is back. Provision asks the server once
+// per pool, for at most 2s, which table the DSN reaches (its system
+// identifier and database), so that two endpoints on one table are
+// told apart by the handler however their DSNs are spelled.
 // On first use the store checks that the table exists (creating it
 // unless create_table is off) and that the role holds SELECT, INSERT,
 // UPDATE and DELETE on it; a missing one is logged by name ("postgres
@@ -131,7 +136,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	s.poolKey, s.state = o.poolKey(), o.stateID()
+	s.poolKey = o.poolKey()
 	v, _, err := storepool.Pool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
 		return newSharedDB(o, s.logger)
 	})
@@ -139,6 +144,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return o.scrub(fmt.Errorf("postgres store: %w", err))
 	}
 	s.db = v.(*sharedDB)
+	s.state = s.db.identify(ctx, s.logger)
 	return nil
 }
 
@@ -157,8 +163,9 @@ func (s *Store) Enter() { s.users.Enter() }
 // Leave implements dedup.Drainer.
 func (s *Store) Leave() { s.users.Leave() }
 
-// StateID implements dedup.StateSharer: the server(s), database and
-// table, so two endpoints on one table need distinct key_prefix values.
+// StateID implements dedup.StateSharer: the table as the server names
+// it (see sharedDB.identify), so two endpoints on one table need
+// distinct key_prefix values however their DSNs are spelled.
 func (s *Store) StateID() string { return s.state }
 
 // options are the settings after placeholders and defaults.
@@ -359,23 +366,38 @@ func (o *options) poolKey() string {
 	return "sangho_dedup.postgres." + hex.EncodeToString(sum[:])
 }
 
-// stateID names the table these options reach: the servers (host and
-// port, each spelled one way), the database and the table (an
-// unqualified table counted as public's).
+// stateID names the table these options reach as far as the DSN tells,
+// for when the server cannot be asked (see sharedDB.identify): the
+// servers (host and port, each spelled one way), the database (the
+// user's name when the DSN names none, as the server takes it) and the
+// table (an unqualified table counted as public's). pgx has already
+// filled in what libpq fills in: PG* variables, host (the socket
+// directory or localhost), port 5432, user (the OS user).
 func (o *options) stateID() string {
 	cc := o.config.ConnConfig
 	hosts := []string{canonicalAddr(cc.Host, cc.Port)}
 	for _, f := range cc.Fallbacks {
-		if a := canonicalAddr(f.Host, f.Port); a != hosts[0] {
+		if a := canonicalAddr(f.Host, f.Port); !slices.Contains(hosts, a) {
 			hosts = append(hosts, a)
 		}
 	}
-	return "postgres " + strings.Join(hosts, ",") + " db " + cc.Database + " table " + o.schema + "." + o.table
+	slices.Sort(hosts)
+	db := cc.Database
+	if db == "" {
+		db = cc.User
+	}
+	return "postgres " + strings.Join(hosts, ",") + " db " + db + " table " + o.schema + "." + o.table
 }
 
+// canonicalAddr spells a server address one way without resolving it.
+// A Unix socket (its directory, whatever it is) counts as localhost on
+// its port: the socket file is named after the server's port, so a
+// socket and localhost with one port are one server but where two
+// servers of one machine share a port number (network namespaces),
+// and counting those two as one only asks for a key_prefix each.
 func canonicalAddr(host string, port uint16) string {
 	if strings.HasPrefix(host, "/") {
-		return host + ":" + strconv.Itoa(int(port))
+		host = "localhost"
 	}
 	host = strings.TrimSuffix(strings.ToLower(host), ".")
 	if ip, err := netip.ParseAddr(host); err == nil {
@@ -400,6 +422,9 @@ type sharedDB struct {
 	done  chan struct{}
 
 	noStartupTimeout atomic.Bool // a pooler refused statement_timeout as a startup parameter (pooler.go)
+
+	idMu     sync.Mutex
+	identity string // as the server names the table, once asked (identify)
 }
 
 func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {

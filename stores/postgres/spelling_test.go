@@ -2,10 +2,19 @@ package postgres
 
 import (
 	"context"
+	"encoding/json"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
 // TestLocalCacheOneTableTwoSpellings: two instances on one table, one
@@ -34,4 +43,72 @@ func TestLocalCacheOneTableTwoSpellings(t *testing.T) {
 		res, _, err := b.Claim(context.Background(), "evt_1", "tokB", 60e9)
 		return err == nil && res == dedup.Claimed
 	})
+}
+
+// TestStateIDWithoutTheServer: when the server cannot be asked which
+// table a DSN reaches (down at Caddy's start), the state ID is the
+// DSN's with what libpq fills in filled in, spelled one way: a database
+// left out is the user's, a Unix socket is localhost on its port, and
+// the host's spelling and the other settings make no difference; another
+// database or port is another table. (Found by review: a DSN without
+// the database name and one with it, or the socket and localhost, were
+// two stores to the handler's check.)
+func TestStateIDWithoutTheServer(t *testing.T) {
+	port := strconv.Itoa(redistest.FreePort(t)) // nothing listens there
+	id := func(dsn string) string {
+		t.Helper()
+		o, err := (&Store{DSN: dsn}).resolve()
+		if err != nil {
+			t.Fatalf("%s: %v", dsn, err)
+		}
+		return o.stateID()
+	}
+	for _, same := range [][2]string{
+		{"postgres://u@127.0.0.1:" + port, "postgres://u@localhost:" + port + "/u?sslmode=disable"},
+		{"host=/run/postgresql port=" + port + " user=u dbname=d", "postgres://u@[::1]:" + port + "/d"},
+		{"postgres://u@/d?host=/tmp&port=" + port, "host=LOCALHOST. port=" + port + " user=u dbname=d connect_timeout=3"},
+		{"postgres://u:pw@db.example:5432/app?application_name=x", "host=DB.example. user=u dbname=app sslmode=require"},
+		{"postgres://u@a.example,b.example/d", "postgres://u@b.example:5432,a.example/d"},
+	} {
+		if a, b := id(same[0]), id(same[1]); a != b {
+			t.Errorf("one table, two state IDs:\n%s -> %s\n%s -> %s", same[0], a, same[1], b)
+		}
+	}
+	for _, differ := range [][2]string{
+		{"postgres://u@127.0.0.1:" + port + "/a", "postgres://u@127.0.0.1:" + port + "/b"},
+		{"postgres://u@127.0.0.1:" + port + "/a", "postgres://u@127.0.0.1:5432/a"},
+		{"postgres://u@db.example/a", "postgres://u@db2.example/a"},
+	} {
+		if a, b := id(differ[0]), id(differ[1]); a == b {
+			t.Errorf("two tables, one state ID %s:\n%s\n%s", a, differ[0], differ[1])
+		}
+	}
+
+	// Provisioned with the server down: the same, without waiting long.
+	start := time.Now()
+	a, _ := provision(t, storeJSON("postgres://postgres@127.0.0.1:"+port+"?sslmode=disable", ""))
+	b, _ := provision(t, storeJSON("postgres://postgres@/postgres?host=/nonexistent&port="+port, ""))
+	if a.StateID() != b.StateID() {
+		t.Errorf("server down: state IDs differ: %q %q", a.StateID(), b.StateID())
+	}
+	if d := time.Since(start); d > 2*identifyTimeout {
+		t.Errorf("provisioning with the server down took %v", d)
+	}
+
+	// The warning names what is compared, never the password.
+	const pw = "s3cret-identity-pw"
+	c, _ := provision(t, storeJSON("postgres://postgres:"+pw+"@127.0.0.1:"+port+"/postgres?sslmode=disable", ""))
+	core, logs := observer.New(zap.DebugLevel)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if id := c.db.identify(ctx, zap.New(core)); id != a.StateID() {
+		t.Errorf("state ID %q, want %q", id, a.StateID())
+	}
+	warned := logs.FilterMessage("postgres identity unknown").All()
+	if len(warned) != 1 || warned[0].ContextMap()["compared_as"] != a.StateID() {
+		t.Fatalf("warnings: %v", logs.All())
+	}
+	if b, _ := json.Marshal(warned[0].ContextMap()); strings.Contains(string(b), pw) {
+		t.Errorf("the password is in the warning: %s", b)
+	}
 }

@@ -3,8 +3,12 @@ package redis
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
@@ -37,6 +41,32 @@ func TestRedisClusterOneAddress(t *testing.T) {
 		}
 		if n := claimAll(s, "cluster_"+strconv.FormatBool(pipeline)+"_"); n != 0 {
 			t.Fatalf("cluster with one address (pipeline %v): %d of 30 claims failed", pipeline, n)
+		}
+	}
+}
+
+// TestStateIDWithRedisDown: a Cluster or Sentinel store whose Redis
+// cannot be asked which Cluster or master it is (down at Caddy's start)
+// still provisions, soon, with the addresses as its state ID (sorted:
+// the order makes no difference), so Caddy starts while Redis is down.
+func TestStateIDWithRedisDown(t *testing.T) {
+	a, b := "127.0.0.1:"+strconv.Itoa(redistest.FreePort(t)), "127.0.0.1:"+strconv.Itoa(redistest.FreePort(t)) // nothing listens there
+	for name, pair := range map[string][2]*Store{
+		"cluster":  {{Address: []string{a, b}}, {Address: []string{b, a}}},
+		"sentinel": {{Address: []string{a, b}, MasterName: "m"}, {Address: []string{b, a}, MasterName: "m"}},
+	} {
+		core, logs := observer.New(zap.DebugLevel)
+		pair[0].logger = zap.New(core)
+		start := time.Now()
+		x, y := provisionRedisStore(t, pair[0]), provisionRedisStore(t, pair[1])
+		if d := time.Since(start); d > 2*identifyTimeout {
+			t.Errorf("%s: provisioning with Redis down took %v", name, d)
+		}
+		if x.StateID() != y.StateID() || !strings.Contains(x.StateID(), "127.0.0.1") && !strings.Contains(x.StateID(), "localhost") {
+			t.Errorf("%s: state IDs %q and %q", name, x.StateID(), y.StateID())
+		}
+		if w := logs.FilterMessage("redis identity unknown").All(); len(w) != 1 || w[0].ContextMap()["compared_as"] != x.StateID() {
+			t.Errorf("%s: warnings %v", name, logs.All())
 		}
 	}
 }

@@ -4,11 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
 // parseRedisStore parses a `store redis { ... }` block.
@@ -157,11 +160,16 @@ func TestRedisStateIDSpellings(t *testing.T) {
 		return provisionRedisStore(t, &s).StateID()
 	}
 	addr := func(a ...string) Store { return Store{Address: a} }
+	// Two addresses make a Cluster client, which asks its nodes who they
+	// are (identity.go): loopback addresses on a port nothing listens on
+	// refuse at once, so the test stays fast and on this machine.
+	p := strconv.Itoa(redistest.FreePort(t))
+	n1, n2 := "127.0.0.2:"+p, "127.0.0.3:"+p
 	same := [][]Store{
 		{addr("127.0.0.1:6379"), addr("localhost:6379"), addr("LocalHost:6379"), addr("[::1]:6379"), addr("[::ffff:127.0.0.1]:6379"),
 			addr("127.0.0.1:06379"), {}, {URL: "redis://localhost"}, {URL: "redis://127.0.0.1:6379/0"}, {URL: "redis://[::1]:6379?db=0"}},
 		{addr("redis.internal:6379"), addr("Redis.Internal.:6379"), {URL: "rediss://redis.INTERNAL:6379"}},
-		{addr("10.0.0.1:7000", "10.0.0.2:7000"), addr("10.0.0.2:7000", "10.0.0.1:7000")},
+		{addr(n1, n2), addr(n2, n1)},
 		{{URL: "redis://localhost", DB: 2}, {Address: []string{"127.0.0.1:6379"}, DB: 2}, {URL: "redis://127.0.0.1/2"}},
 		{{URL: "unix:///run/redis/redis.sock"}, {URL: "unix:///run/redis//redis.sock"}},
 	}
@@ -179,7 +187,7 @@ func TestRedisStateIDSpellings(t *testing.T) {
 		seen[want] = i
 	}
 	local := state(same[0][0])
-	for _, other := range []Store{addr("127.0.0.1:6380"), addr("127.0.0.2:6379"), addr("10.0.0.1:6379"), {DB: 1}, {URL: "redis://localhost/1"}} {
+	for _, other := range []Store{addr("127.0.0.1:6380"), addr("127.0.0.2:6379"), addr("127.0.0.3:6379"), {DB: 1}, {URL: "redis://localhost/1"}} {
 		if got := state(other); got == local {
 			t.Errorf("%+v is %q, the same state as 127.0.0.1:6379 db 0", other, got)
 		}

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -219,6 +220,9 @@ type redisClient struct {
 	pipe    *redisPipe
 	cache   *doneCache
 	tracker *tracker
+
+	idMu     sync.Mutex
+	identity string // the Cluster or master as Redis names it, once asked (identify)
 }
 
 func newRedisClient(o *goredis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
@@ -250,9 +254,12 @@ func (c *redisClient) Destruct() error {
 }
 
 // Provision resolves placeholders, then takes a client with these
-// settings from the usage pool or creates one. It does not contact
-// Redis: Caddy starts while Redis is down, and requests are answered
-// 503 (or passed, see on_store_error) until Redis is back.
+// settings from the usage pool or creates one. Caddy starts while
+// Redis is down, and requests are answered 503 (or passed, see
+// on_store_error) until Redis is back. On a Cluster or behind Sentinel
+// it asks, once per client and for at most 2s, which Cluster or master
+// the addresses lead to (see redisClient.identify); it does not contact
+// a standalone server.
 func (s *Store) Provision(ctx caddy.Context) error {
 	s.check = newPermCheck()
 	if s.logger == nil {
@@ -270,7 +277,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 			zap.String("option", "tls_insecure_skip_verify or skip_verify"),
 			zap.String("risk", "anyone on the path can read and change the dedup state"))
 	}
-	s.poolKey, s.state = opts.poolKey(), opts.stateID()
+	s.poolKey = opts.poolKey()
 	s.users = new(storepool.Users)
 	v, _, err := storepool.Pool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
 		return newRedisClient(opts.universal, opts.cacheSize, s.logger), nil
@@ -279,6 +286,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return err
 	}
 	rc := v.(*redisClient)
+	s.state = rc.identify(ctx, opts, s.logger)
 	s.client, s.cache, s.tracker = rc.UniversalClient, rc.cache, rc.tracker
 	s.cluster, _ = s.client.(*goredis.ClusterClient)
 	s.cmd = s.client
@@ -326,8 +334,10 @@ func (o resolvedOptions) poolKey() string {
 	return "sangho_dedup.goredis." + hex.EncodeToString(sum[:])
 }
 
-// stateID names the Redis data these options reach: the servers (or
-// Sentinels and master name) and the database, whatever the other
+// stateID names the Redis data these options reach as the addresses
+// tell (redisClient.identify asks a Cluster or the Sentinels instead
+// when it can): the servers (or Sentinels and master name) and the
+// database, whatever the other
 // settings and however they are given (address or url, db in the url or
 // as an option), each address spelled one way by canonicalRedisAddr.
 // Two stores with the same ID share their keys: the handler refuses two
@@ -347,13 +357,14 @@ func (o resolvedOptions) stateID() string {
 }
 
 // canonicalRedisAddr spells an address one way without resolving it
-// (Provision touches no network, and what a name resolves to can
-// change): the host name in lower case without a trailing dot, an IP
-// address in its canonical form, the port as a plain number, and
+// (what a name resolves to can change; a standalone server is not
+// asked, see redisClient.identify): the host name in lower case
+// without a trailing dot, an IP address in its canonical form, the
+// port as a plain number, and
 // localhost, 127.0.0.1 and ::1 as one (RFC 6761 localhost; Redis listens
 // on both loopback addresses by default, bind 127.0.0.1 -::1). A unix
 // socket's path is cleaned. One server reached by two different names
-// (a DNS name and its IP) still counts as two: the README says so.
+// (a DNS name and its IP) still counts as two: docs/redis.md says so.
 func canonicalRedisAddr(a string) string {
 	if strings.HasPrefix(a, "/") {
 		return filepath.Clean(a)

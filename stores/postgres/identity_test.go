@@ -1,0 +1,144 @@
+package postgres_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+)
+
+// twoSites is a Caddyfile of two site blocks, shop and billing, with
+// secrets of their own, each on the postgres store with its own DSN
+// (and extra options), each in front of its own backend.
+func twoSites(adminPort, portShop, portBilling int, dsnShop, dsnBilling, extraShop, extraBilling, backendShop, backendBilling string) string {
+	site := func(port int, name, secret, dsn, extra, backend string) string {
+		return fmt.Sprintf(`http://127.0.0.1:%d {
+	bind 127.0.0.1
+	sangho_dedup {
+		name %s
+		secret %s
+		store postgres {
+			dsn "%s"
+		}
+		%s
+	}
+	reverse_proxy %s
+}
+`, port, name, secret, dsn, extra, backend)
+	}
+	return fmt.Sprintf("{\n\tadmin 127.0.0.1:%d\n\tauto_https off\n\tpersist_config off\n\tlog {\n\t\toutput discard\n\t}\n}\n", adminPort) +
+		site(portShop, "shop", secretShop, dsnShop, extraShop, backendShop) +
+		site(portBilling, "billing", secretBilling, dsnBilling, extraBilling, backendBilling)
+}
+
+const (
+	secretShop    = "whsec_identity_shop"
+	secretBilling = "whsec_identity_billing"
+)
+
+// sendSigned delivers body to url signed with secret and returns the
+// status; id is also the Sangho-Event-ID header, as Sangho sends it.
+func sendSigned(t *testing.T, url, id, body, secret string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Sangho-Event-ID", id)
+	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret))
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestServerOneTableTwoDSNSpellings: two site blocks, shop and billing,
+// with different secrets and the default key_prefix, each reaching the
+// default table of one PostgreSQL server through a DSN spelled its own
+// way, are refused at load like any two endpoints that share a store.
+// (Found by review: the store's identity was the DSN as written, so a
+// DSN without the database name and one with it, or the Unix socket and
+// 127.0.0.1, were two stores; Caddy started, and the event shop
+// processed was answered "200 duplicate" by billing, whose backend never
+// saw it.) With a key_prefix each, both backends get the event once.
+func TestServerOneTableTwoDSNSpellings(t *testing.T) {
+	sockDir, err := os.MkdirTemp("", "pgsock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(sockDir) })
+	if err := os.Chmod(sockDir, 0o777); err != nil { // the server may run as another user
+		t.Fatal(err)
+	}
+	srv := pgtest.Start(t, "unix_socket_directories = '"+sockDir+"'")
+	port := strconv.Itoa(srv.Port)
+	for i, c := range []struct{ name, shop, billing string }{
+		// libpq's database defaults to the user's name
+		{"database left out", "postgres://postgres@127.0.0.1:" + port + "?sslmode=disable",
+			"postgres://postgres@127.0.0.1:" + port + "/postgres?sslmode=disable"},
+		{"Unix socket and 127.0.0.1", "host=" + sockDir + " port=" + port + " user=postgres dbname=postgres",
+			"postgres://postgres@127.0.0.1:" + port + "/postgres?sslmode=disable"},
+		{"Unix socket and localhost, database left out", "postgres://postgres@/postgres?host=" + sockDir + "&port=" + port,
+			"postgres://postgres@localhost:" + port + "?sslmode=disable"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			shop, billing := ledger.New(t), ledger.New(t)
+			adminPort, portShop, portBilling := freePort(t), freePort(t), freePort(t)
+			loadErr := func(extraShop, extraBilling string) error {
+				cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(twoSites(adminPort, portShop, portBilling,
+					c.shop, c.billing, extraShop, extraBilling, shop.Addr, billing.Addr)), nil)
+				if err != nil {
+					t.Fatalf("adapting: %v %v", err, warn)
+				}
+				return caddy.Load(cfg, true)
+			}
+			deliver := func(id string) {
+				body := `{"id":"` + id + `","type":"invoice.paid"}`
+				for _, p := range []struct {
+					port   int
+					secret string
+				}{{portShop, secretShop}, {portBilling, secretBilling}} {
+					if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
+						t.Fatalf("delivery of %s to :%d: %d", id, p.port, code)
+					}
+				}
+			}
+			t.Cleanup(func() { _ = caddy.Stop() })
+
+			err := loadErr("", "")
+			if err == nil {
+				deliver("evt_swallowed")
+				_, s := shop.Counts("evt_swallowed")
+				_, b := billing.Counts("evt_swallowed")
+				t.Fatalf("two site blocks with different secrets on one table and key_prefix loaded; one event to both: shop's backend processed it %d times, billing's %d times", s, b)
+			}
+			if !strings.Contains(err.Error(), "key_prefix") || strings.Contains(err.Error(), secretBilling) {
+				t.Fatalf("error: %v", err)
+			}
+
+			if err := loadErr("key_prefix shop:", "key_prefix billing:"); err != nil {
+				t.Fatalf("with a key_prefix each: %v", err)
+			}
+			id := "evt_both_" + strconv.Itoa(i)
+			deliver(id)
+			deliver(id)
+			for name, l := range map[string]*ledger.Ledger{"shop": shop, "billing": billing} {
+				if _, done := l.Counts(id); done != 1 {
+					t.Errorf("%s's backend processed the event %d times, want 1", name, done)
+				}
+			}
+		})
+	}
+}
