@@ -28,7 +28,8 @@ type configEndpoints struct {
 	seq      uint64 // configs loaded later have higher numbers
 	handlers int    // provisioned so far
 	uses     map[string]endpointUse
-	names    map[string]*Handler // the first handler of each name
+	names    map[string]*Handler        // the first handler of each name
+	checked  map[*caddyhttp.Server]bool // servers whose routes warnOpenPaths read
 }
 
 type endpointUse struct {

@@ -379,6 +379,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.registerEndpoint(ctx, secrets); err != nil {
 		return err
 	}
+	h.warnOpenPaths(ctx)
 	h.outcomes = outcomeCounters(h.Name)
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
