@@ -111,8 +111,12 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	return nil
 }
 
-// Cleanup forgets this handler's config in the registry of endpoints.
+// Cleanup forgets this handler's config in the registry of endpoints,
+// and logs the signature rejections not logged yet.
 func (h *Handler) Cleanup() error {
+	if h.sigRejects != nil {
+		h.sigRejects.stop()
+	}
 	if h.cfgKey != nil {
 		endpoints.Lock()
 		delete(endpoints.byConfig, h.cfgKey)

@@ -272,6 +272,7 @@ type Handler struct {
 
 	requireBodyID bool
 	sigMemory     time.Duration // how long a signed message's ID is remembered (the ID not signed)
+	sigRejects    *sigRejectLog // the sampled warning for rejected signatures
 }
 
 // CaddyModule returns the Caddy module information.
@@ -380,6 +381,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return err
 	}
 	h.warnOpenPaths(ctx)
+	h.sigRejects = &sigRejectLog{every: sigRejectEvery, logger: h.logger}
 	h.outcomes = outcomeCounters(h.Name)
 	return registerMetrics(ctx.GetMetricsRegistry())
 }
