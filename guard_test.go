@@ -42,7 +42,7 @@ func markedBlock(t *testing.T, file, name string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile("(?s)<!-- test: " + regexp.QuoteMeta(name) + " -->\n```\\w*\n(.*?)```").FindSubmatch(b)
+	m := regexp.MustCompile("(?s)<!-- test: " + regexp.QuoteMeta(name) + " -->\n[ \t]*```\\w*\n(.*?)[ \t]*```").FindSubmatch(b)
 	if m == nil {
 		t.Fatalf("%s: no code block marked <!-- test: %s -->", file, name)
 	}
