@@ -619,9 +619,9 @@ type sigRejectLog struct {
 }
 
 func (s *sigRejectLog) note(fields ...zap.Field) {
-	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := time.Now() // after the lock: lines are at least every apart
 	s.pending++
 	s.latest = fields
 	if s.timer != nil || s.stopped {
