@@ -28,7 +28,8 @@ type configEndpoints struct {
 	seq      uint64 // configs loaded later have higher numbers
 	handlers int    // provisioned so far
 	uses     map[string]endpointUse
-	names    map[string]*Handler // the first handler of each name
+	names    map[string]*Handler        // the first handler of each name
+	checked  map[*caddyhttp.Server]bool // servers whose routes warnOpenPaths read
 }
 
 type endpointUse struct {
@@ -136,8 +137,12 @@ func (h *Handler) sharedStateError(prev, use endpointUse, where string) error {
 		prev.name, prev.handler, use.name, use.handler, where, shared, example)
 }
 
-// Cleanup forgets this handler's config in the registry of endpoints.
+// Cleanup forgets this handler's config in the registry of endpoints,
+// and logs the signature rejections not logged yet.
 func (h *Handler) Cleanup() error {
+	if h.sigRejects != nil {
+		h.sigRejects.stop()
+	}
 	if h.cfgKey != nil {
 		endpoints.Lock()
 		delete(endpoints.byConfig, h.cfgKey)

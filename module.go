@@ -145,7 +145,7 @@ const (
 // `duplicate` | already processed: answered 200 without the next handler
 // `payload_mismatch` | already processed with another body: answered 422, or 200 with `on_payload_mismatch` `log`
 // `in_flight` | another delivery of the event is in flight: answered 409
-// `invalid_signature` | answered 401
+// `invalid_signature` | answered 401, and logged at warn, sampled: "signatures rejected", the first at once, then one line per 10 s with its `count`
 // `bad_request` | answered 400 or 405
 // `too_large` | answered 413
 // `store_error` | the store failed: answered 503
@@ -275,6 +275,7 @@ type Handler struct {
 
 	requireBodyID bool
 	sigMemory     time.Duration // how long a signed message's ID is remembered (the ID not signed)
+	sigRejects    *sigRejectLog // the sampled warning for rejected signatures
 }
 
 // CaddyModule returns the Caddy module information.
@@ -382,6 +383,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.registerEndpoint(ctx, secrets); err != nil {
 		return err
 	}
+	h.warnOpenPaths(ctx)
+	h.sigRejects = &sigRejectLog{every: sigRejectEvery, logger: h.logger}
 	h.outcomes = outcomeCounters(h.Name)
 	return registerMetrics(ctx.GetMetricsRegistry())
 }

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -422,44 +423,64 @@ func caseVerifier(t *testing.T, p providerCase) string {
 	return string(h.ProviderRaw)
 }
 
+// recipeEndpoint is one `handle /<path> { sangho_dedup { … } reverse_proxy … }`
+// block of a documented site: its path, the env variable of its secret,
+// and the lines inside sangho_dedup other than secret and key_prefix.
+type recipeEndpoint struct {
+	path, secretEnv string
+	provider        []string
+}
+
+var (
+	recipeHandle = regexp.MustCompile(`(?ms)^\thandle (/\S+) \{\n\t\tsangho_dedup \{\n(.*?)\n\t\t\}\n\t\treverse_proxy 127\.0\.0\.1:3000\n\t\}\n`)
+	recipeSecret = regexp.MustCompile(`^secret \{env\.(\w+)\}$`)
+)
+
+// recipeEndpoints returns the guarded endpoints of a documented site.
+func recipeEndpoints(t *testing.T, site string) []recipeEndpoint {
+	t.Helper()
+	var eps []recipeEndpoint
+	for _, m := range recipeHandle.FindAllStringSubmatch(site, -1) {
+		ep := recipeEndpoint{path: m[1]}
+		for _, l := range strings.Split(m[2], "\n") {
+			l = strings.TrimSpace(l)
+			switch {
+			case recipeSecret.MatchString(l):
+				ep.secretEnv = recipeSecret.FindStringSubmatch(l)[1]
+			case strings.HasPrefix(l, "secret "):
+				t.Errorf("%s: the secret is not one {env.X}: %q", ep.path, l)
+			case !strings.HasPrefix(l, "key_prefix "):
+				ep.provider = append(ep.provider, l)
+			}
+		}
+		eps = append(eps, ep)
+	}
+	return eps
+}
+
 // TestDocsProviderRecipes: every recipe of docs/providers.md (the
 // Providers reference the README links to) is one that
 // TestServerProviders runs, signed the way its sender documents: each
-// `sangho_dedup /<name>` block holds the provider lines of the case of
-// that name (besides its secret and key_prefix), and each JSON example
-// the verifier those lines adapt to.
+// `handle /<name>` block holds the provider lines of the case of that
+// name (besides its secret and key_prefix), and each JSON example the
+// verifier those lines adapt to. TestServerProviderRecipesGuarded runs
+// the site itself.
 func TestDocsProviderRecipes(t *testing.T) {
 	section := docSection(t, "docs/providers.md", "# Providers")
 	examples := codeBlocks(section, "caddyfile")
 	if len(examples) == 0 {
 		t.Fatal("docs/providers.md: no caddyfile example")
 	}
-	caseOf := map[string]string{"svix": "standard_webhooks"}
 	seen := 0
-	for head, lines := range directiveBlocks(t, examples[0]) {
-		name, ok := strings.CutPrefix(head, "sangho_dedup /")
-		name, ok2 := strings.CutSuffix(name, " {")
-		if !ok || !ok2 {
-			t.Errorf("docs/providers.md example: unexpected block %q", head)
-			continue
-		}
-		if c, ok := caseOf[name]; ok {
-			name = c
-		}
-		p := providerCaseNamed(t, name)
-		var provider []string
-		for _, l := range lines {
-			if !strings.HasPrefix(l, "secret ") && !strings.HasPrefix(l, "key_prefix ") {
-				provider = append(provider, l)
-			}
-		}
-		if got, want := strings.Join(provider, "\n"), strings.Join(caseLines(p), "\n"); got != want {
-			t.Errorf("docs/providers.md recipe %s:\n%s\nthe tested one:\n%s", head, got, want)
+	for _, ep := range recipeEndpoints(t, examples[0]) {
+		p := recipeCase(t, ep.path)
+		if got, want := strings.Join(ep.provider, "\n"), strings.Join(caseLines(p), "\n"); got != want {
+			t.Errorf("docs/providers.md recipe %s:\n%s\nthe tested one:\n%s", ep.path, got, want)
 		}
 		seen++
 	}
 	if seen < 6 {
-		t.Errorf("docs/providers.md example: %d recipes found, want at least 6", seen)
+		t.Errorf("docs/providers.md example: %d guarded recipes found, want at least 6", seen)
 	}
 	jsons := codeBlocks(section, "json")
 	if len(jsons) == 0 {

@@ -27,7 +27,8 @@ type Provider interface {
 
 	// Verify checks the signature of one delivery; body is the whole
 	// request body, which Verify must not keep or change. Any error is
-	// answered 401 and logged (at debug level): it must not hold a secret
+	// answered 401 and logged (at debug level, and in the sampled warning
+	// "signatures rejected"): it must not hold a secret
 	// or a signature value. Wrapping one of the ErrSignature* errors
 	// gives the reason label of the signature failure metric.
 	Verify(r *http.Request, body []byte) (Verified, error)

@@ -1,0 +1,255 @@
+package sanghodedup
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+)
+
+// The load-time check for paths left open (issue 24): Caddy's path
+// matcher is exact, so
+//
+//	sangho_dedup /github { … }
+//	reverse_proxy app:3000
+//
+// checks POST /github, while POST /github/, /github/x and / reach the
+// backend unsigned (and many applications route /github/ to the same
+// handler). When a sangho_dedup route has a path matcher and a later
+// route of the same route list matches every request and reaches
+// reverse_proxy before any sangho_dedup or final answer (respond, error,
+// file_server), the handler logs a warning naming the matcher and a path
+// that stays open. `handle /github { sangho_dedup … reverse_proxy … }`
+// has no matcher on the directive, so it never warns.
+//
+// A handler sees its siblings only through its server's route list
+// (the server is a value of its provisioning context). Caddy provisions
+// the routes of a list in order and drops each route's raw JSON once its
+// handlers are loaded; so the first sangho_dedup handler of a server
+// (none comes before it) checks the server's routes from its own on,
+// which are still raw JSON, subroutes included.
+
+// guardRoute is a route as the check reads it.
+type guardRoute struct {
+	paths    [][]string // each matcher set's path values; nil for a set without path
+	matchAll bool       // no matcher: the route runs for every request
+	terminal bool
+	handlers []json.RawMessage
+}
+
+type guardRawRoute struct {
+	Match    []map[string]json.RawMessage `json:"match"`
+	Handle   []json.RawMessage            `json:"handle"`
+	Terminal bool                         `json:"terminal"`
+}
+
+type guardRawHandler struct {
+	Handler string          `json:"handler"`
+	Routes  []guardRawRoute `json:"routes"`
+}
+
+// openPath is one finding: the matcher of a sangho_dedup route and a
+// path that a later route proxies unchecked.
+type openPath struct {
+	matcher, path string
+}
+
+func rawGuardRoutes(rs []guardRawRoute) []guardRoute {
+	out := make([]guardRoute, 0, len(rs))
+	for _, r := range rs {
+		g := guardRoute{matchAll: len(r.Match) == 0, terminal: r.Terminal, handlers: r.Handle}
+		for _, set := range r.Match {
+			var paths []string
+			if raw, ok := set["path"]; ok && json.Unmarshal(raw, &paths) != nil {
+				paths = nil
+			}
+			g.paths = append(g.paths, paths)
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// serverGuardRoutes reads the server's routes: those already loaded
+// have no raw handlers left (none holds sangho_dedup when the first
+// sangho_dedup handler of the server is provisioned).
+func serverGuardRoutes(srv *caddyhttp.Server) []guardRoute {
+	out := make([]guardRoute, 0, len(srv.Routes))
+	for _, r := range srv.Routes {
+		g := guardRoute{terminal: r.Terminal, handlers: r.HandlersRaw}
+		if r.MatcherSetsRaw != nil {
+			raw, _ := json.Marshal(r.MatcherSetsRaw)
+			var rr guardRawRoute
+			_ = json.Unmarshal([]byte(`{"match":`+string(raw)+`}`), &rr)
+			g.paths, g.matchAll = rawGuardRoutes([]guardRawRoute{rr})[0].paths, len(rr.Match) == 0
+		} else {
+			g.matchAll = len(r.MatcherSets) == 0
+			for _, set := range r.MatcherSets {
+				var paths []string
+				for _, m := range set {
+					switch p := m.(type) {
+					case caddyhttp.MatchPath:
+						paths = p
+					case *caddyhttp.MatchPath:
+						paths = *p
+					}
+				}
+				g.paths = append(g.paths, paths)
+			}
+		}
+		out = append(out, g)
+	}
+	return out
+}
+
+// findOpenPaths returns, for each sangho_dedup route of routes (and of
+// their subroutes) that has a path matcher, the paths a later route of
+// its list proxies unchecked.
+func findOpenPaths(routes []guardRoute) []openPath {
+	var found []openPath
+	for i, r := range routes {
+		for _, raw := range r.handlers {
+			var h guardRawHandler
+			if json.Unmarshal(raw, &h) != nil {
+				continue
+			}
+			switch h.Handler {
+			case "sangho_dedup":
+				if r.matchAll {
+					continue
+				}
+				if p, ok := unmatchedPath(r.paths); ok && flowRoutes(routes[i+1:]) == flowProxy {
+					found = append(found, openPath{matcher: describePaths(r.paths), path: p})
+				}
+			case "subroute":
+				found = append(found, findOpenPaths(rawGuardRoutes(h.Routes))...)
+			}
+		}
+	}
+	return found
+}
+
+type flow int
+
+const (
+	flowThrough flow = iota // on to the next handler
+	flowStop                // answered, or checked by sangho_dedup
+	flowProxy               // reverse_proxy, unchecked
+)
+
+// flowRoutes follows a request that no route matcher of routes matches.
+func flowRoutes(routes []guardRoute) flow {
+	for _, r := range routes {
+		if !r.matchAll {
+			continue
+		}
+		if r.handlers == nil && r.terminal {
+			return flowStop
+		}
+		if f := flowHandlers(r.handlers); f != flowThrough {
+			return f
+		}
+		if r.terminal {
+			return flowStop
+		}
+	}
+	return flowThrough
+}
+
+func flowHandlers(handlers []json.RawMessage) flow {
+	for _, raw := range handlers {
+		var h guardRawHandler
+		if json.Unmarshal(raw, &h) != nil {
+			return flowStop // unreadable: say nothing
+		}
+		switch h.Handler {
+		case "reverse_proxy":
+			return flowProxy
+		case "sangho_dedup", "static_response", "error", "file_server":
+			return flowStop
+		case "subroute":
+			if f := flowRoutes(rawGuardRoutes(h.Routes)); f != flowThrough {
+				return f
+			}
+		}
+	}
+	return flowThrough
+}
+
+// unmatchedPath returns a path near the matcher's that no matcher set
+// matches; false when a set has no path matcher (it may match anything)
+// or every candidate matches.
+func unmatchedPath(sets [][]string) (string, bool) {
+	var candidates []string
+	for _, set := range sets {
+		if set == nil {
+			return "", false
+		}
+		for _, p := range set {
+			p = strings.TrimRight(p, "*")
+			candidates = append(candidates, p+"/", p+"/x", p+"x")
+		}
+	}
+	candidates = append(candidates, "/", "/x")
+	ctx := context.WithValue(context.Background(), caddy.ReplacerCtxKey, caddy.NewReplacer())
+next:
+	for _, c := range candidates {
+		if !strings.HasPrefix(c, "/") {
+			continue
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://localhost"+c, nil)
+		if err != nil {
+			continue
+		}
+		for _, set := range sets {
+			m := caddyhttp.MatchPath(slices.Clone(set))
+			if err := m.Provision(caddy.Context{}); err != nil {
+				return "", false
+			}
+			if ok, _ := m.MatchWithError(req); ok {
+				continue next
+			}
+		}
+		return c, true
+	}
+	return "", false
+}
+
+func describePaths(sets [][]string) string {
+	var parts []string
+	for _, set := range sets {
+		parts = append(parts, "path "+strings.Join(set, " "))
+	}
+	return strings.Join(parts, " or ")
+}
+
+// warnOpenPaths runs the check for h's server if h is the server's first
+// sangho_dedup handler in this config.
+func (h *Handler) warnOpenPaths(ctx caddy.Context) {
+	srv, ok := ctx.Value(caddyhttp.ServerCtxKey).(*caddyhttp.Server)
+	if !ok || srv == nil {
+		return
+	}
+	endpoints.Lock()
+	cfg := endpoints.byConfig[h.cfgKey]
+	first := cfg != nil && !cfg.checked[srv]
+	if first {
+		if cfg.checked == nil {
+			cfg.checked = map[*caddyhttp.Server]bool{}
+		}
+		cfg.checked[srv] = true
+	}
+	endpoints.Unlock()
+	if !first {
+		return
+	}
+	for _, o := range findOpenPaths(serverGuardRoutes(srv)) {
+		h.logger.Warn("path proxied unchecked", zap.String("matcher", o.matcher), zap.String("open_path", o.path),
+			zap.Strings("listen", srv.Listen))
+	}
+}
