@@ -205,34 +205,62 @@ func TestBackendSlowerThanLockTTL(t *testing.T) {
 }
 
 // TestClientDisconnects: Sangho gives up on a delivery after 300 ms while
-// the backend needs 600 ms for the first one (and rolls back when the
-// request goes away); the event is processed once, on a later attempt.
+// the backend needs 600 ms for the first delivery of half the events.
+// The plugin cannot know whether the backend did the work, so it holds
+// the lease until lock_ttl (2 s); Sangho's retry is processed after that.
+// A backend that rolls back when the request goes away processes each
+// event once. A backend that finishes its work anyway (most do) has done
+// it already, and the retry does it again: that is the window of an
+// unknown outcome, measured, and every double must be an event whose
+// first delivery the client gave up on.
 func TestClientDisconnects(t *testing.T) {
-	r := redistest.Start(t)
-	l := ledger.New(t)
-	l.Behave(func(id string, n int) ledger.Action {
-		if n == 1 {
-			return ledger.Action{Delay: 600 * time.Millisecond}
-		}
-		return ledger.Action{}
-	})
-	s := newSender(instances(t, 1, siteConfigTimeout(redisStore(r.Addr), l.Addr, "", 10*time.Second)), 1)
-	s.client.Timeout = 300 * time.Millisecond
-	ids, acked := s.run("disconnect", 40*scale, nil)
-	f := check(t, "client disconnects mid-request", s, l, ids, acked, false)
-	if f.connErrors.Load() == 0 {
-		t.Error("no delivery timed out: the fault did not hit")
+	for _, c := range []struct {
+		name     string
+		rollBack bool
+	}{
+		{"backend rolls back", true},
+		{"backend finishes its work", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := redistest.Start(t)
+			l := ledger.New(t)
+			var cut atomic.Int64
+			slow := func(id string) bool { return strings.ContainsAny(id[len(id)-1:], "02468") }
+			l.Behave(func(id string, n int) ledger.Action {
+				if n == 1 && slow(id) {
+					cut.Add(1)
+					return ledger.Action{Delay: 600 * time.Millisecond, RollBack: c.rollBack}
+				}
+				return ledger.Action{}
+			})
+			s := newSender(instances(t, 1, siteConfigTimeout(redisStore(r.Addr), l.Addr, "", 10*time.Second)), 1)
+			s.client.Timeout = 300 * time.Millisecond
+			ids, acked := s.run("disconnect", 40*scale, nil)
+			waitIdle(l) // the work the client gave up on counts when it completes
+			f := check(t, "client disconnects mid-request ("+c.name+")", s, l, ids, acked, !c.rollBack)
+			if f.connErrors.Load() == 0 {
+				t.Error("no delivery timed out: the fault did not hit")
+			}
+			for _, id := range ids {
+				if _, done := l.Counts(id); done > 1 && !slow(id) {
+					t.Errorf("%s processed %d times, and the client never gave up on it", id, done)
+				}
+			}
+			if int64(f.twice) > cut.Load() {
+				t.Errorf("%d events processed twice, more than the %d the client gave up on", f.twice, cut.Load())
+			}
+		})
 	}
 }
 
 // TestCaddyKilledWithEventsInFlight: one of two instances is SIGKILLed
 // while events are in flight; their leases stay in Redis and expire after
 // lock_ttl, after which Sangho's retries are processed by the other. The
-// backend rolls back work whose request went away, but a backend that
-// finished at the very instant Caddy died did the work that nobody
-// recorded, and the retry processes it again: that can break the promise
-// by nature (seen: 1 in 100 events in one of five runs). Measured; more
-// than a handful would mean a bug.
+// backend, like most, finishes the work whose request went away, so
+// every event it was working on at the kill (or had answered just
+// before, its done record not yet written) is processed again by the
+// retry: the crash window, by nature, measured. Every double must be
+// such an event (checkDoublesAtTheKills); anything else would be a bug.
 func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 	r := redistest.Start(t)
 	l := ledger.New(t)
@@ -242,16 +270,16 @@ func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 	other := startCaddy(t, site)
 	s := newSender([]string{victim.url, other.url}, 2)
 	n := 100 * scale
+	var kills []killSpan
 	ids, acked := s.run("caddy_kill", n, func(p *atomic.Int64) {
 		at(p, int64(n/2), func() {
 			s.fig.faults.Add(1)
-			victim.kill()
+			kills = append(kills, killNow(victim))
 		})
 	})
-	f := check(t, "Caddy SIGKILLed with events in flight", s, l, ids, acked, true)
-	if f.twice > 5 {
-		t.Errorf("%d events processed twice: more than the instant of the kill explains", f.twice)
-	}
+	waitIdle(l)
+	s.fig.note, _ = checkDoublesAtTheKills(t, l, ids, kills)
+	check(t, "Caddy SIGKILLed with events in flight", s, l, ids, acked, true)
 }
 
 // TestReloadUnderLoad: the config is reloaded five times during a run,

@@ -309,6 +309,7 @@ type figures struct {
 	once, twice, lost                                                                               int
 	recovery                                                                                        atomic.Int64 // ns from a fault's heal to the first 2xx of a new event; 0: not measured
 	slowest                                                                                         atomic.Int64 // ns, the longest wait for an answer
+	note                                                                                            string       // more figures, at the end of the line
 }
 
 func (f *figures) String() string {
@@ -318,6 +319,9 @@ func (f *figures) String() string {
 	if r := f.recovery.Load(); r > 0 {
 		s += fmt.Sprintf("; slowest answer %v; recovered %v after the heal",
 			time.Duration(f.slowest.Load()).Round(time.Millisecond), time.Duration(r).Round(time.Millisecond))
+	}
+	if f.note != "" {
+		s += "; " + f.note
 	}
 	return s
 }

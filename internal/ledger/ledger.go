@@ -4,6 +4,12 @@
 // as the test tells it to. The event ID is the Sangho-Event-ID header's
 // ("" without one). The root package's server tests and the reliability
 // suite share it.
+//
+// Like a real backend, the ledger finishes its work when the client goes
+// away: a delivery whose work completes is processed, whatever the
+// socket does (a payment handler commits its transaction all the same).
+// Action.RollBack opts into the rarer backend that abandons its work
+// when the request goes away.
 package ledger
 
 import (
@@ -22,10 +28,30 @@ import (
 // Action is how the ledger answers one delivery.
 type Action struct {
 	Status int           // the answer; 0 is 200
-	Delay  time.Duration // work time; the work is abandoned if the request goes away
-	Hang   time.Duration // work time that goes on even if nobody waits (a fault)
-	Crash  bool          // drop the connection without an answer, the work not done (a fault)
+	Delay  time.Duration // work time; the work completes and counts even if the request goes away
+	// RollBack makes Delay's work abandoned, not processed, if the
+	// request goes away before it completes: a backend that rolls back
+	// on disconnect. Most do not; use it only for a test about one.
+	RollBack bool
+	Hang     time.Duration // work time that goes on even if nobody waits (a fault)
+	Crash    bool          // drop the connection without an answer, the work not done (a fault)
 }
+
+// PriorAttemptHeader is the request header that marks a delivery whose
+// earlier attempt's fate is unknown. The ledger only records, per
+// delivery, whether it was present (Delivery.Marked).
+const PriorAttemptHeader = "Sangho-Dedup-Prior-Attempt"
+
+// Delivery is one delivery of an event as the ledger saw it.
+type Delivery struct {
+	Marked       bool      // the request carried PriorAttemptHeader
+	PriorAttempt string    // its value ("" without one)
+	Began        time.Time // when the request reached the ledger
+	Ended        time.Time // when its work completed and was processed; zero if it was not
+}
+
+// Done reports whether the delivery was processed.
+func (d Delivery) Done() bool { return !d.Ended.IsZero() }
 
 // Ledger is the backend. Its answers carry X-Backend: ledger and the
 // body {"app":"<event ID>"}.
@@ -34,8 +60,10 @@ type Ledger struct {
 
 	mu       sync.Mutex
 	behave   func(id string, n int) Action
-	received map[string]int    // deliveries that reached the backend
-	done     map[string]int    // deliveries it processed
+	received map[string]int // deliveries that reached the backend
+	done     map[string]int // deliveries it processed
+	log      map[string][]Delivery
+	working  atomic.Int64      // deliveries whose work is under way
 	bodies   map[string][]byte // the last body of each ID, with RecordBodies
 	srv      *http.Server
 	faults   atomic.Int64 // crashes, hangs and non-2xx answers
@@ -44,7 +72,7 @@ type Ledger struct {
 // New starts a ledger on a free loopback port, stopped at cleanup.
 func New(t testing.TB) *Ledger {
 	t.Helper()
-	l := &Ledger{Addr: "127.0.0.1:0", received: map[string]int{}, done: map[string]int{}}
+	l := &Ledger{Addr: "127.0.0.1:0", received: map[string]int{}, done: map[string]int{}, log: map[string][]Delivery{}}
 	l.Start(t)
 	t.Cleanup(l.Stop)
 	return l
@@ -123,6 +151,17 @@ func (l *Ledger) Totals() (received, done int) {
 	return received, done
 }
 
+// Deliveries returns the deliveries of id, in the order they reached the
+// ledger.
+func (l *Ledger) Deliveries(id string) []Delivery {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]Delivery(nil), l.log[id]...)
+}
+
+// Working returns how many deliveries the ledger is working on now.
+func (l *Ledger) Working() int { return int(l.working.Load()) }
+
 // Received returns a copy of the deliveries received, by ID.
 func (l *Ledger) Received() map[string]int {
 	l.mu.Lock()
@@ -158,9 +197,18 @@ func (l *Ledger) Faults() int64 { return l.faults.Load() }
 func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	id := r.Header.Get("Sangho-Event-ID")
+	prior, marked := r.Header[PriorAttemptHeader]
+	d := Delivery{Marked: marked, Began: time.Now()}
+	if marked {
+		d.PriorAttempt = prior[0]
+	}
+	l.working.Add(1)
+	defer l.working.Add(-1)
 	l.mu.Lock()
 	l.received[id]++
 	n := l.received[id]
+	i := len(l.log[id])
+	l.log[id] = append(l.log[id], d)
 	if l.bodies != nil {
 		l.bodies[id] = body
 	}
@@ -183,12 +231,14 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		panic(http.ErrAbortHandler)
 	}
-	if a.Delay > 0 {
+	if a.Delay > 0 && a.RollBack {
 		select {
 		case <-time.After(a.Delay):
 		case <-r.Context().Done():
 			return // the request went away: the work is rolled back
 		}
+	} else if a.Delay > 0 {
+		time.Sleep(a.Delay) // the work completes whatever the client does
 	}
 	if a.Hang > 0 {
 		l.faults.Add(1)
@@ -197,6 +247,7 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 	if a.Status >= 200 && a.Status <= 299 {
 		l.mu.Lock()
 		l.done[id]++
+		l.log[id][i].Ended = time.Now()
 		l.mu.Unlock()
 	} else {
 		l.faults.Add(1)

@@ -68,3 +68,53 @@ func TestLedger(t *testing.T) {
 		t.Fatalf("after Start: %d %v", st, err)
 	}
 }
+
+// TestLedgerFinishesWorkWhenClientGoesAway: a client that gives up
+// mid-work does not stop the work: the delivery is processed when the
+// work completes. With RollBack the work is abandoned instead. The
+// Sangho-Dedup-Prior-Attempt header is recorded per delivery.
+func TestLedgerFinishesWorkWhenClientGoesAway(t *testing.T) {
+	l := New(t)
+	const work = 300 * time.Millisecond
+	l.Behave(func(id string, n int) Action {
+		return Action{Delay: work, RollBack: id == "evt_rollback"}
+	})
+	giveUp := &http.Client{Timeout: 50 * time.Millisecond}
+	post := func(id string, marked bool) {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+l.Addr+"/", strings.NewReader(`{}`))
+		req.Header.Set("Sangho-Event-ID", id)
+		if marked {
+			req.Header.Set(PriorAttemptHeader, "unknown")
+		}
+		if resp, err := giveUp.Do(req); err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: answered before the work was done", id)
+		}
+	}
+	post("evt_finish", false)
+	post("evt_finish", true)
+	post("evt_rollback", false)
+	if w := l.Working(); w == 0 {
+		t.Error("Working() is 0 while the ledger works")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Working() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if r, d := l.Counts("evt_finish"); r != 2 || d != 2 {
+		t.Errorf("evt_finish, client gone mid-work: received %d, processed %d; want 2 and 2 (the work completes)", r, d)
+	}
+	if r, d := l.Counts("evt_rollback"); r != 1 || d != 0 {
+		t.Errorf("evt_rollback, client gone mid-work: received %d, processed %d; want 1 and 0 (rolled back)", r, d)
+	}
+	ds := l.Deliveries("evt_finish")
+	if len(ds) != 2 || ds[0].Marked || !ds[1].Marked || ds[1].PriorAttempt != "unknown" || !ds[0].Done() || !ds[1].Done() {
+		t.Fatalf("deliveries of evt_finish: %+v", ds)
+	}
+	if took := ds[0].Ended.Sub(ds[0].Began); took < work {
+		t.Errorf("the work took %v, less than %v", took, work)
+	}
+	if ds := l.Deliveries("evt_rollback"); len(ds) != 1 || ds[0].Done() {
+		t.Errorf("deliveries of evt_rollback: %+v", ds)
+	}
+}
