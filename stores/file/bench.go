@@ -71,6 +71,9 @@ func BenchFill(path string, live int, end time.Time, hours, retention time.Durat
 	now := func() time.Time { return time.Unix(0, clock.Load()) }
 	start := end.Add(-hours)
 	clock.Store(start.UnixNano())
+	// The sweeps of whole simulated hours are large batches: no disk
+	// stall limit for them (this is the bench tool's process).
+	fileWriteTimeout = time.Hour
 	st, err := openFileState(path, now, 1000*time.Hour, zap.NewNop())
 	if err != nil {
 		return err
@@ -92,13 +95,13 @@ func BenchFill(path string, live int, end time.Time, hours, retention time.Durat
 				n := 0
 				if err := st.write(func(tx *fileTx) error {
 					var err error
-					n, err = tx.sweep(50000)
+					n, err = tx.sweep(20000)
 					return err
 				}); err != nil {
 					return err
 				}
 				swept += n
-				if n < 50000 {
+				if n < 20000 {
 					break
 				}
 			}

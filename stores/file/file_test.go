@@ -894,3 +894,38 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
+
+// The backup of docs/stores.md: with Caddy stopped, `cp -a` of the
+// folder is a store that opens with every record; put back in the
+// folder's place, it is the store again.
+func TestFileStoreBackupRecipe(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "dedup.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Store{state: st}
+	ctx := context.Background()
+	if _, err := s.Commit(ctx, "sangho_dedup:evt_1", "t", dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "x"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil { // Caddy stopped
+		t.Fatal(err)
+	}
+	backup := filepath.Join(dir, "backup", "dedup.pebble")
+	_ = os.MkdirAll(filepath.Dir(backup), 0o700)
+	if out, err := exec.Command("cp", "-a", StoreDir(path), backup).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a: %v %s", err, out)
+	}
+	if err := os.RemoveAll(StoreDir(path)); err != nil { // the store is lost
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("cp", "-a", backup, StoreDir(path)).CombinedOutput(); err != nil { // restored
+		t.Fatalf("cp -a: %v %s", err, out)
+	}
+	st = openTestFileState(t, path, time.Now)
+	if _, ok, err := st.read("sangho_dedup:evt_1"); err != nil || !ok {
+		t.Fatalf("after the restore: %v %v", ok, err)
+	}
+}

@@ -170,3 +170,52 @@ func TestFileStoreTakeOverWaitsForTheOldRelease(t *testing.T) {
 	}
 	st.Destruct()
 }
+
+// The way back of docs/stores.md: after the takeover, the earlier
+// release's file still opens (bbolt, as that release does) with its
+// records; and with the folder moved away, the next start of this
+// version takes the file over again.
+func TestFileStoreWayBack(t *testing.T) {
+	src, err := os.ReadFile("testdata/v2-dedup.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	if err := os.WriteFile(path, src, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	old, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second}) // the earlier release
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	_ = old.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucketEvents).Stats().KeyN; return nil })
+	old.Close()
+	if n != len(v1Done)+1 {
+		t.Fatalf("the old file holds %d records, want %d", n, len(v1Done)+1)
+	}
+	if err := os.Rename(StoreDir(path), StoreDir(path)+".moved"); err != nil { // moved away
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	st, err = openFileState(path, time.Now, time.Hour, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Destruct()
+	if logs.FilterMessageSnippet("took over the store file of an earlier release").Len() != 1 {
+		t.Fatal("the file was not taken over again")
+	}
+	for key := range v1Done {
+		if _, ok, err := st.read(key); err != nil || !ok {
+			t.Fatalf("%s after the second takeover: %v %v", key, ok, err)
+		}
+	}
+}
