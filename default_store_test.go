@@ -55,8 +55,8 @@ func TestDefaultStoreIsTheFileStore(t *testing.T) {
 	if fs.StateID() != "file "+want || filestore.DefaultFilePath() != want {
 		t.Fatalf("default store %s (DefaultFilePath %s), want the file %s", fs.StateID(), filestore.DefaultFilePath(), want)
 	}
-	if _, err := os.Stat(want); err != nil {
-		t.Fatalf("the default file was not created: %v", err)
+	if fi, err := os.Stat(filestore.StoreDir(want)); err != nil || !fi.IsDir() {
+		t.Fatalf("the default store's folder was not created: %v", err)
 	}
 }
 

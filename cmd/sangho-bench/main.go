@@ -61,7 +61,19 @@ func main() {
 	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
 	flag.StringVar(&profileDir, "cpuprofile", "", "write a CPU profile of Caddy during each throughput scenario's first round into this directory (Caddy's admin API is then on a loopback port; the profiled round's figures include the profiler's cost)")
 	generator := flag.String("generator", "auto", "load generator of the throughput runs: wrk, go, or auto (wrk if on PATH, else go); the fixed-rate latency runs always use the Go generator (wrk has no fixed rate)")
+	fileScale := flag.String("filescale", "", "file store at scale (bench only): fill (a store of -filescale-records live records after 108 simulated hours kept 72 h, written straight to the engine) or measure (in this fresh process: open cold, first claim, RSS, claim p99, commits with and without the sweep, size on disk)")
+	fileScalePath := flag.String("filescale-path", "", "the store's path for -filescale (its data goes in the folder beside it, .db replaced by .pebble)")
+	fileScaleRecords := flag.Int("filescale-records", 0, "live records for -filescale")
+	fileScaleWarm := flag.Bool("filescale-warm", false, "-filescale measure: leave the store's files in the page cache (open warm)")
+	fileScaleDur := flag.Duration("filescale-duration", 5*time.Second, "-filescale measure: length of each latency and commit run")
 	flag.Parse()
+	if *fileScale != "" {
+		if err := fileScaleMain(*fileScale, *fileScalePath, *fileScaleRecords, *fileScaleWarm, *fileScaleDur); err != nil {
+			fmt.Fprintln(os.Stderr, "sangho-bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *growthOnly {
 		tmp, err := os.MkdirTemp("", "sangho-bench")
 		if err == nil {

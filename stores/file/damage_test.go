@@ -1,61 +1,325 @@
 package file
 
 import (
-	"encoding/binary"
+	"context"
+	"errors"
+	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
-// TestFileStoreStructuralDamageKeepsNoLock: a branch page whose two
-// children are one page (structural damage that a cursor walks through
-// without a panic): the store either refuses the file naming it, or
-// opens it (a read of the damaged pages is then an error); either way
-// no handle of the file outlives the attempt, so that the file repaired
-// in place opens in the same process. (Found by review: with
-// NoFreelistSync, bbolt's freelist rebuild panicked inside bolt.Open,
-// which never returned its handle: the repaired file was refused as "in
-// use by another process" until Caddy restarted. The freelist is synced
-// again.)
-func TestFileStoreStructuralDamageKeepsNoLock(t *testing.T) {
-	content := testDatabase(t)
-	const pageSize = 4096
-	b := append([]byte(nil), content...)
-	damaged := false
-	for off := 2 * pageSize; off+pageSize <= len(b); off += pageSize {
-		if binary.LittleEndian.Uint16(b[off+8:]) == 0x01 && binary.LittleEndian.Uint16(b[off+10:]) >= 2 {
-			// element 1's child := element 0's child
-			copy(b[off+16+16+8:off+16+16+16], b[off+16+8:off+16+16])
-			damaged = true
+// testStore creates a closed store of 2,000 done records at a new path,
+// flushed to its tables (so that the folder holds a MANIFEST, tables and
+// a log), and returns the path.
+func testStore(t testing.TB) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "good.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Store{state: st}
+	for i := range 2000 {
+		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: strings.Repeat("x", 200)}
+		if _, err := s.Commit(context.Background(), "ev_"+strconv.Itoa(i), "t", rec, time.Hour); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if !damaged {
-		t.Fatal("no branch page")
+	if err := st.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// dirFiles is the content of every file in dir but Pebble's LOCK (which
+// an open creates before it reads anything).
+func dirFiles(t testing.TB, dir string) map[string]string {
+	t.Helper()
+	m := map[string]string{}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() == "LOCK" || e.IsDir() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m[e.Name()] = string(b)
+	}
+	return m
+}
+
+// writeDir makes dir hold exactly files.
+func writeDir(t testing.TB, dir string, files map[string]string) {
+	t.Helper()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(b), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// dirBytes is the size of the files in dir.
+func dirBytes(t testing.TB, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if fi, err := d.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// matching returns the names in files that start with prefix.
+func matching(files map[string]string, prefix string) []string {
+	var names []string
+	for _, n := range slices.Sorted(maps.Keys(files)) {
+		if strings.HasPrefix(n, prefix) {
+			names = append(names, n)
+		}
+	}
+	return names
+}
+
+// A damaged store is an error that names it and says what to do, never a
+// silent start from empty, and the damaged files are left as they were.
+func TestFileStoreRefusesDamagedStores(t *testing.T) {
+	good := dirFiles(t, StoreDir(testStore(t)))
+	edit := func(f func(m map[string]string)) map[string]string {
+		m := maps.Clone(good)
+		f(m)
+		return m
+	}
+	if len(matching(good, "MANIFEST-")) == 0 || len(matching(good, "marker.manifest.")) == 0 {
+		t.Fatalf("the test store has no MANIFEST or no marker: %v", slices.Sorted(maps.Keys(good)))
+	}
+	cases := map[string]map[string]string{
+		"emptied folder": {},
+		"manifest marker lost": edit(func(m map[string]string) {
+			for _, n := range matching(m, "marker.manifest.") {
+				delete(m, n)
+			}
+		}),
+		"MANIFEST garbage": edit(func(m map[string]string) {
+			for _, n := range matching(m, "MANIFEST-") {
+				m[n] = strings.Repeat("not a manifest ", 200)
+			}
+		}),
+		"MANIFEST truncated": edit(func(m map[string]string) {
+			for _, n := range matching(m, "MANIFEST-") {
+				m[n] = m[n][:len(m[n])/2]
+			}
+		}),
+		"MANIFEST gone": edit(func(m map[string]string) {
+			for _, n := range matching(m, "MANIFEST-") {
+				delete(m, n)
+			}
+		}),
+	}
+	for name, files := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "dedup.db")
+			dir := StoreDir(path)
+			writeDir(t, dir, files)
+			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			if err == nil {
+				st.Destruct()
+				t.Fatal("opened a damaged store")
+			}
+			if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), dir) {
+				t.Fatalf("error does not name the store and its folder: %v", err)
+			}
+			if after := dirFiles(t, dir); !maps.Equal(after, files) {
+				t.Fatalf("the damaged store was changed: %v, was %v", slices.Sorted(maps.Keys(after)), slices.Sorted(maps.Keys(files)))
+			}
+			t.Logf("%v", err)
+		})
+	}
+	t.Run("a foreign Pebble database", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "dedup.db")
+		db, err := pebble.Open(StoreDir(path), &pebble.Options{Logger: pebbleLogger{path, zap.NewNop()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Set([]byte("k"), []byte("v"), pebble.Sync); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		_, err = openFileState(path, time.Now, time.Hour, zap.NewNop())
+		if err == nil || !strings.Contains(err.Error(), "not a sangho_dedup store") || !strings.Contains(err.Error(), path) {
+			t.Fatalf("error = %v; want one saying it is not a sangho_dedup store, naming %s", err, path)
+		}
+	})
+	t.Run("a file in the store folder's place", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "dedup.db")
+		if err := os.WriteFile(StoreDir(path), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := openFileState(path, time.Now, time.Hour, zap.NewNop()); err == nil || !strings.Contains(err.Error(), StoreDir(path)) {
+			t.Fatalf("error = %v; want one that names %s", err, StoreDir(path))
+		}
+	})
+	t.Run("a folder at the path", func(t *testing.T) {
+		path := t.TempDir()
+		if _, err := openFileState(path, time.Now, time.Hour, zap.NewNop()); err == nil || !strings.Contains(err.Error(), path) {
+			t.Fatalf("error = %v; want one that names %s", err, path)
+		}
+		if _, err := os.Lstat(StoreDir(path)); !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("a store was created beside it: %v", err)
+		}
+	})
+}
+
+// A damaged file of an earlier release is refused at the takeover,
+// naming it; it is left as it was and no store is created in its stead.
+func TestFileStoreRefusesDamagedOldFiles(t *testing.T) {
+	content, err := os.ReadFile("testdata/v2-dedup.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string][]byte{
+		"empty":     {},
+		"truncated": content[:len(content)/2],
+		"garbage":   []byte(strings.Repeat("not a database ", 2000)),
+		"zeroed meta pages": func() []byte {
+			b := append([]byte(nil), content...)
+			clear(b[:2*4096])
+			return b
+		}(),
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "dedup.db")
+			if err := os.WriteFile(path, data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			if err == nil {
+				st.Destruct()
+				t.Fatal("took over a damaged file")
+			}
+			if !strings.Contains(err.Error(), path) {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			if after, _ := os.ReadFile(path); string(after) != string(data) {
+				t.Fatal("the damaged file was changed")
+			}
+			if left, _ := filepath.Glob(filepath.Join(filepath.Dir(path), "*.pebble*")); len(left) != 0 {
+				t.Fatalf("a store was left: %v", left)
+			}
+			t.Logf("%v", err)
+		})
+	}
+}
+
+// TestFileStoreDamagedTablesAreErrors: bytes changed in the middle of
+// every table (the checksummed blocks of records and filters): the store
+// is refused at open, or a read of a damaged block is an error naming
+// it; never is an event that was done claimed as new.
+func TestFileStoreDamagedTablesAreErrors(t *testing.T) {
+	good := dirFiles(t, StoreDir(testStore(t)))
+	tables := matching(good, "")
+	damaged := maps.Clone(good)
+	n := 0
+	for _, name := range tables {
+		if strings.HasSuffix(name, ".sst") {
+			b := []byte(damaged[name])
+			for i := len(b) / 4; i < len(b)*3/4; i += 512 {
+				b[i] ^= 0xff
+			}
+			damaged[name] = string(b)
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatalf("no table in %v", tables)
 	}
 	path := filepath.Join(t.TempDir(), "dedup.db")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	writeDir(t, StoreDir(path), damaged)
 	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
-	if err == nil {
+	if err != nil {
+		if !strings.Contains(err.Error(), path) {
+			t.Fatalf("error does not name the store: %v", err)
+		}
+		return // refused at open
+	}
+	defer st.Destruct()
+	s := &Store{state: st}
+	var errs int
+	for i := range 2000 {
+		res, _, err := s.Claim(context.Background(), "ev_"+strconv.Itoa(i), "t2", time.Minute)
+		if err != nil {
+			if !strings.Contains(err.Error(), path) {
+				t.Fatalf("error does not name the store: %v", err)
+			}
+			errs++
+		} else if res != dedup.AlreadyDone {
+			t.Fatalf("claim of done event %d on a damaged table: %v", i, res)
+		}
+	}
+	if errs == 0 {
+		t.Fatal("no damaged block was noticed")
+	}
+	t.Logf("%d of 2000 claims were errors", errs)
+}
+
+// TestFileStoreFailedOpenKeepsNoLock: a store refused as damaged keeps
+// no lock or handle in this process: once repaired in place, it opens
+// without a restart of Caddy.
+func TestFileStoreFailedOpenKeepsNoLock(t *testing.T) {
+	good := dirFiles(t, StoreDir(testStore(t)))
+	damaged := maps.Clone(good)
+	for _, n := range matching(damaged, "MANIFEST-") {
+		damaged[n] = "garbage"
+	}
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	writeDir(t, StoreDir(path), damaged)
+	if st, err := openFileState(path, time.Now, time.Hour, zap.NewNop()); err == nil {
 		st.Destruct()
-	} else if !strings.Contains(err.Error(), "is damaged") || !strings.Contains(err.Error(), path) {
-		t.Fatalf("first open: %v, want it opened or refused as damaged, naming the file", err)
+		t.Fatal("opened a store with a garbage MANIFEST")
 	}
-	// The operator restores the good content in place (same inode).
-	if err := os.WriteFile(path, content, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	st, err = openFileState(path, time.Now, time.Hour, zap.NewNop())
+	writeDir(t, StoreDir(path), good) // the operator restores it
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		if strings.Contains(err.Error(), "in use") {
-			t.Fatalf("repaired file refused: the failed open kept its lock: %v", err)
+			t.Fatalf("repaired store refused: the failed open kept its lock: %v", err)
 		}
 		t.Fatal(err)
 	}
-	st.Destruct()
+	defer st.Destruct()
+	if _, ok, err := st.read("ev_7"); err != nil || !ok {
+		t.Fatalf("after the repair: %v %v", ok, err)
+	}
 }

@@ -1,0 +1,293 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
+)
+
+// The file store at the seed's scale (-filescale fill|measure): a store
+// of N live records after 108 simulated hours of a steady load kept 72
+// hours (so 36 hours of expiry and sweeping behind it), then, in a fresh
+// process, what a start costs and what the store answers at that size.
+const (
+	scaleHours     = 108 * time.Hour
+	scaleRetention = 72 * time.Hour
+)
+
+// fileScaleFill fills the store at path (bench only: straight batches,
+// not claims) and prints its size.
+func fileScaleFill(path string, live int) error {
+	start := time.Now()
+	err := filestore.BenchFill(path, live, start, scaleHours, scaleRetention, func(written, swept int) {
+		fmt.Fprintf(os.Stderr, "\rfill: %d written, %d swept, %.0f s ", written, swept, time.Since(start).Seconds())
+	})
+	fmt.Fprintln(os.Stderr)
+	if err != nil {
+		return err
+	}
+	bytes, files := dirSize(filestore.StoreDir(path))
+	fmt.Printf("filled %s: %d live records (%d written over %v, each kept %v) in %.1f s; %.1f MiB in %d files, %.1f B/live record\n",
+		filestore.StoreDir(path), live, int(float64(live)*float64(scaleHours)/float64(scaleRetention)), scaleHours, scaleRetention,
+		time.Since(start).Seconds(), float64(bytes)/(1<<20), files, float64(bytes)/float64(live))
+	return nil
+}
+
+// fileScaleMeasure opens the store at path (filled by fileScaleFill with
+// live records) in this fresh process, its files evicted from the page
+// cache first unless warm, and measures: the open and the first claims;
+// memory; claim latency for existing and new IDs at 32 goroutines; the
+// durable commit rate without and with a sweep of 100 expiries a second;
+// the size on disk once closed.
+func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error {
+	dir := filestore.StoreDir(path)
+	if !warm {
+		n, err := evict(dir)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("evicted %d files of %s from the page cache (posix_fadvise DONTNEED)\n", n, dir)
+	}
+	first, total := filestore.BenchLive(live, scaleHours, scaleRetention)
+	// the oldest tenth may have expired since the fill ended: the
+	// existing IDs are drawn from the rest
+	first += live / 10
+	// The clock: real time, until the sweep phase runs it faster so that
+	// the fill's records expire at 100 a second (live/72 h is the rate
+	// they expire at in real time: 100/s at 26 M).
+	var offset, speedFrom atomic.Int64
+	speed := 100 / (float64(live) / scaleRetention.Seconds())
+	now := func() time.Time {
+		t := time.Now()
+		if from := speedFrom.Load(); from != 0 {
+			t = t.Add(time.Duration(float64(t.UnixNano()-from) * (speed - 1)))
+		}
+		return t.Add(time.Duration(offset.Load()))
+	}
+	ctx := context.Background()
+	t0 := time.Now()
+	s, err := filestore.OpenForBench(path, now, time.Hour)
+	if err != nil {
+		return err
+	}
+	open := time.Since(t0)
+	res, _, err := s.Claim(ctx, filestore.BenchKey(uint64(total-1)), "t", time.Minute)
+	if err != nil || res != dedup.AlreadyDone {
+		return fmt.Errorf("first claim of a live record: %v %v", res, err)
+	}
+	firstClaim := time.Since(t0)
+	t1 := time.Now()
+	if res, _, err := s.Claim(ctx, filestore.BenchKey(1<<40), "t", time.Minute); err != nil || res != dedup.Claimed {
+		return fmt.Errorf("first claim of a new ID: %v %v", res, err)
+	}
+	_, _ = s.Release(ctx, filestore.BenchKey(1<<40), "t")
+	newClaim := time.Since(t1)
+	rss, hwm := memKB(os.Getpid())
+	fmt.Printf("open %v; + first claim (a live record) %v; then a new ID's claim %v; RSS after %.0f MiB (peak %.0f MiB)\n",
+		open.Round(time.Millisecond), firstClaim.Round(time.Millisecond), newClaim.Round(time.Microsecond), float64(rss)/1024, float64(hwm)/1024)
+
+	// claim latency, 32 goroutines, dur each
+	var nextNew atomic.Uint64
+	nextNew.Store(1 << 41)
+	claimLat := func(existing bool) ([]time.Duration, error) {
+		var mu sync.Mutex
+		var all []time.Duration
+		var failed atomic.Value
+		var wg sync.WaitGroup
+		end := time.Now().Add(dur)
+		for g := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := rand.New(rand.NewPCG(uint64(g), 7))
+				var lat []time.Duration
+				for time.Now().Before(end) {
+					var key string
+					if existing {
+						key = filestore.BenchKey(uint64(first + r.IntN(total-first)))
+					} else {
+						key = filestore.BenchKey(nextNew.Add(1))
+					}
+					tok := fmt.Sprint("t", g)
+					t := time.Now()
+					res, _, err := s.Claim(ctx, key, tok, time.Minute)
+					lat = append(lat, time.Since(t))
+					if err != nil || (existing && res != dedup.AlreadyDone) || (!existing && res != dedup.Claimed) {
+						failed.Store(fmt.Errorf("claim %s (existing %v): %v %v", key, existing, res, err))
+						return
+					}
+					if !existing {
+						_, _ = s.Release(ctx, key, tok)
+					}
+				}
+				mu.Lock()
+				all = append(all, lat...)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			return nil, err
+		}
+		slices.Sort(all)
+		return all, nil
+	}
+	for _, existing := range []bool{true, false} {
+		lat, err := claimLat(existing)
+		if err != nil {
+			return err
+		}
+		what := "new IDs"
+		if existing {
+			what = "existing IDs (duplicates)"
+		}
+		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
+		fmt.Printf("claim, %s, 32 goroutines, %v: %d claims (%.0f/s), p50 %v, p99 %v, p99.9 %v, max %v\n",
+			what, dur, len(lat), float64(len(lat))/dur.Seconds(), q(0.5), q(0.99), q(0.999), lat[len(lat)-1])
+	}
+
+	// durable commits, 32 goroutines: without, then with the sweep
+	commits := func(sweep bool) (float64, int, error) {
+		var n atomic.Int64
+		var failed atomic.Value
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		swept := 0
+		var sweepErr error
+		var sw sync.WaitGroup
+		if sweep {
+			sw.Add(1)
+			go func() {
+				defer sw.Done()
+				tk := time.NewTicker(time.Second)
+				defer tk.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tk.C:
+						k, err := s.BenchSweep()
+						swept += k
+						if err != nil {
+							sweepErr = err
+							return
+						}
+					}
+				}
+			}()
+		}
+		end := time.Now().Add(dur)
+		for g := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for time.Now().Before(end) {
+					key := filestore.BenchKey(nextNew.Add(1))
+					tok := fmt.Sprint("c", g)
+					if _, _, err := s.Claim(ctx, key, tok, time.Minute); err != nil {
+						failed.Store(err)
+						return
+					}
+					if _, err := s.Commit(ctx, key, tok, filestore.BenchRecord(key, now()), scaleRetention); err != nil {
+						failed.Store(err)
+						return
+					}
+					n.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		sw.Wait()
+		if err, _ := failed.Load().(error); err != nil {
+			return 0, 0, err
+		}
+		return float64(n.Load()) / dur.Seconds(), swept, sweepErr
+	}
+	base, _, err := commits(false)
+	if err != nil {
+		return err
+	}
+	// the records that expired since the fill ended: swept first, untimed
+	backlog, err := s.BenchSweep()
+	if err != nil {
+		return err
+	}
+	speedFrom.Store(time.Now().UnixNano())
+	withSweep, swept, err := commits(true)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("durable commits (claim + commit of new IDs), 32 goroutines, %v: %.0f/s; with the sweeper deleting %.0f expired records/s: %.0f/s (%.2fx slower); backlog swept first: %d\n",
+		dur, base, float64(swept)/dur.Seconds(), withSweep, base/withSweep, backlog)
+	rss, hwm = memKB(os.Getpid())
+	fmt.Printf("RSS at the end %.0f MiB (peak %.0f MiB)\n", float64(rss)/1024, float64(hwm)/1024)
+	if err := s.BenchClose(); err != nil {
+		return err
+	}
+	bytes, files := dirSize(dir)
+	fmt.Printf("on disk once closed: %.1f MiB in %d files, %.1f B/live record (%d live)\n", float64(bytes)/(1<<20), files, float64(bytes)/float64(live), live)
+	return nil
+}
+
+// evict drops every file of dir from the page cache.
+func evict(dir string) (int, error) {
+	n := 0
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		_ = f.Sync()
+		n++
+		return unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED)
+	})
+	return n, err
+}
+
+// dirSize is the bytes and the number of the files in dir.
+func dirSize(dir string) (int64, int) {
+	var bytes int64
+	files := 0
+	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			if fi, err := d.Info(); err == nil {
+				bytes += fi.Size()
+				files++
+			}
+		}
+		return nil
+	})
+	return bytes, files
+}
+
+// fileScaleMain runs -filescale.
+func fileScaleMain(mode, path string, live int, warm bool, dur time.Duration) error {
+	if path == "" || live <= 0 {
+		return fmt.Errorf("-filescale needs -filescale-path and -filescale-records")
+	}
+	switch strings.ToLower(mode) {
+	case "fill":
+		return fileScaleFill(path, live)
+	case "measure":
+		return fileScaleMeasure(path, live, warm, dur)
+	}
+	return fmt.Errorf("-filescale must be fill or measure, not %q", mode)
+}

@@ -1,0 +1,426 @@
+package file
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
+	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/memstate"
+)
+
+const (
+	fileSweepEvery = 10 * time.Second
+	// fileSweepBatch bounds the entries one sweep batch deletes, so that
+	// a sweep holds the writer for a few milliseconds at most.
+	fileSweepBatch = 500
+	// fileMaxBatch bounds the operations grouped in one batch: one batch
+	// takes every write waiting (at most one per delivery in flight), up
+	// to this many.
+	fileMaxBatch = 8192
+	// fileCacheSize is Pebble's block cache: the index and filter
+	// blocks, and the data blocks of recent duplicates. The store's
+	// memory is this, the memtables and the leases, whatever the number
+	// of records.
+	fileCacheSize = 32 << 20
+	// fileMemTableSize is the size of one memtable (Pebble keeps up to
+	// two while one is flushed).
+	fileMemTableSize = 8 << 20
+)
+
+var errFileLocked = errors.New("in use by another process")
+
+// fileState is one open store, shared through the usage pool by every
+// config of this process that uses the same path.
+//
+// Done records are written to the database, each on disk before its
+// commit returns. Leases are kept in memory: the store is locked by
+// this process, so every delivery that can compete for a key is served
+// here, and an in-memory lease is as atomic as a written one, at no disk
+// write. A crash loses the leases in flight, which is what their expiry
+// would do a little later: the connections of those deliveries died
+// with the process, Sangho retries them, and each retry is processed
+// once (the backends' work for the cut requests was not acknowledged).
+// A clean stop parks the live leases in the database, and the next
+// start takes them back, so that a hold (unknown fate) outlives a
+// restart.
+type fileState struct {
+	path   string // the store's path, as errors name it
+	dir    string // its folder (StoreDir)
+	db     *pebble.DB
+	now    func() time.Time
+	logger *zap.Logger
+	leases *memstate.State
+
+	ops  chan *fileOp
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	// sweptTo is the expiry of the last entry swept: the next sweep
+	// starts there, past the deletions it left (writer only).
+	sweptTo uint64
+
+	txns, writes atomic.Int64 // write batches, and the writes they carried
+
+	parkMu sync.Mutex // parking leases and closing
+	closed bool
+}
+
+// pebbleOptions are the store's Pebble options. ErrorIfNotExists: a
+// store folder without its database (emptied, its marker lost) is damage
+// to report, never a new, empty store; stores are created by
+// createStore only.
+func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Options {
+	o := &pebble.Options{
+		Logger:             pebbleLogger{path: path, l: logger},
+		ReadOnly:           readOnly,
+		ErrorIfNotExists:   true,
+		CacheSize:          fileCacheSize,
+		MemTableSize:       fileMemTableSize,
+		FormatMajorVersion: pebble.FormatNewest,
+		EventListener: &pebble.EventListener{
+			// Pebble's default ends the process. The store answers the
+			// reads of a damaged table with an error naming the store
+			// instead (readErr), and says so here.
+			DataCorruption: func(info pebble.DataCorruptionInfo) {
+				logger.Error("damaged store", zap.String("path", path), zap.String("folder", StoreDir(path)),
+					zap.String("file", info.Path), zap.Error(info.Details),
+					zap.String("fix", "restore the folder from a backup, or move it away to start with an empty store"))
+			},
+		},
+	}
+	for i := range o.Levels {
+		// A claim of a new event asks each level's filter, not its data
+		// blocks: 10 bits per key, about 1 % false positives.
+		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	// Fast compression where data is rewritten often, zstd where it
+	// settles (the last levels: most of the records).
+	o.ApplyCompressionSettings(func() pebble.DBCompressionSettings { return pebble.DBCompressionBalanced })
+	return o
+}
+
+// pebbleLogger sends Pebble's messages to Caddy's log.
+type pebbleLogger struct {
+	path string
+	l    *zap.Logger
+}
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...), zap.String("path", p.path))
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...), zap.String("path", p.path))
+}
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg, zap.String("path", p.path))
+	panic("file store " + p.path + ": " + msg)
+}
+
+// openFileState opens the store at path, creating it (or taking over an
+// earlier release's file at path) if its folder does not exist.
+func openFileState(path string, now func() time.Time, sweepEvery time.Duration, logger *zap.Logger) (*fileState, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("file store: creating the folder of %s: %v", path, err)
+	}
+	dir := StoreDir(path)
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := createStore(path, dir, logger); err != nil {
+			return nil, err
+		}
+	} else if fi, err := os.Lstat(path); err == nil && fi.Mode().IsRegular() {
+		logger.Info("old store file unused", zap.String("old_file", path), zap.String("folder", dir),
+			zap.String("note", "an earlier release's file, taken over before; the way back to that release: docs/stores.md"))
+	}
+	db, err := pebble.Open(dir, pebbleOptions(path, logger, false))
+	if err != nil {
+		return nil, storeOpenError(path, dir, err)
+	}
+	if err := checkFormat(db, path, dir); err != nil {
+		db.Close()
+		return nil, err
+	}
+	st := &fileState{path: path, dir: dir, db: db, now: now, logger: logger, leases: memstate.New(now, sweepEvery),
+		ops: make(chan *fileOp), stop: make(chan struct{})}
+	if err := st.unparkLeases(); err != nil {
+		st.leases.Destruct()
+		db.Close()
+		return nil, fmt.Errorf("file store: reading the leases parked in %s (folder %s): %v", path, dir, err)
+	}
+	openFiles.Store(st, struct{}{})
+	st.wg.Add(2)
+	go st.writer()
+	go st.sweeper(sweepEvery)
+	return st, nil
+}
+
+// createStore creates the store's folder, atomically: the database is
+// built under a temporary name, with the records of an earlier
+// release's file at path if there is one, its format marker written
+// last and synced, then renamed into place. A folder at dir is always a
+// whole store, and anything less there is damage to report.
+func createStore(path, dir string, logger *zap.Logger) error {
+	legacy := false
+	if fi, err := os.Lstat(path); err == nil {
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("file store: %s is a %s, not a store file of an earlier release (the store's data goes in the folder %s): give the store another path with `store file <path>`",
+				path, fileKind(fi), dir)
+		}
+		legacy = true
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("file store: cannot check %s: %v", path, err)
+	}
+	tmp := dir + ".new-" + strconv.Itoa(os.Getpid())
+	_ = os.RemoveAll(tmp)
+	defer os.RemoveAll(tmp)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return fmt.Errorf("file store: creating %s: %v", dir, err)
+	}
+	opts := pebbleOptions(path, logger, false)
+	opts.ErrorIfNotExists = false
+	db, err := pebble.Open(tmp, opts)
+	if err != nil {
+		return fmt.Errorf("file store: creating %s: %v", dir, err)
+	}
+	var done, leases int
+	if legacy {
+		logger.Info("taking over old store file", zap.String("old_file", path), zap.String("folder", dir))
+		if done, leases, err = importLegacy(path, db); err != nil {
+			db.Close()
+			return err
+		}
+	}
+	err = db.Set(keyFormat, storeFormat, pebble.Sync) // syncs the log, and every write before it
+	if err == nil {
+		err = db.Flush()
+	}
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("file store: creating %s: %v", dir, err)
+	}
+	// If another process created the store meanwhile, keep theirs (its
+	// lock then tells who runs).
+	if err := os.Rename(tmp, dir); err != nil && !errors.Is(err, fs.ErrExist) && !errors.Is(err, syscall.ENOTEMPTY) {
+		return fmt.Errorf("file store: creating %s: %v", dir, err)
+	}
+	if d, err := os.Open(filepath.Dir(dir)); err == nil {
+		_ = d.Sync() // make the new name durable
+		d.Close()
+	}
+	if legacy {
+		logger.Warn("old store file taken over", zap.String("old_file", path), zap.String("folder", dir),
+			zap.Int("done_records", done), zap.Int("parked_leases", leases),
+			zap.String("note", "every done record and parked lease is in the new store; the old file is left in place, unused: delete it once the way back is no longer needed (docs/stores.md)"))
+	}
+	return nil
+}
+
+func fileKind(fi fs.FileInfo) string {
+	if fi.IsDir() {
+		return "folder"
+	}
+	return "special file (" + fi.Mode().Type().String() + ")"
+}
+
+// checkFormat refuses a Pebble database that is not a sangho_dedup store.
+func checkFormat(db *pebble.DB, path, dir string) error {
+	v, closer, err := db.Get(keyFormat)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return fmt.Errorf("file store: %s: the folder %s is a Pebble database but not a sangho_dedup store: give the store another path", path, dir)
+	}
+	if err != nil {
+		return storeOpenError(path, dir, err)
+	}
+	defer closer.Close()
+	if !bytes.Equal(v, storeFormat) {
+		return fmt.Errorf("file store: %s: the folder %s is a sangho_dedup store of an unknown format %q (written by a newer version?): run that version, or give this one another path", path, dir, v)
+	}
+	return nil
+}
+
+// storeOpenError explains why the store did not open, naming it and
+// what to do.
+func storeOpenError(path, dir string, err error) error {
+	const reset = "restore the folder from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)"
+	switch {
+	case errors.Is(err, syscall.EAGAIN):
+		return fmt.Errorf("file store: %s (folder %s) is %w (another Caddy with the same data directory or store path?): stop it, or give this Caddy another path with `store file <path>`",
+			path, dir, errFileLocked)
+	case errors.Is(err, pebble.ErrDBDoesNotExist):
+		return fmt.Errorf("file store: %s: the folder %s is not a whole store (its database is missing: damaged or emptied): %s", path, dir, reset)
+	case pebble.IsCorruptionError(err):
+		return fmt.Errorf("file store: %s: the folder %s is damaged (%v): %s", path, dir, err, reset)
+	case errors.Is(err, fs.ErrPermission):
+		return fmt.Errorf("file store: cannot open %s (folder %s): %v: the folder and its files must be readable and writable by the user Caddy runs as", path, dir, err)
+	}
+	return fmt.Errorf("file store: cannot open %s (folder %s; if it is damaged, %s): %v", path, dir, reset, err)
+}
+
+// fileDamaged is the error of a read that failed or panicked.
+func fileDamaged(path string, p any) error {
+	return fmt.Errorf("file store: %s is damaged (%v): restore it from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)", path, p)
+}
+
+// readErr names the store in a read's error.
+func (st *fileState) readErr(err error) error {
+	if pebble.IsCorruptionError(err) {
+		st.logger.Error("damaged store", zap.String("path", st.path), zap.Error(err))
+		return fileDamaged(st.path+" (folder "+st.dir+")", err)
+	}
+	return fmt.Errorf("file store: reading %s: %v", st.path, err)
+}
+
+// get returns the raw value of k, a copy.
+func (st *fileState) get(k []byte) (v []byte, ok bool, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fileDamaged(st.path, p)
+			st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+		}
+	}()
+	raw, closer, err := st.db.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, st.readErr(err)
+	}
+	v = bytes.Clone(raw)
+	closer.Close()
+	return v, true, nil
+}
+
+// read returns the live done record of key.
+func (st *fileState) read(key string) (string, bool, error) {
+	e, err := st.entry(key)
+	return e.Value, e.Value != "", err
+}
+
+// entry returns key's live done record and its expiry.
+func (st *fileState) entry(key string) (dedup.Entry, error) {
+	raw, ok, err := st.get(doneKey(key))
+	if err != nil || !ok {
+		return dedup.Entry{}, err
+	}
+	exp, val, err := decodeRecord(raw)
+	if err != nil {
+		return dedup.Entry{}, fmt.Errorf("file store: reading %s: key %q: %v", st.path, key, err)
+	}
+	if unixNano(st.now()) >= exp {
+		return dedup.Entry{}, nil
+	}
+	return dedup.Entry{Value: string(val), ExpiresAt: unixTime(exp)}, nil
+}
+
+// count is the number of keys with prefix p.
+func (st *fileState) count(p byte) (int, error) {
+	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
+	if err != nil {
+		return 0, st.readErr(err)
+	}
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+	}
+	if err := it.Close(); err != nil {
+		return 0, st.readErr(err)
+	}
+	return n, nil
+}
+
+// parkLeases writes the live leases to the database (at a clean stop).
+func (st *fileState) parkLeases() error {
+	b := st.db.NewBatch()
+	defer b.Close()
+	if err := st.leases.Range(func(key, val string, expires time.Time) error {
+		return b.Set(leaseKey(key), encodeRecord(unixNano(expires), val), nil)
+	}); err != nil {
+		return err
+	}
+	if b.Empty() {
+		return nil
+	}
+	return b.Commit(pebble.Sync)
+}
+
+// unparkLeases takes back the leases a clean stop parked, those that
+// have not expired since, and deletes them from the database.
+func (st *fileState) unparkLeases() error {
+	lo, hi := []byte{prefixLease}, []byte{prefixLease + 1}
+	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return err
+	}
+	now := unixNano(st.now())
+	n := 0
+	for ok := it.First(); ok; ok = it.Next() {
+		n++
+		if exp, val, err := decodeRecord(it.Value()); err == nil && now < exp {
+			st.leases.Put(string(it.Key()[1:]), string(val), unixTime(exp))
+		}
+	}
+	if err := it.Close(); err != nil {
+		return err
+	}
+	if n == 0 {
+		return nil
+	}
+	return st.db.DeleteRange(lo, hi, pebble.Sync)
+}
+
+// Destruct stops the writer and the sweeper, parks the live leases in
+// the database and closes it; the usage pool calls it when the last
+// config using the store is cleaned up.
+func (st *fileState) Destruct() error {
+	close(st.stop)
+	st.wg.Wait()
+	st.leases.Destruct()
+	openFiles.Delete(st)
+	st.parkMu.Lock()
+	defer st.parkMu.Unlock()
+	err := st.parkLeases()
+	if cerr := st.db.Close(); err == nil {
+		err = cerr
+	}
+	st.closed = true
+	return err
+}
+
+// openFiles are the stores open in this process, for the exit hook.
+var openFiles sync.Map // *fileState -> struct{}
+
+// parkOpenFiles parks the live leases of every store still open at
+// process exit: one still in use then (a commit retry pending, an old
+// config draining after a reload, requests cut off by the grace period)
+// is never destructed before the process ends, and its holds would be
+// lost.
+func parkOpenFiles() {
+	openFiles.Range(func(k, _ any) bool {
+		st := k.(*fileState)
+		st.parkMu.Lock()
+		defer st.parkMu.Unlock()
+		if !st.closed {
+			if err := st.parkLeases(); err != nil {
+				st.logger.Error("parking leases at exit", zap.String("path", st.path), zap.Error(err))
+			}
+		}
+		return true
+	})
+}

@@ -1,0 +1,154 @@
+package file
+
+import (
+	"context"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+)
+
+// Claim implements Store. The database holds done records; leases live
+// in memory (see fileState).
+func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	st, err := s.st()
+	if err != nil {
+		return 0, "", err
+	}
+	// A new event's lookup costs the memtable and one bloom filter per
+	// level; a duplicate reads its record (its value carries the
+	// fingerprint).
+	if val, done, err := st.read(key); err != nil || done {
+		return dedup.AlreadyDone, val, err
+	}
+	if res, val := st.leases.Claim(key, token, ttl); res != dedup.Claimed {
+		return res, val, nil
+	}
+	// A store closed meanwhile (its config cleaned up and its last
+	// delivery done) refuses the claim: its commit could not land, and
+	// an event processed without its record would be processed again.
+	if st.isClosed() {
+		st.leases.Release(key, token)
+		return 0, "", errFileClosed
+	}
+	// A commit puts its record in the database before it drops its
+	// lease: if one did both since the lookup above, it is there now.
+	if val, done, err := st.read(key); err != nil || done {
+		st.leases.Release(key, token)
+		if err != nil {
+			return 0, "", err
+		}
+		return dedup.AlreadyDone, val, nil
+	}
+	return dedup.Claimed, "", nil
+}
+
+// Renew implements Store.
+func (s *Store) Renew(_ context.Context, key, token string, ttl time.Duration) (bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return false, err
+	}
+	return st.leases.Renew(key, token, ttl), nil
+}
+
+// Commit implements Store: the done record is on disk when it returns;
+// then the lease is dropped.
+func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecord, retention time.Duration) (bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return false, err
+	}
+	enc := rec.Encode()
+	// Until the record is on disk the event stays leased, however long
+	// the disk takes (the lease is dropped once the record lands, or
+	// expires after the commit retries give up): a redelivery meanwhile
+	// gets 409, never a second processing.
+	st.leases.Renew(key, token, dedup.DrainFor)
+	var again, released bool
+	err = st.writeThen(func(tx *fileTx) error {
+		var err error
+		again, err = tx.replace(key, enc, retention) // a retried commit whose first attempt landed
+		return err
+	}, func() {
+		// Dropped by the writer as soon as the record is on disk, in
+		// order with the other writes, even if this caller gave up
+		// waiting: a forget that follows finds the record, not a lease.
+		released = st.leases.Release(key, token)
+	})
+	if err != nil {
+		return false, err
+	}
+	return released || again, nil
+}
+
+// Release implements Store.
+func (s *Store) Release(_ context.Context, key, token string) (bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return false, err
+	}
+	return st.leases.Release(key, token), nil
+}
+
+// Get implements Store: the lease in memory, else the record on disk.
+func (s *Store) Get(_ context.Context, key string) (dedup.Entry, error) {
+	st, err := s.st()
+	if err != nil {
+		return dedup.Entry{}, err
+	}
+	if e, ok := st.leases.Lookup(key); ok {
+		return e, nil
+	}
+	return st.entry(key)
+}
+
+// Forget implements Store: a done record is deleted from the database
+// (on disk when Forget returns); a lease, with force, from memory, and
+// the record from the database too.
+//
+// Both go through the writer, after every write queued before: the
+// write of a commit that a stalled disk holds (its caller gave up
+// waiting, its lease kept) lands before the forget, never after it. If
+// the disk does not take the forget in time, it is an error: nothing
+// was forgotten if the writer had not taken it yet (errFileStalled);
+// else it may still be applied when the disk answers
+// (errFileWritePending, which says so).
+func (s *Store) Forget(_ context.Context, key string, force bool) (dedup.Entry, bool, error) {
+	st, err := s.st()
+	if err != nil {
+		return dedup.Entry{}, false, err
+	}
+	if !force {
+		if e, ok := st.leases.Lookup(key); ok {
+			return e, false, nil // in flight
+		}
+	}
+	var rec, lease dedup.Entry
+	err = st.writeThen(func(tx *fileTx) error {
+		var err error
+		rec, err = tx.forget(key)
+		return err
+	}, func() {
+		if force {
+			lease, _ = st.leases.Forget(key, true)
+		}
+	})
+	switch {
+	case err != nil:
+		return dedup.Entry{}, false, err
+	case lease.Value != "":
+		return lease, true, nil
+	}
+	return rec, rec.Value != "", nil
+}
+
+// Entries returns the number of done records in the store, including
+// expired ones that the sweeper has not deleted yet. It reads every
+// record's key: for tests and benchmarks, not for a request.
+func (s *Store) Entries() (int, error) {
+	st, err := s.st()
+	if err != nil {
+		return 0, err
+	}
+	return st.count(prefixDone)
+}

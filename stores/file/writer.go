@@ -1,0 +1,291 @@
+package file
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+)
+
+// fileOp is one write waiting for the writer.
+type fileOp struct {
+	fn    func(*fileTx) error
+	after func() // run by the writer once fn's batch is on disk, if fn succeeded
+	err   error
+	done  chan struct{}
+}
+
+var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan struct{}, 1)} }}
+
+var errFileClosed = errors.New("file store: the store is closed (Caddy is stopping)")
+
+// isClosed reports whether Destruct has begun.
+func (st *fileState) isClosed() bool {
+	select {
+	case <-st.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// fileWriteTimeout bounds how long a write waits for the disk, so that a
+// stalled fsync never holds a backend's answer back from the sender: the
+// commit fails, the answer goes out, and the commit is retried.
+var (
+	fileWriteTimeout = 5 * time.Second
+	errFileStalled   = errors.New("the disk did not complete the write in time")
+	// errFileWritePending: the writer had taken the write when the time
+	// ran out; it cannot be called off, and lands when the disk answers.
+	errFileWritePending = fmt.Errorf("%w; the write was under way and may still land when the disk answers", errFileStalled)
+)
+
+// write runs fn in a write batch and returns once the batch
+// is on disk. Concurrent writes share one batch.
+func (st *fileState) write(fn func(*fileTx) error) error {
+	return st.writeThen(fn, nil)
+}
+
+// writeThen is write, and then after, run by the writer once fn's
+// batch is on disk (if fn succeeded), in the order of the writes:
+// whether or not the caller is still waiting (a stalled disk), and
+// before any later write. A change to the leases in memory that must
+// follow a write (a commit's release, a forget's) goes there.
+func (st *fileState) writeThen(fn func(*fileTx) error, after func()) error {
+	op := fileOpPool.Get().(*fileOp)
+	op.fn, op.after, op.err = fn, after, nil
+	timer := time.NewTimer(fileWriteTimeout)
+	defer timer.Stop()
+	select {
+	case st.ops <- op:
+	case <-st.stop:
+		op.fn, op.after = nil, nil
+		fileOpPool.Put(op)
+		return errFileClosed
+	case <-timer.C:
+		op.fn, op.after = nil, nil
+		fileOpPool.Put(op)
+		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
+	}
+	select {
+	case <-op.done:
+	case <-timer.C:
+		// The writer still holds op and may yet write it: it is not
+		// reused. A commit's caller retries; the write is idempotent.
+		return fmt.Errorf("file store: writing %s: %w", st.path, errFileWritePending)
+	}
+	err := op.err
+	op.fn, op.after, op.err = nil, nil, nil
+	fileOpPool.Put(op)
+	return err
+}
+
+// writer runs the writes: each batch takes every write that is waiting
+// (group commit) and is committed with one fsync of the log, so a burst
+// costs one fsync, and a write that is alone goes at once. The one
+// writer also orders the writes: a commit's check of what is there and
+// its write are one step, as are a forget's and a sweep's.
+func (st *fileState) writer() {
+	defer st.wg.Done()
+	batch := make([]*fileOp, 0, 64)
+	for {
+		select {
+		case op := <-st.ops:
+			batch = append(batch[:0], op)
+		case <-st.stop:
+			return
+		}
+	more:
+		for len(batch) < fileMaxBatch {
+			select {
+			case op := <-st.ops:
+				batch = append(batch, op)
+			default:
+				break more
+			}
+		}
+		st.txns.Add(1)
+		st.writes.Add(int64(len(batch)))
+		tx := fileTx{b: st.db.NewIndexedBatch(), now: st.now(), sweptTo: st.sweptTo}
+		for _, op := range batch {
+			op.err = tx.run(st, op.fn)
+		}
+		err := tx.b.Commit(pebble.Sync)
+		tx.b.Close()
+		if err == nil {
+			st.sweptTo = tx.sweptTo
+		}
+		for _, op := range batch {
+			if err != nil {
+				op.err = fmt.Errorf("file store: writing %s: %v", st.path, err)
+			} else if op.err == nil && op.after != nil {
+				op.after()
+			}
+			op.done <- struct{}{}
+		}
+	}
+}
+
+// sweeper deletes expired entries every `every`, in bounded batches.
+func (st *fileState) sweeper(every time.Duration) {
+	defer st.wg.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-st.stop:
+			return
+		case <-t.C:
+			if _, err := st.sweep(); err != nil && !errors.Is(err, errFileClosed) {
+				st.logger.Error("sweep failed", zap.String("path", st.path), zap.Error(err))
+			}
+		}
+	}
+}
+
+// sweep deletes every expired entry, fileSweepBatch per batch, and
+// returns how many it deleted.
+func (st *fileState) sweep() (int, error) {
+	total := 0
+	for {
+		n := 0
+		err := st.write(func(tx *fileTx) error {
+			var err error
+			n, err = tx.sweep(fileSweepBatch)
+			return err
+		})
+		total += n
+		if err != nil || n < fileSweepBatch {
+			return total, err
+		}
+	}
+}
+
+// fileTx is the store's view of one write batch: an indexed batch, whose
+// reads see the database and the batch's own writes.
+type fileTx struct {
+	b       *pebble.Batch
+	now     time.Time
+	sweptTo uint64 // the store's, moved on by a sweep in this batch
+}
+
+// run runs fn on tx; a panic in a read of damaged data is an error.
+func (tx *fileTx) run(st *fileState, fn func(*fileTx) error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fileDamaged(st.path, p)
+			st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+		}
+	}()
+	if err := fn(tx); err != nil {
+		if pebble.IsCorruptionError(err) {
+			return fileDamaged(st.path+" (folder "+st.dir+")", err)
+		}
+		return err
+	}
+	return nil
+}
+
+// record returns the expiry and value of key's done record, if it has
+// one (live or expired).
+func (tx *fileTx) record(key string) (exp uint64, val []byte, ok bool, err error) {
+	raw, closer, err := tx.b.Get(doneKey(key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, nil, false, nil
+	}
+	if err != nil {
+		return 0, nil, false, err
+	}
+	defer closer.Close()
+	exp, val, err = decodeRecord(raw)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("key %q: %w", key, err)
+	}
+	return exp, bytes.Clone(val), true, nil
+}
+
+// put sets key to val for ttl, keeping the expiry index in step.
+func (tx *fileTx) put(key, val string, ttl time.Duration) error {
+	_, err := tx.replace(key, val, ttl)
+	return err
+}
+
+// replace is put, and reports whether key held val, live, before.
+func (tx *fileTx) replace(key, val string, ttl time.Duration) (same bool, err error) {
+	exp := unixNano(tx.now.Add(ttl))
+	old, oldVal, ok, err := tx.record(key)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		same = unixNano(tx.now) < old && string(oldVal) == val
+		if old != exp {
+			if err := tx.b.Delete(expiryKey(old, key), nil); err != nil {
+				return false, err
+			}
+		}
+	}
+	if err := tx.b.Set(doneKey(key), encodeRecord(exp, val), nil); err != nil {
+		return false, err
+	}
+	return same, tx.b.Set(expiryKey(exp, key), nil, nil)
+}
+
+// forget deletes key's done record if it is live, and returns it.
+func (tx *fileTx) forget(key string) (dedup.Entry, error) {
+	exp, val, ok, err := tx.record(key)
+	if err != nil || !ok || unixNano(tx.now) >= exp {
+		return dedup.Entry{}, err // an expired one is the sweeper's
+	}
+	if err := tx.b.Delete(doneKey(key), nil); err != nil {
+		return dedup.Entry{}, err
+	}
+	if err := tx.b.Delete(expiryKey(exp, key), nil); err != nil {
+		return dedup.Entry{}, err
+	}
+	return dedup.Entry{Value: string(val), ExpiresAt: unixTime(exp)}, nil
+}
+
+// sweep deletes up to max expired entries, oldest first: it reads the
+// expiry index from where the last sweep stopped up to now, so it never
+// walks the deletions it left, nor any record that has not expired.
+func (tx *fileTx) sweep(max int) (int, error) {
+	now := unixNano(tx.now)
+	it, err := tx.b.NewIter(&pebble.IterOptions{LowerBound: expiryKey(tx.sweptTo, ""), UpperBound: expiryBound(now)})
+	if err != nil {
+		return 0, err
+	}
+	var keys [][]byte
+	for ok := it.First(); ok && len(keys) < max; ok = it.Next() {
+		keys = append(keys, bytes.Clone(it.Key()))
+	}
+	if err := it.Close(); err != nil {
+		return 0, err
+	}
+	for _, k := range keys {
+		if err := tx.b.Delete(k, nil); err != nil {
+			return 0, err
+		}
+		key := string(k[9:])
+		exp, _, ok, err := tx.record(key)
+		if err != nil {
+			return 0, err
+		}
+		if ok && exp <= now {
+			if err := tx.b.Delete(doneKey(key), nil); err != nil {
+				return 0, err
+			}
+		}
+	}
+	if len(keys) > 0 {
+		tx.sweptTo = binary.BigEndian.Uint64(keys[len(keys)-1][1:])
+	}
+	return len(keys), nil
+}
