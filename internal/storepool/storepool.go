@@ -4,6 +4,7 @@
 package storepool
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +22,16 @@ var Pool = caddy.NewUsagePool()
 // dedup.Drainer. On a reload Caddy starts the new config, then cleans
 // the old one up without waiting for its requests in flight: Release
 // keeps the resource until they are done, for at most dedup.DrainFor.
-type Users struct{ n atomic.Int64 }
+type Users struct {
+	// n counts the uses; releasedAtOnce is set in it when Release found
+	// none and gave the resource up at once.
+	n  atomic.Int64
+	mu sync.Mutex // held by an at-once Release until it knows closed
+	// closed: that Release closed the resource (no other config shared it).
+	closed bool
+}
+
+const releasedAtOnce = 1 << 62
 
 // Enter marks the resource as in use (dedup.Drainer).
 func (u *Users) Enter() { u.n.Add(1) }
@@ -29,13 +39,31 @@ func (u *Users) Enter() { u.n.Add(1) }
 // Leave undoes one Enter (dedup.Drainer).
 func (u *Users) Leave() { u.n.Add(-1) }
 
+// Closed reports whether Release closed the resource before the use
+// that asks entered: one that enters before Release keeps the resource
+// open, one that enters after it (a request that reached the handler
+// after Caddy cleaned its config up) must not claim an event on it,
+// since its commit could not land. Call it after Enter.
+func (u *Users) Closed() bool {
+	if u == nil || u.n.Load()&releasedAtOnce == 0 {
+		return false
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.closed
+}
+
 // Release gives up this config's use of the pooled resource key, at
 // once if nothing uses it, else in the background once nothing does.
 func (u *Users) Release(key string, logger *zap.Logger) error {
-	if u.n.Load() == 0 {
-		_, err := Pool.Delete(key)
+	u.mu.Lock()
+	if u.n.CompareAndSwap(0, releasedAtOnce) {
+		defer u.mu.Unlock()
+		deleted, err := Pool.Delete(key)
+		u.closed = deleted
 		return err
 	}
+	u.mu.Unlock()
 	go func() {
 		deadline := time.Now().Add(dedup.DrainFor)
 		for u.n.Load() > 0 && time.Now().Before(deadline) {

@@ -1,0 +1,76 @@
+package storepool
+
+import (
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+type resource struct{ closed atomic.Bool }
+
+func (r *resource) Destruct() error { r.closed.Store(true); return nil }
+
+func take(t *testing.T, key string, r *resource) {
+	t.Helper()
+	if _, _, err := Pool.LoadOrNew(key, func() (caddy.Destructor, error) { return r, nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A use that enters after Release closed the resource is told so (a
+// store then refuses the claim: its commit could not land); one that
+// enters before keeps the resource open until it leaves; one that
+// enters after a Release that left the resource to another config may
+// go on.
+func TestUsersClosed(t *testing.T) {
+	t.Run("closed at once", func(t *testing.T) {
+		key, r, u := t.Name(), new(resource), new(Users)
+		take(t, key, r)
+		if err := u.Release(key, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !r.closed.Load() {
+			t.Fatal("a resource no use entered was not closed at once")
+		}
+		u.Enter()
+		defer u.Leave()
+		if !u.Closed() {
+			t.Error("Closed: false for a use that entered after the resource was closed")
+		}
+	})
+	t.Run("kept for a use", func(t *testing.T) {
+		key, r, u := t.Name(), new(resource), new(Users)
+		take(t, key, r)
+		u.Enter()
+		if err := u.Release(key, nil); err != nil {
+			t.Fatal(err)
+		}
+		if r.closed.Load() || u.Closed() {
+			t.Fatal("the resource was closed under a use that entered before Release")
+		}
+		u.Leave()
+		deadline := time.Now().Add(10 * time.Second)
+		for !r.closed.Load() {
+			if time.Now().After(deadline) {
+				t.Fatal("the resource is still open 10 s after its last use left")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	t.Run("shared with another config", func(t *testing.T) {
+		key, r, u := t.Name(), new(resource), new(Users)
+		take(t, key, r)
+		take(t, key, r) // the new config's
+		defer Pool.Delete(key)
+		if err := u.Release(key, nil); err != nil {
+			t.Fatal(err)
+		}
+		u.Enter()
+		defer u.Leave()
+		if r.closed.Load() || u.Closed() {
+			t.Error("Closed: true while another config still holds the resource")
+		}
+	})
+}
