@@ -57,6 +57,10 @@ func (u *Users) Closed() bool {
 // once if nothing uses it, else in the background once nothing does.
 func (u *Users) Release(key string, logger *zap.Logger) error {
 	u.mu.Lock()
+	if u.n.Load()&releasedAtOnce != 0 { // released already
+		u.mu.Unlock()
+		return nil
+	}
 	if u.n.CompareAndSwap(0, releasedAtOnce) {
 		defer u.mu.Unlock()
 		deleted, err := Pool.Delete(key)

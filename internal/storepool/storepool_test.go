@@ -64,13 +64,18 @@ func TestUsersClosed(t *testing.T) {
 		take(t, key, r)
 		take(t, key, r) // the new config's
 		defer Pool.Delete(key)
-		if err := u.Release(key, nil); err != nil {
-			t.Fatal(err)
+		for range 2 { // a second Release changes nothing
+			if err := u.Release(key, nil); err != nil {
+				t.Fatal(err)
+			}
 		}
 		u.Enter()
 		defer u.Leave()
 		if r.closed.Load() || u.Closed() {
 			t.Error("Closed: true while another config still holds the resource")
+		}
+		if n, _ := Pool.References(key); n != 1 {
+			t.Errorf("the other config's reference: %d references left, want 1", n)
 		}
 	})
 }
