@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,16 +15,18 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
-// TestServerReloadDuringBodyReadKeepsStore: a delivery is reading its
-// body when a reload gives the endpoint a store of other settings (a
+// TestServerReloadDuringBodyReadKeepsStore: deliveries are reading their
+// bodies when a reload gives the endpoint a store of other settings (a
 // new Redis client, file, PostgreSQL pool), so the old config's is
-// given up. On a reload Caddy cleans the old config up without waiting
-// for its requests: the delivery, served by the old config, must keep
-// the old store until it is settled. It was counted only after its body
-// was read and verified, so the store was closed under it: its claim
-// failed (503), or, closed between claim and commit, its commit, and
-// the event was processed again after lock_ttl.
+// given up; three reloads, back and forth, with 10 deliveries in flight
+// at each. On a reload Caddy cleans the old config up without waiting
+// for its requests: the deliveries, served by the old config, must keep
+// the old store until they are settled. They were counted only after
+// their body was read and verified, so the store was closed under them:
+// their claim failed (503), or, closed between claim and commit, their
+// commit, and the event was processed again after lock_ttl.
 func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
+	const rounds, inFlight = 3, 10
 	for name, stores := range map[string]func(t *testing.T) (before, after string){
 		"file": func(t *testing.T) (string, string) {
 			dir := t.TempDir()
@@ -46,61 +49,83 @@ func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			before, after := stores(t)
+			configs := [2]string{before, after}
 			l := ledger.New(t)
 			site := func(store string) string {
 				return "\troute {\n\t\ttest_body_probe\n" + dedupSite(l.Addr, store) + "\n\t}"
 			}
 			s := startCaddy(t, site(before))
-			bodyReadsStarted.Store(0)
+			id := func(round, i int) string { return fmt.Sprintf("evt_reload_%d_%02d", round, i) }
+			post := func(id string, body io.Reader) *http.Request {
+				req, _ := http.NewRequest(http.MethodPost, s.url, body)
+				req.ContentLength = int64(len(eventBody(id)))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Sangho-Event-ID", id)
+				req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(eventBody(id)), secret1))
+				return req
+			}
 
-			// A delivery whose body comes in two halves, the reload between.
-			pr, pw := io.Pipe()
-			req, _ := http.NewRequest(http.MethodPost, s.url, pr)
-			req.ContentLength = int64(len(bodyA))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(bodyA), secret1))
-			type result struct {
-				resp *http.Response
-				err  error
-			}
-			done := make(chan result, 1)
-			go func() {
-				resp, err := client.Do(req)
-				done <- result{resp, err}
-			}()
-			half := len(bodyA) / 2
-			if _, err := io.WriteString(pw, bodyA[:half]); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, "the delivery to reach the body read", func() bool { return bodyReadsStarted.Load() == 1 })
+			for round := range rounds {
+				// Deliveries whose bodies come in two halves, the reload between.
+				bodyReadsStarted.Store(0)
+				var wg sync.WaitGroup
+				pipes := make([]*io.PipeWriter, inFlight)
+				answers := make([]string, inFlight)
+				for i := range inFlight {
+					pr, pw := io.Pipe()
+					pipes[i] = pw
+					req := post(id(round, i), pr)
+					wg.Go(func() {
+						resp, err := client.Do(req)
+						if err != nil {
+							answers[i] = err.Error()
+							return
+						}
+						resp.Body.Close()
+						answers[i] = fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Sangho-Dedup"))
+					})
+					b := eventBody(id(round, i))
+					if _, err := io.WriteString(pw, b[:len(b)/2]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				waitFor(t, "the deliveries to reach the body read", func() bool { return bodyReadsStarted.Load() == inFlight })
 
-			s.load(t, site(after)) // the reload: the old config is cleaned up
+				s.load(t, site(configs[(round+1)%2])) // the old config is cleaned up
 
-			if _, err := io.WriteString(pw, bodyA[half:]); err != nil {
-				t.Fatal(err)
+				for i, pw := range pipes {
+					b := eventBody(id(round, i))
+					if _, err := io.WriteString(pw, b[len(b)/2:]); err != nil {
+						t.Fatal(err)
+					}
+					pw.Close()
+				}
+				wg.Wait()
+				for i, a := range answers {
+					if a != "200 " {
+						t.Errorf("round %d: delivery %d in flight across the reload: %s, want 200 (its store was closed under it)", round, i, a)
+					}
+				}
 			}
-			pw.Close()
-			var res result
-			select {
-			case res = <-done:
-			case <-time.After(30 * time.Second):
-				t.Fatal("no answer within 30 s")
+
+			// Their records landed: on the store that served them (the file
+			// store's other settings are another file), each is a duplicate.
+			for _, cfg := range []int{rounds % 2, (rounds + 1) % 2} {
+				s.load(t, site(configs[cfg]))
+				for round := cfg; round < rounds; round += 2 {
+					for i := range inFlight {
+						if a := do(t, post(id(round, i), strings.NewReader(eventBody(id(round, i))))); a.status != 200 || a.dedup != "duplicate" {
+							t.Errorf("round %d: event %d again: %d %q, want 200 duplicate", round, i, a.status, a.dedup)
+						}
+					}
+				}
 			}
-			if res.err != nil {
-				t.Fatalf("the delivery in flight across the reload: %v", res.err)
-			}
-			res.resp.Body.Close()
-			if res.resp.StatusCode != 200 {
-				t.Fatalf("the delivery in flight across the reload: %d, want 200 (its store was closed under it)", res.resp.StatusCode)
-			}
-			// Its record landed: back on the first store (the file store's
-			// other settings are another file), the event is a duplicate.
-			s.load(t, site(before))
-			if a := send(t, s.url, bodyA, ""); a.status != 200 || a.dedup != "duplicate" {
-				t.Errorf("the event again after the reload: %d %q, want 200 duplicate", a.status, a.dedup)
-			}
-			if rec, _ := l.Counts(""); rec != 1 {
-				t.Errorf("backend received the event %d times, want 1", rec)
+			for round := range rounds {
+				for i := range inFlight {
+					if rec, _ := l.Counts(id(round, i)); rec != 1 {
+						t.Errorf("round %d: the backend received event %d %d times, want 1", round, i, rec)
+					}
+				}
 			}
 		})
 	}

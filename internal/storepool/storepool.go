@@ -15,7 +15,52 @@ import (
 )
 
 // Pool holds the shared resources, by key, for the whole process.
-var Pool = caddy.NewUsagePool()
+var Pool = &UsagePool{UsagePool: caddy.NewUsagePool(), closing: map[any]chan struct{}{}}
+
+// UsagePool is Caddy's usage pool, except that a resource is not
+// created again while the one it replaces is still being closed. The
+// last Delete of a key takes it out of the pool, then closes it
+// (Destruct): a config loaded meanwhile with the same settings (a reload
+// back to them, as the old config's last delivery ends) opened a second
+// one beside it, and a file, which one process opens once (it locks
+// it), failed the reload ("in use by another process").
+type UsagePool struct {
+	*caddy.UsagePool
+	mu      sync.Mutex
+	closing map[any]chan struct{} // the keys a Delete is at, closed when it returns
+}
+
+// LoadOrNew is caddy.UsagePool's, after any Delete of key under way.
+func (p *UsagePool) LoadOrNew(key any, construct caddy.Constructor) (value any, loaded bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for ch := p.closing[key]; ch != nil; ch = p.closing[key] {
+		p.mu.Unlock()
+		<-ch
+		p.mu.Lock()
+	}
+	return p.UsagePool.LoadOrNew(key, construct)
+}
+
+// Delete is caddy.UsagePool's; LoadOrNew of key waits until it returns.
+func (p *UsagePool) Delete(key any) (deleted bool, err error) {
+	p.mu.Lock()
+	for ch := p.closing[key]; ch != nil; ch = p.closing[key] {
+		p.mu.Unlock()
+		<-ch
+		p.mu.Lock()
+	}
+	ch := make(chan struct{})
+	p.closing[key] = ch
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.closing, key)
+		p.mu.Unlock()
+		close(ch)
+	}()
+	return p.UsagePool.Delete(key)
+}
 
 // Users counts the deliveries and commit retries that may still need a
 // resource shared through Pool; a store embeds it to implement

@@ -1,6 +1,7 @@
 package storepool
 
 import (
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -78,4 +79,64 @@ func TestUsersClosed(t *testing.T) {
 			t.Errorf("the other config's reference: %d references left, want 1", n)
 		}
 	})
+}
+
+// lockedFile is a resource one process may open once, as the file
+// store's database (it locks the file): opening it while the last one
+// is still closing fails.
+type lockedFile struct {
+	open    *atomic.Int64
+	closing chan struct{} // Destruct has begun
+	release chan struct{} // lets Destruct finish
+}
+
+func (f *lockedFile) Destruct() error {
+	close(f.closing)
+	if f.release != nil {
+		<-f.release
+	}
+	f.open.Add(-1)
+	return nil
+}
+
+// A reload back to a file's settings while the last config that used
+// it is closing it waits for the close, then opens the file again: it
+// failed with "in use by another process".
+func TestPoolReopensOnlyOnceClosed(t *testing.T) {
+	key := t.Name()
+	var open atomic.Int64
+	release := make(chan struct{}) // the first file's close
+	newFile := func() (caddy.Destructor, error) {
+		if open.Add(1) > 1 {
+			open.Add(-1)
+			return nil, errors.New("in use by another process")
+		}
+		f := &lockedFile{open: &open, closing: make(chan struct{}), release: release}
+		release = nil
+		return f, nil
+	}
+	v, _, err := Pool.LoadOrNew(key, newFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := v.(*lockedFile)
+	go Pool.Delete(key) // the old config's last use ends
+	<-first.closing
+	reopened := make(chan error, 1)
+	go func() { // the reload
+		_, _, err := Pool.LoadOrNew(key, newFile)
+		reopened <- err
+	}()
+	select {
+	case err := <-reopened:
+		t.Fatalf("opened again while the last one was closing: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(first.release)
+	if err := <-reopened; err != nil {
+		t.Fatalf("opened again once closed: %v", err)
+	}
+	if _, err := Pool.Delete(key); err != nil {
+		t.Fatal(err)
+	}
 }
