@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -210,6 +211,13 @@ func adminClient(addr string) (client *http.Client, base, origin string, err err
 	}, base, origin, nil
 }
 
+// adminDo sends one request to the admin API. A GET whose connection
+// was closed or reset before any answer is sent again, at most twice:
+// Caddy replaces its admin server on every config load and shuts the
+// old one down in the background, and a connection that lands on the
+// old one meanwhile (both listen, with SO_REUSEPORT) is dropped
+// unanswered. A script that runs `caddy reload` and then this command
+// on a busy machine meets it.
 func adminDo(client *http.Client, base, origin, method, uri string) (int, []byte, error) {
 	req, err := http.NewRequest(method, base+uri, nil)
 	if err != nil {
@@ -219,10 +227,20 @@ func adminDo(client *http.Client, base, origin, method, uri string) (int, []byte
 		req.Header.Set("Origin", origin)
 	}
 	resp, err := client.Do(req)
+	for try := 1; err != nil && method == http.MethodGet && try < 3 && droppedUnanswered(err); try++ {
+		time.Sleep(100 * time.Millisecond)
+		resp, err = client.Do(req)
+	}
 	if err != nil {
 		return 0, nil, fmt.Errorf("reaching Caddy's admin API: %v", err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	return resp.StatusCode, body, err
+}
+
+// droppedUnanswered reports whether a request failed because its
+// connection was closed (EOF) or reset before any answer came.
+func droppedUnanswered(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
 }

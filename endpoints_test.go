@@ -113,15 +113,20 @@ func TestServerTwoSiteBlocksAreTwoEndpoints(t *testing.T) {
 			t.Errorf("%s's backend got the event %d times, want 1", name, n)
 		}
 	}
+	// Listed through the command's client: right after a reload a
+	// request can land on the admin server being replaced (see adminDo).
+	client, base, origin, err := adminClient(admin)
+	if err != nil {
+		t.Fatal(err)
+	}
 	names := func() []string {
 		t.Helper()
-		resp, err := http.Get("http://" + admin + "/sangho_dedup/")
-		if err != nil {
-			t.Fatal(err)
+		status, body, err := adminDo(client, base, origin, http.MethodGet, "/sangho_dedup/")
+		if err != nil || status != http.StatusOK {
+			t.Fatalf("GET /sangho_dedup/: %d %s %v", status, body, err)
 		}
-		defer resp.Body.Close()
 		var list []EndpointInfo
-		if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		if err := json.Unmarshal(body, &list); err != nil {
 			t.Fatal(err)
 		}
 		var n []string

@@ -49,6 +49,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, repl, outcomeBadRequest, http.StatusMethodNotAllowed, errMethod, "")
 	}
 
+	// The store stays open until this delivery is settled. It counts
+	// from before the body is read: on a reload Caddy cleans the old
+	// config up without waiting for its requests, and a store closed
+	// while the body came in would fail the claim or, closed between
+	// claim and commit, leave the event to be processed again after
+	// lock_ttl (see dedup.Drainer).
+	h.enter()
+	defer h.leave()
+
 	body, status, err := h.readBody(r)
 	if err != nil {
 		oc := outcomeBadRequest
@@ -76,8 +85,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// so that a claim that reached the store is always followed by a
 	// commit or a release. go-redis's timeouts bound them.
 	sctx := context.WithoutCancel(r.Context())
-	h.enter() // the store stays open until this delivery is settled
-	defer h.leave()
 	start := time.Now()
 	key := h.KeyPrefix + id
 	fp := fingerprint(body.bytes())

@@ -168,11 +168,18 @@ func (s *Store) op(ctx context.Context, f func(ctx context.Context) error) error
 	return s.db.check.failed(ctx, err, s.logger)
 }
 
+var errPoolClosed = errors.New("postgres store: the pool is closed (its config was unloaded)")
+
 // maxClaimTries bounds the reruns of a claim that raced (see claim).
 const maxClaimTries = 5
 
 // Claim implements dedup.Store.
 func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	if s.users.Closed() {
+		// A delivery that reached a config already cleaned up, whose
+		// pool was closed: its commit could not land (see Users.Closed).
+		return 0, "", errPoolClosed
+	}
 	var res dedup.ClaimResult
 	var found string
 	var ck string

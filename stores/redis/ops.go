@@ -46,6 +46,11 @@ func (s *Store) failed(err error) error {
 // have every permission the store needs (permCheck), it checks them
 // first and fails without claiming if one is missing.
 func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	if s.users.Closed() {
+		// A delivery that reached a config already cleaned up, whose
+		// client was closed: its commit could not land (see Users.Closed).
+		return 0, "", errPipeClosed
+	}
 	if s.cache != nil {
 		if val, ok := s.cache.get(key); ok {
 			return dedup.AlreadyDone, val, nil

@@ -1,0 +1,142 @@
+package storepool
+
+import (
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+type resource struct{ closed atomic.Bool }
+
+func (r *resource) Destruct() error { r.closed.Store(true); return nil }
+
+func take(t *testing.T, key string, r *resource) {
+	t.Helper()
+	if _, _, err := Pool.LoadOrNew(key, func() (caddy.Destructor, error) { return r, nil }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A use that enters after Release closed the resource is told so (a
+// store then refuses the claim: its commit could not land); one that
+// enters before keeps the resource open until it leaves; one that
+// enters after a Release that left the resource to another config may
+// go on.
+func TestUsersClosed(t *testing.T) {
+	t.Run("closed at once", func(t *testing.T) {
+		key, r, u := t.Name(), new(resource), new(Users)
+		take(t, key, r)
+		if err := u.Release(key, nil); err != nil {
+			t.Fatal(err)
+		}
+		if !r.closed.Load() {
+			t.Fatal("a resource no use entered was not closed at once")
+		}
+		u.Enter()
+		defer u.Leave()
+		if !u.Closed() {
+			t.Error("Closed: false for a use that entered after the resource was closed")
+		}
+	})
+	t.Run("kept for a use", func(t *testing.T) {
+		key, r, u := t.Name(), new(resource), new(Users)
+		take(t, key, r)
+		u.Enter()
+		if err := u.Release(key, nil); err != nil {
+			t.Fatal(err)
+		}
+		if r.closed.Load() || u.Closed() {
+			t.Fatal("the resource was closed under a use that entered before Release")
+		}
+		u.Leave()
+		deadline := time.Now().Add(10 * time.Second)
+		for !r.closed.Load() {
+			if time.Now().After(deadline) {
+				t.Fatal("the resource is still open 10 s after its last use left")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+	t.Run("shared with another config", func(t *testing.T) {
+		key, r, u := t.Name(), new(resource), new(Users)
+		take(t, key, r)
+		take(t, key, r) // the new config's
+		defer Pool.Delete(key)
+		for range 2 { // a second Release changes nothing
+			if err := u.Release(key, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		u.Enter()
+		defer u.Leave()
+		if r.closed.Load() || u.Closed() {
+			t.Error("Closed: true while another config still holds the resource")
+		}
+		if n, _ := Pool.References(key); n != 1 {
+			t.Errorf("the other config's reference: %d references left, want 1", n)
+		}
+	})
+}
+
+// lockedFile is a resource one process may open once, as the file
+// store's database (it locks the file): opening it while the last one
+// is still closing fails.
+type lockedFile struct {
+	open    *atomic.Int64
+	closing chan struct{} // Destruct has begun
+	release chan struct{} // lets Destruct finish
+}
+
+func (f *lockedFile) Destruct() error {
+	close(f.closing)
+	if f.release != nil {
+		<-f.release
+	}
+	f.open.Add(-1)
+	return nil
+}
+
+// A reload back to a file's settings while the last config that used
+// it is closing it waits for the close, then opens the file again: it
+// failed with "in use by another process".
+func TestPoolReopensOnlyOnceClosed(t *testing.T) {
+	key := t.Name()
+	var open atomic.Int64
+	release := make(chan struct{}) // the first file's close
+	newFile := func() (caddy.Destructor, error) {
+		if open.Add(1) > 1 {
+			open.Add(-1)
+			return nil, errors.New("in use by another process")
+		}
+		f := &lockedFile{open: &open, closing: make(chan struct{}), release: release}
+		release = nil
+		return f, nil
+	}
+	v, _, err := Pool.LoadOrNew(key, newFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := v.(*lockedFile)
+	go Pool.Delete(key) // the old config's last use ends
+	<-first.closing
+	reopened := make(chan error, 1)
+	go func() { // the reload
+		_, _, err := Pool.LoadOrNew(key, newFile)
+		reopened <- err
+	}()
+	select {
+	case err := <-reopened:
+		t.Fatalf("opened again while the last one was closing: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(first.release)
+	if err := <-reopened; err != nil {
+		t.Fatalf("opened again once closed: %v", err)
+	}
+	if _, err := Pool.Delete(key); err != nil {
+		t.Fatal(err)
+	}
+}
