@@ -373,26 +373,6 @@ func codeBlocks(text, lang string) []string {
 	}
 }
 
-// directiveBlocks cuts a Caddyfile into its top-level blocks, keyed by
-// their first line ("sangho_dedup /slack {").
-func directiveBlocks(t *testing.T, src string) map[string][]string {
-	t.Helper()
-	blocks := map[string][]string{}
-	var head string
-	for _, l := range strings.Split(src, "\n") {
-		switch {
-		case l == "":
-		case head == "":
-			head = l
-		case l == "}":
-			head = ""
-		default:
-			blocks[head] = append(blocks[head], strings.TrimSpace(l))
-		}
-	}
-	return blocks
-}
-
 // caseLines is a provider case's lines, trimmed, one a line.
 func caseLines(p providerCase) []string {
 	var out []string

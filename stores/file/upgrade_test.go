@@ -40,7 +40,6 @@ var (
 	v1Expired     = "sangho_dedup:evt_expired" // retention 1 hour: expired long ago
 	v1Parked      = "sangho_dedup:evt_parked"  // a lease parked by a clean stop, 200 years
 	v1ParkedToken = "tok-parked"
-	v1Retention   = 200 * 365 * 24 * time.Hour
 )
 
 // TestFileStoreTakesOverOldFiles: a store file of an earlier release is
