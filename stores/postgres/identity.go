@@ -15,19 +15,24 @@ const identifyTimeout = 2 * time.Second
 
 // identify names the table as the server does, for the handler's check
 // that two endpoints with different secrets do not share one table and
-// key_prefix (dedup.StateSharer): the cluster's system identifier
-// (initdb's, also its physical replicas'), the database the connection
-// landed in and the schema-qualified table. However a DSN is spelled
-// (host name or address, Unix socket, database left out, a pooler in
-// between), one table is then one ID. The answer is kept for the pool's
-// life, so a reload does not ask again.
+// key_prefix (dedup.StateSharer) and for the forget that stops commit
+// retries: the cluster's system identifier (initdb's, also its physical
+// replicas'), the database the connection landed in and the
+// schema-qualified table. However a DSN is spelled (host name or
+// address, Unix socket, database left out, a pooler in between), one
+// table is then one ID.
 //
 // When the server cannot answer within identifyTimeout (down,
 // unreachable, a refused login, a server without pg_control_system),
-// the ID is the DSN's, spelled one way (options.stateID), a warning
-// says so, and the next provision (a reload) asks again: one table
-// reached through two unrelated host names is then two stores to the
-// check until it can be asked.
+// the ID is the DSN's, spelled one way (options.stateID), and a warning
+// says so: one table reached through two unrelated host names is then
+// two stores to the check.
+//
+// Either answer is kept for the pool's life: every config on the pool
+// (a reload that keeps it, two routes with the same settings) gets the
+// same ID, so commit retries registered under it are stopped by a
+// forget through any of them. A pool opened while the server was down
+// keeps the DSN's ID until it is replaced (a changed DSN, a restart).
 func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
 	db.idMu.Lock()
 	defer db.idMu.Unlock()
@@ -39,13 +44,19 @@ func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
 	qctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var system, database string
-	err := db.pool.QueryRow(qctx, `SELECT system_identifier::text, current_database() FROM pg_control_system()`).Scan(&system, &database)
+	ask := func() error {
+		return db.pool.QueryRow(qctx, `SELECT system_identifier::text, current_database() FROM pg_control_system()`).Scan(&system, &database)
+	}
+	err := ask()
+	if err != nil && db.startupTimeoutRefused(err, logger) {
+		err = ask() // a pooler: without statement_timeout
+	}
 	if err != nil {
-		id := o.stateID()
-		logger.Warn("postgres identity unknown", zap.String("compared_as", id),
-			zap.String("risk", "another endpoint on this table through a DSN spelled otherwise goes unnoticed until a reload can ask the server"),
+		db.identity = o.stateID()
+		logger.Warn("postgres identity unknown", zap.String("compared_as", db.identity),
+			zap.String("risk", "another endpoint on this table through a DSN spelled otherwise goes unnoticed until this connection pool is replaced (a Caddy restart, a changed DSN) while the server answers"),
 			zap.Error(o.scrub(err)))
-		return id
+		return db.identity
 	}
 	db.identity = "postgres system_identifier " + system + " database " + database + " table " + o.schema + "." + o.table
 	return db.identity

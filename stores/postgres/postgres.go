@@ -127,7 +127,9 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 // Provision resolves placeholders, validates the options and takes a
 // pool with these settings from the shared pool, or creates one.
 func (s *Store) Provision(ctx caddy.Context) error {
-	s.logger = ctx.Logger()
+	if s.logger == nil { // a test's
+		s.logger = ctx.Logger()
+	}
 	s.users = new(storepool.Users)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("postgres store: metrics: %w", err)

@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
@@ -97,11 +93,8 @@ func TestStateIDWithoutTheServer(t *testing.T) {
 
 	// The warning names what is compared, never the password.
 	const pw = "s3cret-identity-pw"
-	c, _ := provision(t, storeJSON("postgres://postgres:"+pw+"@127.0.0.1:"+port+"/postgres?sslmode=disable", ""))
-	core, logs := observer.New(zap.DebugLevel)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	defer cancel()
-	if id := c.db.identify(ctx, zap.New(core)); id != a.StateID() {
+	c, logs := provision(t, storeJSON("postgres://postgres:"+pw+"@127.0.0.1:"+port+"/postgres?sslmode=disable", ""))
+	if id := c.StateID(); id != a.StateID() {
 		t.Errorf("state ID %q, want %q", id, a.StateID())
 	}
 	warned := logs.FilterMessage("postgres identity unknown").All()

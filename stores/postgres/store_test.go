@@ -26,7 +26,8 @@ var tableSeq atomic.Int64
 // uniqueTable names a fresh table for one test.
 func uniqueTable() string { return fmt.Sprintf("events_%d", tableSeq.Add(1)) }
 
-// provision provisions a store from its JSON, with logs observed.
+// provision provisions a store from its JSON, with logs observed from
+// the start of Provision on.
 func provision(t testing.TB, raw string) (*Store, *observer.ObservedLogs) {
 	t.Helper()
 	s := new(Store)
@@ -34,12 +35,12 @@ func provision(t testing.TB, raw string) (*Store, *observer.ObservedLogs) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.DebugLevel)
+	s.logger = zap.New(core)
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
 	if err := s.Provision(ctx); err != nil {
 		t.Fatalf("provision: %v", err)
 	}
-	s.logger = zap.New(core)
 	t.Cleanup(func() { s.Cleanup() })
 	return s, logs
 }

@@ -32,12 +32,15 @@ const identifyTimeout = 2 * time.Second
 //     spelled as a standalone server's: one ID with a config that
 //     addresses that master directly.
 //
-// The answer is kept for the client's life (a reload that keeps the
-// client does not ask again). When Redis cannot answer within
-// identifyTimeout, the ID is the addresses' (resolvedOptions.stateID), a
-// warning says so, and the next provision (a reload) asks again. A
-// standalone server is not asked: its ID is its address, spelled one
-// way.
+// When Redis cannot answer within identifyTimeout, the ID is the
+// addresses' (resolvedOptions.stateID) and a warning says so. Either
+// answer is kept for the client's life: every config on the client (a
+// reload that keeps it, two routes with the same settings) gets the
+// same ID, so commit retries registered under it are stopped by a
+// forget through any of them. A client opened while Redis was down
+// keeps the addresses' ID until it is replaced (changed settings, a
+// restart). A standalone server is not asked: its ID is its address,
+// spelled one way.
 func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *zap.Logger) string {
 	u := o.universal
 	cluster, isCluster := rc.UniversalClient.(*goredis.ClusterClient)
@@ -61,9 +64,8 @@ func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *
 	if err != nil {
 		id = o.stateID()
 		logger.Warn("redis identity unknown", zap.String("compared_as", id),
-			zap.String("risk", "another endpoint on this Redis through other addresses goes unnoticed until a reload can ask Redis"),
+			zap.String("risk", "another endpoint on this Redis through other addresses goes unnoticed until this client is replaced (a Caddy restart, changed settings) while Redis answers"),
 			zap.Error(err))
-		return id
 	}
 	rc.identity = id
 	return id

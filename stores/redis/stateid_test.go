@@ -1,0 +1,52 @@
+package redis
+
+import (
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+)
+
+// TestStateIDKeptForTheClient: a Sentinel store provisioned while the
+// Sentinels are down gets the addresses' ID; another config on the same
+// client (a reload, or a second route with the same settings)
+// provisioned once they are up gets the same ID, not the master's: one
+// client, one ID, so commit retries registered under it are stopped by
+// a forget through either config, and two routes of one load do not
+// differ. (Found by review: the fallback was not kept and the next
+// provision asked again, so a reload changed the ID of a client whose
+// retries were registered under the old one; the forget through the
+// new config missed them.) A new client (other settings) asks again.
+func TestStateIDKeptForTheClient(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	for _, s := range st.Sentinels {
+		s.Kill()
+	}
+	core, logs := observer.New(zap.DebugLevel)
+	a := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, logger: zap.New(core)})
+	if strings.Contains(a.StateID(), st.Master.Addr) {
+		t.Fatalf("Sentinels down: state ID %q names the master", a.StateID())
+	}
+	if n := logs.FilterMessage("redis identity unknown").Len(); n != 1 {
+		t.Fatalf("Sentinels down: %d \"redis identity unknown\" warnings, want 1: %v", n, logs.All())
+	}
+
+	for _, s := range st.Sentinels {
+		s.Restart(t)
+	}
+	b := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName})
+	if b.client != a.client {
+		t.Fatal("the second provision does not share the first one's client; the test shows nothing")
+	}
+	if b.StateID() != a.StateID() {
+		t.Errorf("one client, two state IDs: %q while the Sentinels were down, %q once they were up", a.StateID(), b.StateID())
+	}
+
+	c := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, PoolSize: 7})
+	if c.client == a.client || !strings.Contains(c.StateID(), "localhost:"+st.Master.Addr[strings.LastIndex(st.Master.Addr, ":")+1:]) {
+		t.Errorf("a new client with the Sentinels up: state ID %q, want the master's (%s)", c.StateID(), st.Master.Addr)
+	}
+}
