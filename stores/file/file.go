@@ -265,9 +265,15 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // provisioned, answers.
 var errStoreNotOpen = errors.New("file store: the database file is not open")
 
+// st returns the open store; one closed (Destruct begun) is refused
+// before Pebble is asked, as a closed Pebble panics (an error that would
+// read as damage).
 func (s *Store) st() (*fileState, error) {
 	if s.state == nil {
 		return nil, errStoreNotOpen
+	}
+	if s.state.isClosed() {
+		return nil, errFileClosed
 	}
 	return s.state, nil
 }

@@ -20,6 +20,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
@@ -927,5 +929,61 @@ func TestFileStoreBackupRecipe(t *testing.T) {
 	st = openTestFileState(t, path, time.Now)
 	if _, ok, err := st.read("sangho_dedup:evt_1"); err != nil || !ok {
 		t.Fatalf("after the restore: %v %v", ok, err)
+	}
+}
+
+// TestFileStoreClosedRefusesReads: a claim, get or forget that reaches a
+// store already closed (a request that arrived after Caddy cleaned its
+// config up) is told the store is closed, never that it is damaged: the
+// advice for damage (move the folder away) would empty a healthy store,
+// and every event processed would be processed again. (Found by review:
+// the claim read Pebble first, which panics once closed.)
+func TestFileStoreClosedRefusesReads(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	st, err := openFileState(filepath.Join(t.TempDir(), "dedup.db"), time.Now, time.Hour, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s := &Store{state: st}
+	ctx := context.Background()
+	check := func(op string, err error) {
+		t.Helper()
+		if !errors.Is(err, errFileClosed) {
+			t.Errorf("%s on a closed store: %v; want %v", op, err, errFileClosed)
+		}
+	}
+	_, _, err = s.Claim(ctx, "k", "t", time.Minute)
+	check("claim", err)
+	_, err = s.Get(ctx, "k")
+	check("get", err)
+	_, _, err = s.Forget(ctx, "k", false)
+	check("forget", err)
+	_, _, err = st.get(doneKey("k")) // a read path reached past the checks
+	check("get (raw)", err)
+	if n := logs.FilterMessage("damaged store").Len(); n != 0 {
+		t.Errorf("%d \"damaged store\" log lines for a closed store", n)
+	}
+}
+
+// TestFileStoreRefusesALateClaim: a request that entered after the
+// config's Cleanup closed the store (no other config shares it) is
+// refused, as Redis and PostgreSQL do.
+func TestFileStoreRefusesALateClaim(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	s := &Store{Path: filepath.Join(t.TempDir(), "dedup.db")}
+	if err := s.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	s.Enter()
+	defer s.Leave()
+	if res, _, err := s.Claim(ctx, "k", "t", time.Minute); !errors.Is(err, errFileClosed) {
+		t.Fatalf("late claim = %v, %v; want %v", res, err, errFileClosed)
 	}
 }

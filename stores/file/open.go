@@ -273,13 +273,21 @@ func storeOpenError(path, dir string, err error) error {
 	return fmt.Errorf("file store: cannot open %s (folder %s; if it is damaged, %s): %v", path, dir, reset, err)
 }
 
-// fileDamaged is the error of a read that failed or panicked.
+// fileDamaged is the error of a read that failed or panicked. A read
+// that a close overtook (Pebble panics with ErrClosed) is errFileClosed:
+// the store is whole.
 func fileDamaged(path string, p any) error {
+	if err, ok := p.(error); ok && errors.Is(err, pebble.ErrClosed) {
+		return errFileClosed
+	}
 	return fmt.Errorf("file store: %s is damaged (%v): restore it from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)", path, p)
 }
 
 // readErr names the store in a read's error.
 func (st *fileState) readErr(err error) error {
+	if errors.Is(err, pebble.ErrClosed) {
+		return errFileClosed
+	}
 	if pebble.IsCorruptionError(err) {
 		st.logger.Error("damaged store", zap.String("path", st.path), zap.Error(err))
 		return fileDamaged(st.path+" (folder "+st.dir+")", err)
@@ -291,10 +299,14 @@ func (st *fileState) readErr(err error) error {
 func (st *fileState) get(k []byte) (v []byte, ok bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fileDamaged(st.path, p)
-			st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+			if err = fileDamaged(st.path, p); err != errFileClosed {
+				st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+			}
 		}
 	}()
+	if st.isClosed() {
+		return nil, false, errFileClosed
+	}
 	raw, closer, err := st.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false, nil
