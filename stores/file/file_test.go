@@ -987,3 +987,37 @@ func TestFileStoreRefusesALateClaim(t *testing.T) {
 		t.Fatalf("late claim = %v, %v; want %v", res, err, errFileClosed)
 	}
 }
+
+// TestFileStoreOneFolderByEitherSpelling: `store file /x/s.db` and
+// `store file /x/s` keep their data in the one folder /x/s.pebble; both
+// configs share the one open store (a second open of the folder failed:
+// "lock held by current process"), and the shared-store check sees one
+// store. (Found by review: the pool was keyed on the path, not the
+// folder.)
+func TestFileStoreOneFolderByEitherSpelling(t *testing.T) {
+	dir := t.TempDir()
+	var stores []*Store
+	for _, p := range []string{filepath.Join(dir, "s.db"), filepath.Join(dir, "s")} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		s := &Store{Path: p}
+		if err := s.Provision(ctx); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		defer s.Cleanup()
+		stores = append(stores, s)
+	}
+	if a, b := stores[0].StateID(), stores[1].StateID(); a != b {
+		t.Errorf("one folder, two states: %q and %q", a, b)
+	}
+	ctx := context.Background()
+	if _, _, err := stores[0].Claim(ctx, "k", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stores[0].Commit(ctx, "k", "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := stores[1].Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
+		t.Errorf("the other spelling: claim = %v, %v; want done", res, err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -263,6 +264,9 @@ func storeOpenError(path, dir string, err error) error {
 	case errors.Is(err, syscall.EAGAIN):
 		return fmt.Errorf("file store: %s (folder %s) is %w (another Caddy with the same data directory or store path?): stop it, or give this Caddy another path with `store file <path>`",
 			path, dir, errFileLocked)
+	case strings.Contains(err.Error(), "lock held by current process"): // Pebble's, not exported
+		return fmt.Errorf("file store: %s (folder %s) is already open in this Caddy by another name (a bind mount?): give every config the same path",
+			path, dir)
 	case errors.Is(err, pebble.ErrDBDoesNotExist):
 		return fmt.Errorf("file store: %s: the folder %s is not a whole store (its database is missing: damaged or emptied): %s", path, dir, reset)
 	case pebble.IsCorruptionError(err):
