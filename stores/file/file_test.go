@@ -1021,3 +1021,40 @@ func TestFileStoreOneFolderByEitherSpelling(t *testing.T) {
 		t.Errorf("the other spelling: claim = %v, %v; want done", res, err)
 	}
 }
+
+// TestFileStoreParkedLeaseOfACommittedEvent: a lease parked at exit
+// while its commit was under way is not taken back at the next start
+// once the record landed: the event reads as done (not in flight for the
+// commit's 6 minutes), and a forget without force removes it. (Found by
+// review.)
+func TestFileStoreParkedLeaseOfACommittedEvent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ctx := &Store{state: st}, context.Background()
+	if res, _, err := s.Claim(ctx, "k", "tok", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	st.leases.Renew("k", "tok", dedup.DrainFor) // as Commit does first
+	if err := st.parkLeases(); err != nil {     // the exit hook, before the record lands
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "k", "tok", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s = &Store{state: openTestFileState(t, path, time.Now)}
+	if e, err := s.Get(ctx, "k"); err != nil || strings.HasPrefix(e.Value, "inflight:") || e.Value == "" {
+		t.Errorf("after a restart: get = %+v, %v; want the done record", e, err)
+	}
+	if _, ok, err := s.Forget(ctx, "k", false); err != nil || !ok {
+		t.Errorf("forget without force = %v, %v; want the record forgotten", ok, err)
+	}
+	if raw, ok, err := s.state.get(leaseKey("k")); err != nil || ok {
+		t.Errorf("the parked lease is still in the store: %q, %v", raw, err)
+	}
+}

@@ -377,7 +377,10 @@ func (st *fileState) parkLeases() error {
 }
 
 // unparkLeases takes back the leases a clean stop parked, those that
-// have not expired since, and deletes them from the database.
+// have not expired since and whose event has no live done record, and deletes
+// them from the database. A lease parked at exit while its commit was
+// under way (renewed to DrainFor first) is stale once the record landed:
+// taken back, the event would read as in flight for minutes.
 func (st *fileState) unparkLeases() error {
 	lo, hi := []byte{prefixLease}, []byte{prefixLease + 1}
 	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
@@ -388,8 +391,16 @@ func (st *fileState) unparkLeases() error {
 	n := 0
 	for ok := it.First(); ok; ok = it.Next() {
 		n++
-		if exp, val, err := decodeRecord(it.Value()); err == nil && now < exp {
-			st.leases.Put(string(it.Key()[1:]), string(val), unixTime(exp))
+		exp, val, err := decodeRecord(it.Value())
+		if err != nil || now >= exp {
+			continue
+		}
+		key := string(it.Key()[1:])
+		if _, done, err := st.read(key); err != nil { // a live record: an expired one's event may be in flight again
+			it.Close()
+			return err
+		} else if !done {
+			st.leases.Put(key, string(val), unixTime(exp))
 		}
 	}
 	if err := it.Close(); err != nil {
