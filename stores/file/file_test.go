@@ -1058,3 +1058,38 @@ func TestFileStoreParkedLeaseOfACommittedEvent(t *testing.T) {
 		t.Errorf("the parked lease is still in the store: %q, %v", raw, err)
 	}
 }
+
+// TestFileStoreCreateRemovesCrashedTakeovers: a creation (or takeover of
+// an old file) that crashed leaves dedup.pebble.new-<pid>, a full copy;
+// the next creation removes it, and only what matches that name and
+// whose process is gone. (Found by review: a start removed only its own
+// pid's.)
+func TestFileStoreCreateRemovesCrashedTakeovers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "dedup.db")
+	raw, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidMax, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := StoreDir(path) + ".new-" + strconv.Itoa(pidMax+1) // no such process
+	running := StoreDir(path) + ".new-" + strconv.Itoa(os.Getppid())
+	other := StoreDir(path) + ".new-notes"
+	for _, d := range []string{crashed, running, other} {
+		if err := os.MkdirAll(filepath.Join(d, "sub"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	openTestFileState(t, path, time.Now)
+	if _, err := os.Lstat(crashed); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the crashed creation's folder %s is still there: %v", crashed, err)
+	}
+	for _, d := range []string{running, other} {
+		if _, err := os.Lstat(d); err != nil {
+			t.Errorf("%s was removed: %v", d, err)
+		}
+	}
+}

@@ -186,6 +186,7 @@ func createStore(path, dir string, logger *zap.Logger) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("file store: cannot check %s: %v", path, err)
 	}
+	removeCrashedCreations(dir, logger)
 	tmp := dir + ".new-" + strconv.Itoa(os.Getpid())
 	_ = os.RemoveAll(tmp)
 	defer os.RemoveAll(tmp)
@@ -231,6 +232,47 @@ func createStore(path, dir string, logger *zap.Logger) error {
 			zap.String("note", "every done record and parked lease is in the new store; the old file is left in place, unused: delete it once the way back is no longer needed (docs/stores.md)"))
 	}
 	return nil
+}
+
+// removeCrashedCreations removes the folders dir.new-<pid> that a
+// creation (or takeover, a full copy of the old file) left when its
+// process died: only folders of exactly that name, whose process is gone
+// (one still running may be creating the store now).
+func removeCrashedCreations(dir string, logger *zap.Logger) {
+	entries, err := os.ReadDir(filepath.Dir(dir))
+	if err != nil {
+		return
+	}
+	prefix := filepath.Base(dir) + ".new-"
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pid, err := strconv.Atoi(rest)
+		if err != nil || pid <= 0 || strconv.Itoa(pid) != rest {
+			continue
+		}
+		if !processGone(pid) {
+			continue // running (or not ours to ask): maybe creating the store now
+		}
+		leftover := filepath.Join(filepath.Dir(dir), e.Name())
+		if err := os.RemoveAll(leftover); err != nil {
+			logger.Warn("cannot remove a crashed store creation's folder", zap.String("folder", leftover), zap.Error(err))
+			continue
+		}
+		logger.Info("removed a crashed store creation's folder", zap.String("folder", leftover))
+	}
+}
+
+// processGone reports whether no process pid runs (false if unsure).
+func processGone(pid int) bool {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return true // Windows: no such process
+	}
+	defer p.Release()
+	return errors.Is(p.Signal(syscall.Signal(0)), os.ErrProcessDone)
 }
 
 func fileKind(fi fs.FileInfo) string {
