@@ -52,7 +52,7 @@ func TestDefaultStoreIsTheFileStore(t *testing.T) {
 		t.Fatalf("default store is %T, want *file.Store", h.store)
 	}
 	want := filepath.Join(os.Getenv("XDG_DATA_HOME"), "caddy", "sangho_dedup", "dedup.db")
-	if fs.StateID() != "file "+want || filestore.DefaultFilePath() != want {
+	if fs.StateID() != "file "+filestore.StoreDir(want) || filestore.DefaultFilePath() != want {
 		t.Fatalf("default store %s (DefaultFilePath %s), want the file %s", fs.StateID(), filestore.DefaultFilePath(), want)
 	}
 	if fi, err := os.Stat(filestore.StoreDir(want)); err != nil || !fi.IsDir() {

@@ -68,12 +68,15 @@ func (p *UsagePool) Delete(key any) (deleted bool, err error) {
 // the old one up without waiting for its requests in flight: Release
 // keeps the resource until they are done, for at most dedup.DrainFor.
 type Users struct {
-	// n counts the uses; releasedAtOnce is set in it when Release found
-	// none and gave the resource up at once.
+	// n counts the uses; releasedAtOnce is set in it when Release gives
+	// the resource up: at once if it found none, else once the last use
+	// left (or at the deadline).
 	n  atomic.Int64
-	mu sync.Mutex // held by an at-once Release until it knows closed
+	mu sync.Mutex // held from setting releasedAtOnce until closed is known
 	// closed: that Release closed the resource (no other config shared it).
 	closed bool
+	// releasing: a Release waits in the background for the uses to leave.
+	releasing bool
 }
 
 const releasedAtOnce = 1 << 62
@@ -102,7 +105,7 @@ func (u *Users) Closed() bool {
 // once if nothing uses it, else in the background once nothing does.
 func (u *Users) Release(key string, logger *zap.Logger) error {
 	u.mu.Lock()
-	if u.n.Load()&releasedAtOnce != 0 { // released already
+	if u.releasing || u.n.Load()&releasedAtOnce != 0 { // released already
 		u.mu.Unlock()
 		return nil
 	}
@@ -112,13 +115,29 @@ func (u *Users) Release(key string, logger *zap.Logger) error {
 		u.closed = deleted
 		return err
 	}
+	u.releasing = true
 	u.mu.Unlock()
 	go func() {
+		// Set releasedAtOnce once the count is 0 (or at the deadline), with
+		// u.mu held as the at-once path does, so that a use entering from
+		// then on is told Closed and none slips in before the close.
 		deadline := time.Now().Add(dedup.DrainFor)
-		for u.n.Load() > 0 && time.Now().Before(deadline) {
+		for {
+			u.mu.Lock()
+			if u.n.CompareAndSwap(0, releasedAtOnce) {
+				break
+			}
+			if !time.Now().Before(deadline) {
+				u.n.Add(releasedAtOnce)
+				break
+			}
+			u.mu.Unlock()
 			time.Sleep(50 * time.Millisecond)
 		}
-		if _, err := Pool.Delete(key); err != nil && logger != nil {
+		deleted, err := Pool.Delete(key)
+		u.closed = deleted
+		u.mu.Unlock()
+		if err != nil && logger != nil {
 			logger.Error("shared store close failed", zap.String("resource", key), zap.Error(err))
 		}
 	}()

@@ -59,6 +59,11 @@ func TestUsersClosed(t *testing.T) {
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
+		u.Enter() // a late request, after the delayed close
+		defer u.Leave()
+		if !u.Closed() {
+			t.Error("Closed: false for a use that entered after the delayed close")
+		}
 	})
 	t.Run("shared with another config", func(t *testing.T) {
 		key, r, u := t.Name(), new(resource), new(Users)

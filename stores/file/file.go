@@ -65,6 +65,7 @@ type Store struct {
 
 	state  *fileState
 	path   string
+	dir    string // the resolved folder of the data: the store's identity
 	logger *zap.Logger
 	pooled bool
 	users  *storepool.Users // deliveries and commit retries that may still need the file
@@ -106,13 +107,16 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	}
 	abs = resolvePath(abs) // one open file per file, whatever the name it is reached by
 	s.path = abs
+	// The store is its folder: /x/s.db and /x/s both keep their data in
+	// /x/s.pebble, and share the one open store.
+	s.dir = resolvePath(StoreDir(abs))
 	if validating() {
 		// `caddy validate` checks the file without creating, locking or
 		// writing anything: the file may be the running Caddy's, or
 		// belong to the user Caddy runs as.
 		return s.checkForValidation()
 	}
-	v, _, err := storepool.Pool.LoadOrNew(filePoolKey(abs), func() (caddy.Destructor, error) {
+	v, _, err := storepool.Pool.LoadOrNew(filePoolKey(s.dir), func() (caddy.Destructor, error) {
 		return openFileState(abs, time.Now, fileSweepEvery, s.logger)
 	})
 	if err != nil {
@@ -130,7 +134,7 @@ func (s *Store) Cleanup() error {
 	if !s.pooled {
 		return nil
 	}
-	return s.users.Release(filePoolKey(s.path), s.logger)
+	return s.users.Release(filePoolKey(s.dir), s.logger)
 }
 
 // Enter implements dedup.Drainer.
@@ -181,7 +185,7 @@ func resolvePath(abs string) string {
 	return abs
 }
 
-func filePoolKey(abs string) string { return "sangho_dedup.file." + abs }
+func filePoolKey(dir string) string { return "sangho_dedup.file." + dir }
 
 // StoreDir is the folder that holds the data of the store at path:
 // path with ".db" replaced by ".pebble", or ".pebble" appended.
@@ -265,15 +269,22 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // provisioned, answers.
 var errStoreNotOpen = errors.New("file store: the database file is not open")
 
+// st returns the open store; one closed (Destruct begun) is refused
+// before Pebble is asked, as a closed Pebble panics (an error that would
+// read as damage).
 func (s *Store) st() (*fileState, error) {
 	if s.state == nil {
 		return nil, errStoreNotOpen
 	}
+	if s.state.isClosed() {
+		return nil, errFileClosed
+	}
 	return s.state, nil
 }
 
-// StateID implements dedup.StateSharer: the resolved path of the store.
-func (s *Store) StateID() string { return "file " + s.path }
+// StateID implements dedup.StateSharer: the resolved folder of the
+// store (two paths that keep their data in one folder are one store).
+func (s *Store) StateID() string { return "file " + s.dir }
 
 // Interface guards
 var (

@@ -20,6 +20,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
@@ -927,5 +929,167 @@ func TestFileStoreBackupRecipe(t *testing.T) {
 	st = openTestFileState(t, path, time.Now)
 	if _, ok, err := st.read("sangho_dedup:evt_1"); err != nil || !ok {
 		t.Fatalf("after the restore: %v %v", ok, err)
+	}
+}
+
+// TestFileStoreClosedRefusesReads: a claim, get or forget that reaches a
+// store already closed (a request that arrived after Caddy cleaned its
+// config up) is told the store is closed, never that it is damaged: the
+// advice for damage (move the folder away) would empty a healthy store,
+// and every event processed would be processed again. (Found by review:
+// the claim read Pebble first, which panics once closed.)
+func TestFileStoreClosedRefusesReads(t *testing.T) {
+	core, logs := observer.New(zapcore.InfoLevel)
+	st, err := openFileState(filepath.Join(t.TempDir(), "dedup.db"), time.Now, time.Hour, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s := &Store{state: st}
+	ctx := context.Background()
+	check := func(op string, err error) {
+		t.Helper()
+		if !errors.Is(err, errFileClosed) {
+			t.Errorf("%s on a closed store: %v; want %v", op, err, errFileClosed)
+		}
+	}
+	_, _, err = s.Claim(ctx, "k", "t", time.Minute)
+	check("claim", err)
+	_, err = s.Get(ctx, "k")
+	check("get", err)
+	_, _, err = s.Forget(ctx, "k", false)
+	check("forget", err)
+	_, _, err = st.get(doneKey("k")) // a read path reached past the checks
+	check("get (raw)", err)
+	if n := logs.FilterMessage("damaged store").Len(); n != 0 {
+		t.Errorf("%d \"damaged store\" log lines for a closed store", n)
+	}
+}
+
+// TestFileStoreRefusesALateClaim: a request that entered after the
+// config's Cleanup closed the store (no other config shares it) is
+// refused, as Redis and PostgreSQL do.
+func TestFileStoreRefusesALateClaim(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	s := &Store{Path: filepath.Join(t.TempDir(), "dedup.db")}
+	if err := s.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	s.Enter()
+	defer s.Leave()
+	if res, _, err := s.Claim(ctx, "k", "t", time.Minute); !errors.Is(err, errFileClosed) {
+		t.Fatalf("late claim = %v, %v; want %v", res, err, errFileClosed)
+	}
+}
+
+// TestFileStoreOneFolderByEitherSpelling: `store file /x/s.db` and
+// `store file /x/s` keep their data in the one folder /x/s.pebble; both
+// configs share the one open store (a second open of the folder failed:
+// "lock held by current process"), and the shared-store check sees one
+// store. (Found by review: the pool was keyed on the path, not the
+// folder.)
+func TestFileStoreOneFolderByEitherSpelling(t *testing.T) {
+	dir := t.TempDir()
+	var stores []*Store
+	for _, p := range []string{filepath.Join(dir, "s.db"), filepath.Join(dir, "s")} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		s := &Store{Path: p}
+		if err := s.Provision(ctx); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		defer s.Cleanup()
+		stores = append(stores, s)
+	}
+	if a, b := stores[0].StateID(), stores[1].StateID(); a != b {
+		t.Errorf("one folder, two states: %q and %q", a, b)
+	}
+	ctx := context.Background()
+	if _, _, err := stores[0].Claim(ctx, "k", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stores[0].Commit(ctx, "k", "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := stores[1].Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
+		t.Errorf("the other spelling: claim = %v, %v; want done", res, err)
+	}
+}
+
+// TestFileStoreParkedLeaseOfACommittedEvent: a lease parked at exit
+// while its commit was under way is not taken back at the next start
+// once the record landed: the event reads as done (not in flight for the
+// commit's 6 minutes), and a forget without force removes it. (Found by
+// review.)
+func TestFileStoreParkedLeaseOfACommittedEvent(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ctx := &Store{state: st}, context.Background()
+	if res, _, err := s.Claim(ctx, "k", "tok", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	st.leases.Renew("k", "tok", dedup.DrainFor) // as Commit does first
+	if err := st.parkLeases(); err != nil {     // the exit hook, before the record lands
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "k", "tok", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s = &Store{state: openTestFileState(t, path, time.Now)}
+	if e, err := s.Get(ctx, "k"); err != nil || strings.HasPrefix(e.Value, "inflight:") || e.Value == "" {
+		t.Errorf("after a restart: get = %+v, %v; want the done record", e, err)
+	}
+	if _, ok, err := s.Forget(ctx, "k", false); err != nil || !ok {
+		t.Errorf("forget without force = %v, %v; want the record forgotten", ok, err)
+	}
+	if raw, ok, err := s.state.get(leaseKey("k")); err != nil || ok {
+		t.Errorf("the parked lease is still in the store: %q, %v", raw, err)
+	}
+}
+
+// TestFileStoreCreateRemovesCrashedTakeovers: a creation (or takeover of
+// an old file) that crashed leaves dedup.pebble.new-<pid>, a full copy;
+// the next creation removes it, and only what matches that name and
+// whose process is gone. (Found by review: a start removed only its own
+// pid's.)
+func TestFileStoreCreateRemovesCrashedTakeovers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "dedup.db")
+	raw, err := os.ReadFile("/proc/sys/kernel/pid_max")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pidMax, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := StoreDir(path) + ".new-" + strconv.Itoa(pidMax+1) // no such process
+	running := StoreDir(path) + ".new-" + strconv.Itoa(os.Getppid())
+	other := StoreDir(path) + ".new-notes"
+	for _, d := range []string{crashed, running, other} {
+		if err := os.MkdirAll(filepath.Join(d, "sub"), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	openTestFileState(t, path, time.Now)
+	if _, err := os.Lstat(crashed); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the crashed creation's folder %s is still there: %v", crashed, err)
+	}
+	for _, d := range []string{running, other} {
+		if _, err := os.Lstat(d); err != nil {
+			t.Errorf("%s was removed: %v", d, err)
+		}
 	}
 }

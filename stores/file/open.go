@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -185,6 +186,7 @@ func createStore(path, dir string, logger *zap.Logger) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("file store: cannot check %s: %v", path, err)
 	}
+	removeCrashedCreations(dir, logger)
 	tmp := dir + ".new-" + strconv.Itoa(os.Getpid())
 	_ = os.RemoveAll(tmp)
 	defer os.RemoveAll(tmp)
@@ -232,6 +234,47 @@ func createStore(path, dir string, logger *zap.Logger) error {
 	return nil
 }
 
+// removeCrashedCreations removes the folders dir.new-<pid> that a
+// creation (or takeover, a full copy of the old file) left when its
+// process died: only folders of exactly that name, whose process is gone
+// (one still running may be creating the store now).
+func removeCrashedCreations(dir string, logger *zap.Logger) {
+	entries, err := os.ReadDir(filepath.Dir(dir))
+	if err != nil {
+		return
+	}
+	prefix := filepath.Base(dir) + ".new-"
+	for _, e := range entries {
+		rest, ok := strings.CutPrefix(e.Name(), prefix)
+		if !ok || !e.IsDir() {
+			continue
+		}
+		pid, err := strconv.Atoi(rest)
+		if err != nil || pid <= 0 || strconv.Itoa(pid) != rest {
+			continue
+		}
+		if !processGone(pid) {
+			continue // running (or not ours to ask): maybe creating the store now
+		}
+		leftover := filepath.Join(filepath.Dir(dir), e.Name())
+		if err := os.RemoveAll(leftover); err != nil {
+			logger.Warn("cannot remove a crashed store creation's folder", zap.String("folder", leftover), zap.Error(err))
+			continue
+		}
+		logger.Info("removed a crashed store creation's folder", zap.String("folder", leftover))
+	}
+}
+
+// processGone reports whether no process pid runs (false if unsure).
+func processGone(pid int) bool {
+	p, err := os.FindProcess(pid)
+	if err != nil {
+		return true // Windows: no such process
+	}
+	defer p.Release()
+	return errors.Is(p.Signal(syscall.Signal(0)), os.ErrProcessDone)
+}
+
 func fileKind(fi fs.FileInfo) string {
 	if fi.IsDir() {
 		return "folder"
@@ -263,6 +306,9 @@ func storeOpenError(path, dir string, err error) error {
 	case errors.Is(err, syscall.EAGAIN):
 		return fmt.Errorf("file store: %s (folder %s) is %w (another Caddy with the same data directory or store path?): stop it, or give this Caddy another path with `store file <path>`",
 			path, dir, errFileLocked)
+	case strings.Contains(err.Error(), "lock held by current process"): // Pebble's, not exported
+		return fmt.Errorf("file store: %s (folder %s) is already open in this Caddy by another name (a bind mount?): give every config the same path",
+			path, dir)
 	case errors.Is(err, pebble.ErrDBDoesNotExist):
 		return fmt.Errorf("file store: %s: the folder %s is not a whole store (its database is missing: damaged or emptied): %s", path, dir, reset)
 	case pebble.IsCorruptionError(err):
@@ -273,13 +319,21 @@ func storeOpenError(path, dir string, err error) error {
 	return fmt.Errorf("file store: cannot open %s (folder %s; if it is damaged, %s): %v", path, dir, reset, err)
 }
 
-// fileDamaged is the error of a read that failed or panicked.
+// fileDamaged is the error of a read that failed or panicked. A read
+// that a close overtook (Pebble panics with ErrClosed) is errFileClosed:
+// the store is whole.
 func fileDamaged(path string, p any) error {
+	if err, ok := p.(error); ok && errors.Is(err, pebble.ErrClosed) {
+		return errFileClosed
+	}
 	return fmt.Errorf("file store: %s is damaged (%v): restore it from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)", path, p)
 }
 
 // readErr names the store in a read's error.
 func (st *fileState) readErr(err error) error {
+	if errors.Is(err, pebble.ErrClosed) {
+		return errFileClosed
+	}
 	if pebble.IsCorruptionError(err) {
 		st.logger.Error("damaged store", zap.String("path", st.path), zap.Error(err))
 		return fileDamaged(st.path+" (folder "+st.dir+")", err)
@@ -291,10 +345,14 @@ func (st *fileState) readErr(err error) error {
 func (st *fileState) get(k []byte) (v []byte, ok bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fileDamaged(st.path, p)
-			st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+			if err = fileDamaged(st.path, p); err != errFileClosed {
+				st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+			}
 		}
 	}()
+	if st.isClosed() {
+		return nil, false, errFileClosed
+	}
 	raw, closer, err := st.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false, nil
@@ -361,7 +419,10 @@ func (st *fileState) parkLeases() error {
 }
 
 // unparkLeases takes back the leases a clean stop parked, those that
-// have not expired since, and deletes them from the database.
+// have not expired since and whose event has no live done record, and deletes
+// them from the database. A lease parked at exit while its commit was
+// under way (renewed to DrainFor first) is stale once the record landed:
+// taken back, the event would read as in flight for minutes.
 func (st *fileState) unparkLeases() error {
 	lo, hi := []byte{prefixLease}, []byte{prefixLease + 1}
 	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
@@ -372,8 +433,16 @@ func (st *fileState) unparkLeases() error {
 	n := 0
 	for ok := it.First(); ok; ok = it.Next() {
 		n++
-		if exp, val, err := decodeRecord(it.Value()); err == nil && now < exp {
-			st.leases.Put(string(it.Key()[1:]), string(val), unixTime(exp))
+		exp, val, err := decodeRecord(it.Value())
+		if err != nil || now >= exp {
+			continue
+		}
+		key := string(it.Key()[1:])
+		if _, done, err := st.read(key); err != nil { // a live record: an expired one's event may be in flight again
+			it.Close()
+			return err
+		} else if !done {
+			st.leases.Put(key, string(val), unixTime(exp))
 		}
 	}
 	if err := it.Close(); err != nil {

@@ -10,6 +10,11 @@ import (
 // Claim implements Store. The database holds done records; leases live
 // in memory (see fileState).
 func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	if s.users.Closed() {
+		// A delivery that reached a config already cleaned up, whose
+		// store was closed: its commit could not land (see Users.Closed).
+		return 0, "", errFileClosed
+	}
 	st, err := s.st()
 	if err != nil {
 		return 0, "", err

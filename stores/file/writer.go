@@ -180,8 +180,9 @@ type fileTx struct {
 func (tx *fileTx) run(st *fileState, fn func(*fileTx) error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fileDamaged(st.path, p)
-			st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+			if err = fileDamaged(st.path, p); err != errFileClosed {
+				st.logger.Error("damaged store", zap.String("path", st.path), zap.Any("panic", p))
+			}
 		}
 	}()
 	if err := fn(tx); err != nil {
