@@ -118,7 +118,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 func (h *Handler) sharedStateError(prev, use endpointUse, where string) error {
 	shared := ""
 	if strings.HasPrefix(h.storeState, "file ") {
-		shared = " A file is shared by every site of this Caddy that uses it, the default store's too (one file per Caddy, in its data directory)."
+		shared = " A file store is shared by every site of this Caddy that uses it, the default store's too (one per Caddy, in its data directory)."
 	}
 	// Caddy provisions servers in no set order: name the endpoints in
 	// one, so that the same config gets the same advice.
