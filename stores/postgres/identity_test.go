@@ -1,21 +1,19 @@
 package postgres_test
 
 import (
+	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
+	loadgen "github.com/sangho/caddy-sangho-dedup/internal/load"
 	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // twoSites is a Caddyfile of two site blocks, shop and billing, with
@@ -51,17 +49,11 @@ const (
 // status; id is also the Sangho-Event-ID header, as Sangho sends it.
 func sendSigned(t *testing.T, url, id, body, secret string) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Sangho-Event-ID", id)
-	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret))
-	resp, err := client.Do(req)
+	status, _, _, err := loadgen.Send(context.Background(), client, url, loadgen.NewDelivery(id, []byte(body), secret))
 	if err != nil {
 		t.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
+	return status
 }
 
 // TestServerOneTableTwoDSNSpellings: two site blocks, shop and billing,

@@ -1,8 +1,8 @@
 package redis_test
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -16,8 +16,8 @@ import (
 
 	_ "github.com/sangho/caddy-sangho-dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/load"
 	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 const (
@@ -57,17 +57,11 @@ func twoSites(adminPort, portShop, portBilling int, storeShop, storeBilling, ext
 // Sangho-Event-ID header as Sangho sends it, and returns the status.
 func sendSigned(t *testing.T, url, id, body, secret string) int {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Sangho-Event-ID", id)
-	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret))
-	resp, err := client.Do(req)
+	status, _, _, err := load.Send(context.Background(), client, url, load.NewDelivery(id, []byte(body), secret))
 	if err != nil {
 		t.Fatal(err)
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
+	return status
 }
 
 // TestServerOneRedisTwoAddressLists: two site blocks, shop and billing,
