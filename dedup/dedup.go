@@ -108,13 +108,17 @@ type Entry struct {
 	ExpiresAt time.Time
 }
 
-// State is "absent", "done" or "in_flight".
+// State is "absent", "done", "in_flight", or "unknown": a lease whose
+// time ran out (ExpiresAt, the lease's own expiry, is past), kept as the
+// mark of an attempt whose fate is unknown (see MarkFor).
 func (e Entry) State() string {
 	switch {
 	case e.Value == "":
 		return "absent"
 	case strings.HasPrefix(e.Value, DonePrefix):
 		return "done"
+	case !e.ExpiresAt.IsZero() && !e.ExpiresAt.After(time.Now()):
+		return "unknown"
 	}
 	return "in_flight"
 }
@@ -129,7 +133,20 @@ const (
 	AlreadyDone
 	// InFlight: another delivery of the event holds the lease.
 	InFlight
+	// Reclaimed: the key held another token's lease whose time had run
+	// out (an attempt whose fate nobody knows: its Caddy died, or it was
+	// held after a timeout) and now holds our lease. The handler passes
+	// such a delivery on marked, so that the backend can check its own
+	// records (see MarkFor). A store that cannot tell returns Claimed.
+	Reclaimed
 )
+
+// MarkFor is how long a store that returns Reclaimed keeps a lease whose
+// time has run out, as the mark of an attempt whose fate is unknown:
+// longer than any supported sender keeps redelivering (Sangho 48 hours,
+// Stripe 3 days). A released lease leaves no mark (the backend said it
+// failed, or never got the event); a commit replaces it.
+const MarkFor = 7 * 24 * time.Hour
 
 func (c ClaimResult) String() string {
 	switch c {
@@ -139,6 +156,8 @@ func (c ClaimResult) String() string {
 		return "done"
 	case InFlight:
 		return "in_flight"
+	case Reclaimed:
+		return "reclaimed"
 	}
 	return "unknown"
 }
