@@ -72,11 +72,11 @@ type pipeCall struct {
 
 var callPool = sync.Pool{New: func() any { return &pipeCall{done: make(chan struct{}, 1)} }}
 
-// set runs `SET key <v1><v2> PX ttl [NX] GET` and returns the old
+// set runs `SET key <v1><v2><v3> PX ttl [NX] GET` and returns the old
 // value, or null. A command lost with its connection is sent
 // once more on a new one (the store's SETs are safe to repeat: a claim
 // finds its own lease, a commit its own record).
-func (p *redisPipe) set(ctx context.Context, key, v1, v2 string, ttl time.Duration, nx bool) (old string, null bool, err error) {
+func (p *redisPipe) set(ctx context.Context, key, v1, v2, v3 string, ttl time.Duration, nx bool) (old string, null bool, err error) {
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return "", false, err
@@ -86,7 +86,7 @@ func (p *redisPipe) set(ctx context.Context, key, v1, v2 string, ttl time.Durati
 			return "", false, err
 		}
 		call := callPool.Get().(*pipeCall)
-		lead, ok := c.send(call, key, v1, v2, ttl, nx)
+		lead, ok := c.send(call, key, v1, v2, v3, ttl, nx)
 		if !ok {
 			callPool.Put(call)
 			continue // the connection broke under us: get another
@@ -172,13 +172,13 @@ func (p *redisPipe) close() {
 // unless a batch is awaiting replies (then the caller that reads them
 // writes it when they are in). It reports whether the caller is to read
 // (no one is), and false if the connection is broken.
-func (c *pipeConn) send(call *pipeCall, key, v1, v2 string, ttl time.Duration, nx bool) (lead, ok bool) {
+func (c *pipeConn) send(call *pipeCall, key, v1, v2, v3 string, ttl time.Duration, nx bool) (lead, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.broken != nil {
 		return false, false
 	}
-	c.wbuf = appendSet(c.wbuf, key, v1, v2, ttl, nx)
+	c.wbuf = appendSet(c.wbuf, key, v1, v2, v3, ttl, nx)
 	c.queue = append(c.queue, call)
 	c.unsent++
 	if !c.reading {
