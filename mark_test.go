@@ -1,0 +1,155 @@
+package sanghodedup
+
+import (
+	"errors"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// Issue 26: a delivery that takes over an event whose earlier attempt's
+// fate is unknown, or that the handler passes on unchecked, reaches the
+// backend marked, so that the backend can check its own records.
+
+func priorAttemptOf(repl *caddy.Replacer) string {
+	v, _ := repl.GetString("http.sangho_dedup.prior_attempt")
+	return v
+}
+
+// redisHandler is a handler on a real Redis (which keeps marks), with a
+// short lock_ttl.
+func redisHandler(t *testing.T, lockTTL time.Duration) (*Handler, func() []string) {
+	srv := startRedis(t)
+	h, logs := newTestHandler(t, func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"]}`)
+		h.LockTTL = caddy.Duration(lockTTL)
+		h.KeyPrefix = "mark_" + testPrefix(t) + ":"
+	})
+	marked := func() []string {
+		var ids []string
+		for _, e := range logs.FilterMessage("event passed on marked").All() {
+			ids = append(ids, e.ContextMap()["event_id"].(string))
+		}
+		return ids
+	}
+	return h, marked
+}
+
+// TestReclaimedDeliveryIsMarked: the first attempt is held (a timeout:
+// its fate unknown); once its lease ran out, the retry reclaims the
+// event and reaches the backend with Sangho-Dedup-Prior-Attempt:
+// unknown, the placeholder says unknown, its outcome is
+// processed_marked (counted), one log line names the event; it is
+// committed as any other, so the next delivery is a duplicate.
+func TestReclaimedDeliveryIsMarked(t *testing.T) {
+	h, marked := redisHandler(t, 300*time.Millisecond)
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return caddyhttp.Error(504, errors.New("net/http: timeout awaiting response headers"))
+	})
+	_, repl, _ := serve(h, signedRequest(bodyA, ""), held)
+	if outcomeOf(repl) != outcomeHeld || priorAttemptOf(repl) != "" {
+		t.Fatalf("first attempt: outcome %q, prior attempt %q; want held, unmarked", outcomeOf(repl), priorAttemptOf(repl))
+	}
+	time.Sleep(400 * time.Millisecond)
+	var got []string
+	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		got = r.Header.Values("Sangho-Dedup-Prior-Attempt")
+		w.WriteHeader(200)
+		return nil
+	}}
+	before := testutil.ToFloat64(h.outcomes[outcomeProcessedMarked])
+	w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
+	if w.Code != 200 || len(got) != 1 || got[0] != "unknown" {
+		t.Fatalf("retry after the lease ran out: %d, header %q; want 200 and unknown", w.Code, got)
+	}
+	if outcomeOf(repl) != outcomeProcessedMarked || priorAttemptOf(repl) != "unknown" {
+		t.Fatalf("retry: outcome %q, prior attempt %q; want processed_marked, unknown", outcomeOf(repl), priorAttemptOf(repl))
+	}
+	if d := testutil.ToFloat64(h.outcomes[outcomeProcessedMarked]) - before; d != 1 {
+		t.Fatalf("processed_marked counter moved by %v", d)
+	}
+	if ids := marked(); len(ids) != 1 || ids[0] != "evt_1QZtest000000000001" {
+		t.Fatalf("marked log lines: %v", ids)
+	}
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), next); outcomeOf(repl) != outcomeDuplicate {
+		t.Fatalf("third delivery: %q, want duplicate", outcomeOf(repl))
+	}
+}
+
+// TestReclaimedDeliveryLikeClaimed: apart from the mark, a reclaimed
+// delivery is a claimed one: its lease is renewed while the backend
+// works (a concurrent delivery gets 409), and a non-2xx answer releases
+// it (the next delivery is processed, unmarked).
+func TestReclaimedDeliveryLikeClaimed(t *testing.T) {
+	h, _ := redisHandler(t, 300*time.Millisecond)
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return errors.New("boom") })
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), held); outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("first attempt: %q, want held", outcomeOf(repl))
+	}
+	time.Sleep(400 * time.Millisecond)
+	var concurrent atomic.Int32
+	slow := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		time.Sleep(800 * time.Millisecond) // past lock_ttl: renewals keep the lease
+		if w2, _, _ := serve(h, signedRequest(bodyA, ""), &countingNext{}); w2.Code == 409 {
+			concurrent.Store(409)
+		}
+		w.WriteHeader(500)
+		return nil
+	})
+	_, repl, _ := serve(h, signedRequest(bodyA, ""), slow)
+	if concurrent.Load() != 409 {
+		t.Fatal("a delivery while the reclaimed one worked was not answered 409")
+	}
+	if outcomeOf(repl) != outcomeReleased || priorAttemptOf(repl) != "unknown" {
+		t.Fatalf("reclaimed, backend 500: outcome %q, prior attempt %q; want released, unknown", outcomeOf(repl), priorAttemptOf(repl))
+	}
+	var got []string
+	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		got = r.Header.Values("Sangho-Dedup-Prior-Attempt")
+		w.WriteHeader(200)
+		return nil
+	}}
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), next); outcomeOf(repl) != outcomeProcessed || len(got) != 0 {
+		t.Fatalf("after the release: %q, header %q; want processed, unmarked", outcomeOf(repl), got)
+	}
+}
+
+// TestPriorAttemptHeaderFromClientStripped: a client's own
+// Sangho-Dedup-Prior-Attempt never reaches the backend: a first
+// delivery arrives without it, and a delivery passed on unchecked
+// (on_store_error pass) carries exactly the handler's "unknown".
+func TestPriorAttemptHeaderFromClientStripped(t *testing.T) {
+	var got []string
+	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		got = r.Header.Values("Sangho-Dedup-Prior-Attempt")
+		w.WriteHeader(200)
+		return nil
+	}}
+	forged := func() *http.Request {
+		r := signedRequest(bodyA, "")
+		r.Header.Add("Sangho-Dedup-Prior-Attempt", "none")
+		r.Header.Add("sangho-dedup-prior-attempt", "unknown")
+		return r
+	}
+	h, _ := newTestHandler(t, nil)
+	_, repl, _ := serve(h, forged(), next)
+	if outcomeOf(repl) != outcomeProcessed || len(got) != 0 || priorAttemptOf(repl) != "" {
+		t.Fatalf("new event with a forged header: %q, backend saw %q, placeholder %q; want processed, none", outcomeOf(repl), got, priorAttemptOf(repl))
+	}
+
+	srv := startRedis(t)
+	srv.Kill()
+	hp, _ := newTestHandler(t, func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"dial_timeout":"100ms"}`)
+		h.OnStoreError = "pass"
+	})
+	_, repl, _ = serve(hp, forged(), next)
+	if outcomeOf(repl) != outcomeUnchecked || len(got) != 1 || got[0] != "unknown" || priorAttemptOf(repl) != "unknown" {
+		t.Fatalf("passed unchecked: %q, backend saw %q, placeholder %q; want unchecked, exactly unknown", outcomeOf(repl), got, priorAttemptOf(repl))
+	}
+}
