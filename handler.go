@@ -220,13 +220,14 @@ type delivery struct {
 	ctx  context.Context // the request's, detached from the client: store operations run to completion
 	repl *caddy.Replacer
 
-	key         string    // the event's store key, key_prefix + id
-	token       string    // the lease token: unique, then "." and the fingerprint
-	id, typ     string    // the event ID and type
-	fingerprint string    // of the body (see fingerprint)
-	claimed     time.Time // when the claim was sent: the lease runs from then
-	sigKey      string    // the signature record, when the ID is not signed (see bindSignature)
-	marked      bool      // reclaimed: passed on with Sangho-Dedup-Prior-Attempt: unknown
+	key         string          // the event's store key, key_prefix + id
+	token       string          // the lease token: unique, then "." and the fingerprint
+	id, typ     string          // the event ID and type
+	fingerprint string          // of the body (see fingerprint)
+	claimed     time.Time       // when the claim was sent: the lease runs from then
+	reqCtx      context.Context // the request's own: canceled when the client goes away
+	sigKey      string          // the signature record, when the ID is not signed (see bindSignature)
+	marked      bool            // reclaimed: passed on with Sangho-Dedup-Prior-Attempt: unknown
 
 	lease lease        // renewed while the next handler runs
 	sw    statusWriter // records the status line the next handler wrote
@@ -237,6 +238,7 @@ type delivery struct {
 func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	metrics.inFlight.Inc()
 	defer metrics.inFlight.Dec()
+	d.reqCtx = r.Context()
 	d.startLease()
 	d.sw.ResponseWriter = w
 	finished := false
@@ -257,6 +259,14 @@ func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhtt
 }
 
 var errPanic = errors.New("the next handler panicked")
+
+// statusClientClosedRequest is the status reverse_proxy writes when the
+// client goes away mid-request (nginx's 499).
+const statusClientClosedRequest = 499
+
+// errClientGone is the cause logged for a 499 written because the
+// client went away (see judge).
+var errClientGone = errors.New("the client went away mid-request (status 499)")
 
 // verdict is how a delivery that reached the next handler ends.
 type verdict int
@@ -282,12 +292,19 @@ const (
 // on the event or may have finished it, and releasing would let Sangho's
 // next attempt run concurrently or twice: hold the lease until it
 // expires (lock_ttl), so the retry is processed after that.
-func judge(status int, err error) verdict {
+//
+// 499 with the request's context canceled (clientGone) is such an
+// unknown outcome, not the backend's answer: Caddy's reverse_proxy
+// writes 499 itself, and returns no error, when the client goes away
+// mid-request, while the backend may go on to finish the work.
+func judge(status int, err error, clientGone bool) verdict {
 	switch {
 	case status == 0 && err == nil:
 		return toCommit
 	case status >= 200 && status <= 299:
 		return toCommit
+	case status == statusClientClosedRequest && clientGone:
+		return toHold
 	case status != 0:
 		return toRelease
 	case neverForwarded(err):
@@ -314,7 +331,12 @@ func neverForwarded(err error) bool {
 func (d *delivery) settle(err error) {
 	h := d.h
 	status := int(d.sw.status.Load())
-	switch judge(status, err) {
+	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
+	v := judge(status, err, gone)
+	if v == toHold && err == nil && status == statusClientClosedRequest {
+		err = errClientGone
+	}
+	switch v {
 	case toCommit:
 		if d.marked {
 			h.outcome(d.repl, outcomeProcessedMarked)

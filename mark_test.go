@@ -1,8 +1,12 @@
 package sanghodedup
 
 import (
+	"context"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
 // Issue 26: a delivery that takes over an event whose earlier attempt's
@@ -151,5 +157,92 @@ func TestPriorAttemptHeaderFromClientStripped(t *testing.T) {
 	_, repl, _ = serve(hp, forged(), next)
 	if outcomeOf(repl) != outcomeUnchecked || len(got) != 1 || got[0] != "unknown" || priorAttemptOf(repl) != "unknown" {
 		t.Fatalf("passed unchecked: %q, backend saw %q, placeholder %q; want unchecked, exactly unknown", outcomeOf(repl), got, priorAttemptOf(repl))
+	}
+}
+
+// TestServerClientGoneMidRequestHolds: the sender goes away while the
+// backend works, and the backend goes on to finish (as most do: a
+// payment handler commits whatever the socket does). reverse_proxy then
+// writes 499 and returns nil: the handler must hold the lease, not
+// release it, so that the sender's retry meanwhile gets 409 with
+// Retry-After, and the event is processed once.
+func TestServerClientGoneMidRequestHolds(t *testing.T) {
+	forStores(t, func(t *testing.T, store string) {
+		var received, processed atomic.Int32
+		upstreamGone := make(chan struct{}, 1)
+		backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			received.Add(1)
+			_, _ = io.Copy(io.Discard, r.Body)
+			select {
+			case <-r.Context().Done():
+				upstreamGone <- struct{}{}
+			case <-time.After(5 * time.Second):
+			}
+			time.Sleep(300 * time.Millisecond) // the work goes on, then ends
+			processed.Add(1)
+			w.WriteHeader(200)
+		}))
+		t.Cleanup(backend.Close)
+		s := startCaddy(t, dedupSite(backend.Listener.Addr().String(), store+"\n\t\tlock_ttl 5s"))
+
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, s.url, strings.NewReader(bodyA))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(bodyA), secret1))
+		errc := make(chan error, 1)
+		go func() {
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			errc <- err
+		}()
+		deadline := time.Now().Add(5 * time.Second)
+		for received.Load() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the backend never got the first attempt")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		cancel() // the sender goes away mid-request
+		if err := <-errc; err == nil {
+			t.Fatal("the canceled request got an answer")
+		}
+		select {
+		case <-upstreamGone:
+		case <-time.After(5 * time.Second):
+			t.Fatal("reverse_proxy never canceled the upstream request")
+		}
+		time.Sleep(100 * time.Millisecond) // the handler settles the first attempt
+		a := send(t, s.url, bodyA, "")
+		if a.status != 409 || a.header.Get("Retry-After") == "" {
+			t.Fatalf("retry while the backend works: %d (Retry-After %q); want 409 with Retry-After", a.status, a.header.Get("Retry-After"))
+		}
+		for processed.Load() == 0 {
+			if time.Now().After(deadline.Add(5 * time.Second)) {
+				t.Fatal("the backend never finished")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if a := send(t, s.url, bodyA, ""); a.status != 409 {
+			t.Fatalf("retry after the backend finished, within lock_ttl: %d; want 409 (held)", a.status)
+		}
+		if received.Load() != 1 || processed.Load() != 1 {
+			t.Fatalf("backend received %d, processed %d; want 1 and 1", received.Load(), processed.Load())
+		}
+	})
+}
+
+// A 499 is the backend's own answer while the client is still there
+// (release), and reverse_proxy's note of a client gone otherwise (hold).
+func TestJudge499(t *testing.T) {
+	if v := judge(499, nil, false); v != toRelease {
+		t.Fatalf("499 with the client there: %v, want release", v)
+	}
+	if v := judge(499, nil, true); v != toHold {
+		t.Fatalf("499 with the client gone: %v, want hold", v)
+	}
+	if v := judge(500, nil, true); v != toRelease {
+		t.Fatalf("500 with the client gone: %v, want release", v)
 	}
 }
