@@ -3,6 +3,7 @@ package sanghodedup
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
@@ -231,6 +233,46 @@ func TestServerClientGoneMidRequestHolds(t *testing.T) {
 			t.Fatalf("backend received %d, processed %d; want 1 and 1", received.Load(), processed.Load())
 		}
 	})
+}
+
+// TestAdminAndCommandShowAMark: a lease whose time ran out, kept as the
+// mark of an attempt whose fate is unknown, is state "unknown" in the
+// admin API and `caddy sangho-dedup get`, with the time its lease ran
+// out; forget keeps it without force (409, saying so), and removes it
+// with force.
+func TestAdminAndCommandShowAMark(t *testing.T) {
+	srv := startRedis(t)
+	name := "marks_" + testPrefix(t)
+	s := startAdminCaddy(t, dedupSite("127.0.0.1:1", redisStoreLine(srv.Addr)+"\n\t\tkey_prefix "+name+":\n\t\tname "+name))
+	// a lease that ran out a second ago, as the Redis store keeps it
+	rc := srv.Client(t)
+	if err := rc.Set(context.Background(), name+":evt_mark", "inflight:tok.00112233445566778899aabbccddeeff;mark=604800000",
+		dedup.MarkFor-time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	path := "/sangho_dedup/" + name + "/events/evt_mark"
+	status, v := s.api(t, http.MethodGet, path)
+	exp, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(v["expires_at"]))
+	if status != 200 || v["state"] != "unknown" || !exp.Before(time.Now()) {
+		t.Fatalf("GET a mark: %d %v; want state unknown, expired", status, v)
+	}
+	if code, out, err := s.cli(t, "get", "evt_mark"); code != 0 || err != nil || !strings.Contains(out, "evt_mark: fate unknown") ||
+		!strings.Contains(out, "lease ran out") {
+		t.Fatalf("caddy sangho-dedup get of a mark: %d %v\n%s", code, err, out)
+	}
+	if status, v := s.api(t, http.MethodDelete, path); status != 409 || !strings.Contains(fmt.Sprint(v["error"]), "fate is unknown") {
+		t.Fatalf("DELETE a mark: %d %v; want 409 saying the fate is unknown", status, v)
+	}
+	if code, _, err := s.cli(t, "forget", "evt_mark"); code != 2 || err == nil || !strings.Contains(err.Error(), "fate is unknown") ||
+		!strings.Contains(err.Error(), "--force") || strings.Contains(err.Error(), "?force") {
+		t.Fatalf("forget of a mark without --force: exit %d, %v", code, err)
+	}
+	if code, out, err := s.cli(t, "forget", "evt_mark", "force", "true"); code != 0 || err != nil || !strings.Contains(out, "it was unknown") {
+		t.Fatalf("forced forget of a mark: %d %v\n%s", code, err, out)
+	}
+	if status, v := s.api(t, http.MethodGet, path); status != 404 {
+		t.Fatalf("after a forced forget: %d %v", status, v)
+	}
 }
 
 // A 499 is the backend's own answer while the client is still there
