@@ -16,10 +16,17 @@ import (
 // unknown, and a claim of another token over it returns Reclaimed. Every
 // judgement counts on Redis's own clock, as the key's expiry does.
 //
+// A lease that took over a mark (Reclaimed) has ";reclaimed" after the
+// mark, so that a claim resent after its reply was lost answers
+// Reclaimed again.
+//
 // A lease written by the previous release ("inflight:<token>", with no
 // suffix and a time to live of lock_ttl) is live while it exists, and
 // leaves no mark.
-const markTag = ";mark="
+const (
+	markTag      = ";mark="
+	reclaimedTag = ";reclaimed"
+)
 
 // markSuffix is what follows the token in a lease's value.
 var markSuffix = markTag + strconv.FormatInt(dedup.MarkFor.Milliseconds(), 10)
@@ -35,7 +42,7 @@ func splitMark(v string) (lease string, mark time.Duration, ok bool) {
 	if i < 0 {
 		return "", 0, false
 	}
-	ms, err := strconv.ParseInt(v[i+len(markTag):], 10, 64)
+	ms, err := strconv.ParseInt(strings.TrimSuffix(v[i+len(markTag):], reclaimedTag), 10, 64)
 	if err != nil || ms < 0 {
 		return "", 0, false
 	}

@@ -169,3 +169,38 @@ func TestStoreContractRedisCluster(t *testing.T) {
 		}
 	})
 }
+
+// TestRedisRetriedReclaimStaysReclaimed: a claim resent after its reply
+// was lost (the pipe resends once on a broken connection, go-redis
+// retries) finds its own lease; if the first attempt had reclaimed a
+// mark, the resent one must say Reclaimed again, or the delivery would
+// reach the backend unmarked.
+func TestRedisRetriedReclaimStaysReclaimed(t *testing.T) {
+	srv := startRedis(t)
+	s := provisionRedisStore(t, &Store{Address: []string{srv.Addr}})
+	c := srv.Client(t)
+	ctx := context.Background()
+	key := testKeyPrefix + "evt_retried"
+	if _, _, err := s.Claim(ctx, key, "tok1", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if res, _, err := s.Claim(ctx, key, "tok2", time.Minute); err != nil || res != dedup.Reclaimed {
+		t.Fatalf("claim over the mark = %v, %v; want reclaimed", res, err)
+	}
+	if res, _, err := s.Claim(ctx, key, "tok2", time.Minute); err != nil || res != dedup.Reclaimed {
+		t.Fatalf("the same claim resent = %v, %v; want reclaimed again", res, err)
+	}
+	if v := c.Get(ctx, key).Val(); v != "inflight:tok2;mark=604800000;reclaimed" {
+		t.Fatalf("value = %q", v)
+	}
+	if e, err := s.Get(ctx, key); err != nil || e.State() != "in_flight" || e.Value != "inflight:tok2" {
+		t.Fatalf("get = %+v, %v", e, err)
+	}
+	if ok, err := s.Renew(ctx, key, "tok2", time.Minute); err != nil || !ok {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	if ok, err := s.Release(ctx, key, "tok2"); err != nil || !ok {
+		t.Fatalf("release = %v, %v", ok, err)
+	}
+}

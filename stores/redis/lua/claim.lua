@@ -6,14 +6,15 @@
 -- or ''}: 0 claimed (absent, or our own lease: a retried claim, whose
 -- lease starts again), 1 done, 2 in flight (another token's live lease,
 -- or a lease of the previous release, live while it exists), 3 reclaimed
--- (another token's mark, now ours).
+-- (another token's mark, now ours, stored with ';reclaimed' after the
+-- mark so that a retried claim whose first attempt took it says 3 too).
 local v = redis.call('GET', KEYS[1])
 local res = 0
 if v then
 	if string.sub(v, 1, 5) == 'done:' then
 		return {1, v}
 	end
-	local lease, mark = string.match(v, '^(.*);mark=(%d+)$')
+	local lease, mark, rest = string.match(v, '^(.-);mark=(%d+)(.*)$')
 	if not lease then
 		if v ~= ARGV[1] then
 			return {2, v}
@@ -24,7 +25,13 @@ if v then
 			return {2, v}
 		end
 		res = 3
+	elseif rest == ';reclaimed' then
+		res = 3
 	end
 end
-redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+if res == 3 then
+	redis.call('SET', KEYS[1], ARGV[2] .. ';reclaimed', 'PX', ARGV[3])
+else
+	redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+end
 return {res, v or ''}

@@ -10,7 +10,7 @@ end
 if v == ARGV[1] then
 	return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-local lease, mark = string.match(v, '^(.*);mark=(%d+)$')
+local lease, mark = string.match(v, '^(.-);mark=(%d+)')
 if lease == ARGV[1] and redis.call('PTTL', KEYS[1]) > tonumber(mark) then
 	return redis.call('PEXPIRE', KEYS[1], string.format('%d', tonumber(ARGV[2]) + tonumber(mark)))
 end
