@@ -204,3 +204,26 @@ func TestRedisRetriedReclaimStaysReclaimed(t *testing.T) {
 		t.Fatalf("release = %v, %v", ok, err)
 	}
 }
+
+// TestRedisClaimScriptAfterScriptFlush: the claim script runs on the
+// pipe with EVALSHA; after a Redis restart or SCRIPT FLUSH (NOSCRIPT)
+// it is loaded again, with and without the pipe.
+func TestRedisClaimScriptAfterScriptFlush(t *testing.T) {
+	srv := startRedis(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	for _, noPipe := range []bool{false, true} {
+		s := provisionRedisStore(t, &Store{Address: []string{srv.Addr}, DisablePipeline: noPipe})
+		key := testKeyPrefix + "evt_flush_" + strconv.FormatBool(noPipe)
+		if _, _, err := s.Claim(ctx, key, "tok1", 100*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if res, _, err := s.Claim(ctx, key, "tok2", time.Minute); err != nil || res != dedup.Reclaimed {
+			t.Fatalf("claim over a mark after SCRIPT FLUSH (pipe off: %v) = %v, %v; want reclaimed", noPipe, res, err)
+		}
+	}
+}

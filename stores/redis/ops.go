@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -94,16 +96,24 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 // a marked lease.
 func (s *Store) claimMarked(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	lease := dedup.LeaseValue(token)
-	res, err := claimScript.Run(ctx, s.cmd, []string{key}, lease, lease+markSuffix, withMark(ttl).Milliseconds()).Slice()
+	ms := strconv.FormatInt(withMark(ttl).Milliseconds(), 10)
+	var reply string
+	var err error
+	if s.pipe != nil {
+		reply, err = s.pipe.evalsha(ctx, claimScript.Hash(), key, lease, lease+markSuffix, ms)
+	}
+	if s.pipe == nil || isNoScript(err) {
+		// go-redis loads the script when Redis has not got it (NOSCRIPT)
+		reply, err = claimScript.Run(ctx, s.cmd, []string{key}, lease, lease+markSuffix, ms).Text()
+	}
 	if err != nil {
 		return 0, "", s.failed(err)
 	}
-	if len(res) != 2 {
-		return 0, "", fmt.Errorf("redis store: unexpected claim script reply %v", res)
+	if reply == "" || reply[0] < '0' || reply[0] > '3' {
+		return 0, "", fmt.Errorf("redis store: unexpected claim script reply %q", reply)
 	}
-	n, _ := res[0].(int64)
-	old, _ := res[1].(string)
-	switch r := dedup.ClaimResult(n); r {
+	old := reply[1:]
+	switch r := dedup.ClaimResult(reply[0] - '0'); r {
 	case dedup.Claimed:
 		return r, "", nil
 	case dedup.AlreadyDone:
@@ -114,7 +124,11 @@ func (s *Store) claimMarked(ctx context.Context, key, token string, ttl time.Dur
 	case dedup.InFlight, dedup.Reclaimed:
 		return r, leaseOf(old), nil
 	}
-	return 0, "", fmt.Errorf("redis store: unexpected claim script reply %v", res)
+	return 0, "", fmt.Errorf("redis store: unexpected claim script reply %q", reply)
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
 }
 
 // withMark is a lease's ttl plus the mark's time (saturating).
