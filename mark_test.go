@@ -15,6 +15,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
@@ -286,5 +288,38 @@ func TestJudge499(t *testing.T) {
 	}
 	if v := judge(500, nil, true); v != toRelease {
 		t.Fatalf("500 with the client gone: %v, want release", v)
+	}
+}
+
+// TestSpanCarriesPriorAttempt: a delivery passed on marked has the span
+// attribute sangho_dedup.prior_attempt "unknown"; an unmarked one none.
+func TestSpanCarriesPriorAttempt(t *testing.T) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	srv := startRedis(t)
+	srv.Kill()
+	hp, _ := newTestHandler(t, func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"dial_timeout":"100ms"}`)
+		h.OnStoreError = "pass"
+	})
+	h, _ := newTestHandler(t, nil)
+	for _, c := range []struct {
+		h    *Handler
+		want string
+	}{{hp, "unknown"}, {h, "<none>"}} {
+		exp.Reset()
+		ctx, span := tp.Tracer("test").Start(context.Background(), "handler")
+		_, _, _ = serve(c.h, signedRequest(bodyA, "").WithContext(ctx), &countingNext{})
+		span.End()
+		got := "<none>"
+		for _, kv := range exp.GetSpans()[0].Attributes {
+			if kv.Key == "sangho_dedup.prior_attempt" {
+				got = kv.Value.AsString()
+			}
+		}
+		if got != c.want {
+			t.Errorf("span attribute sangho_dedup.prior_attempt = %q, want %q", got, c.want)
+		}
 	}
 }
