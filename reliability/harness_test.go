@@ -306,6 +306,7 @@ func mustAtoi(s string) int {
 type figures struct {
 	events, deliveries, acked, duplicates, conflicts, unavailable, otherNon2xx, connErrors, retries atomic.Int64
 	faults                                                                                          atomic.Int64
+	noRetryAfter                                                                                    atomic.Int64 // 409s without Retry-After
 	once, twice, lost                                                                               int
 	recovery                                                                                        atomic.Int64 // ns from a fault's heal to the first 2xx of a new event; 0: not measured
 	slowest                                                                                         atomic.Int64 // ns, the longest wait for an answer
@@ -319,6 +320,9 @@ func (f *figures) String() string {
 	if r := f.recovery.Load(); r > 0 {
 		s += fmt.Sprintf("; slowest answer %v; recovered %v after the heal",
 			time.Duration(f.slowest.Load()).Round(time.Millisecond), time.Duration(r).Round(time.Millisecond))
+	}
+	if n := f.noRetryAfter.Load(); n > 0 {
+		s += fmt.Sprintf("; 409 without Retry-After %d", n)
 	}
 	if f.note != "" {
 		s += "; " + f.note
@@ -388,6 +392,9 @@ func (s *sender) deliver(id string, body []byte, r *rand.Rand) bool {
 			return true
 		case resp.StatusCode == 409:
 			s.fig.conflicts.Add(1)
+			if resp.Header.Get("Retry-After") == "" {
+				s.fig.noRetryAfter.Add(1)
+			}
 		case resp.StatusCode == 503:
 			s.fig.unavailable.Add(1)
 		default:
