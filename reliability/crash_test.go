@@ -150,7 +150,8 @@ func checkMarks(t *testing.T, name string, l *ledger.Ledger, ids []string) strin
 	if len(unmarkedTwice) > 0 {
 		t.Errorf("%s: %d events processed twice by unmarked deliveries (a double the backend could not tell), e.g. %v", name, len(unmarkedTwice), head(unmarkedTwice))
 	}
-	return fmt.Sprintf("marked deliveries %d (processed %d, answered as done before %d)", marked, markedDone, doneBefore)
+	return fmt.Sprintf("marked deliveries %d (processed %d, answered as done before %d); unmarked retries beside another delivery %d, events processed twice unmarked %d",
+		marked, markedDone, doneBefore, len(beside), len(unmarkedTwice))
 }
 
 // TestCaddyKilledMidRequestEveryStore plays the crash window on every
