@@ -211,6 +211,7 @@ func TestCaddyKilledMidRequestEveryStore(t *testing.T) {
 				work.Store(int64(w.work))
 				n := w.n * scale
 				base, _ := l.Totals()
+				senders := make([]*sender, len(backends))
 				var kills []killSpan
 				relaunched := true
 				// Kill once half the events reached the backend, at an
@@ -232,6 +233,7 @@ func TestCaddyKilledMidRequestEveryStore(t *testing.T) {
 						}
 						time.Sleep(time.Millisecond)
 					}
+					senders[0].fig.faults.Add(1)
 					kills = append(kills, killNow(p))
 					if !p.launch(t) {
 						b, _ := os.ReadFile(p.log)
@@ -239,7 +241,6 @@ func TestCaddyKilledMidRequestEveryStore(t *testing.T) {
 						relaunched = false
 					}
 				}
-				senders := make([]*sender, len(backends))
 				ids := make([][]string, len(backends))
 				acked := make([]map[string]bool, len(backends))
 				var wg sync.WaitGroup
@@ -249,11 +250,9 @@ func TestCaddyKilledMidRequestEveryStore(t *testing.T) {
 					s.giveUp = 90 * time.Second
 					s.pace = w.pace
 					senders[i] = s
-					during := kill
+					during := kill // the kill, once, from the first sender's run
 					if i > 0 {
 						during = nil
-					} else {
-						s.fig.faults.Add(1)
 					}
 					wg.Add(1)
 					go func() {
