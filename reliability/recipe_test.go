@@ -2,12 +2,14 @@ package reliability
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -58,7 +60,12 @@ func readmeRecipe(t *testing.T) (stmts []string, prose string) {
 //     back) does the work: nothing lost;
 //   - a marked delivery of a new event does the work, and two at once
 //     do it once;
-//   - an unmarked delivery does the work (the recipe trusts the edge).
+//   - an unmarked delivery does the work (the recipe trusts the edge);
+//   - behind a real Caddy on the PostgreSQL store, SIGKILLed while the
+//     backend works on several events (600 ms each) and started again,
+//     every event is processed once and the retries of those at the
+//     backend at the kill reach it marked (this needs the handler to
+//     mark them: it fails before issue 26's change).
 func TestBackendRecipe(t *testing.T) {
 	stmts, prose := readmeRecipe(t)
 	if len(stmts) != 3 || stmts[0] != "BEGIN" || stmts[2] != "COMMIT" {
@@ -89,9 +96,16 @@ func TestBackendRecipe(t *testing.T) {
 	var mu sync.Mutex
 	committed := map[string]time.Time{} // when each event's work was last committed
 	fail := map[string]bool{"evt_failed": true}
+	var reached, working, markedSeen atomic.Int64 // deliveries received; under way; marked
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		working.Add(1)
+		defer working.Add(-1)
 		id := r.Header.Get("Sangho-Event-ID")
 		_, marked := r.Header[ledger.PriorAttemptHeader]
+		if marked {
+			markedSeen.Add(1)
+		}
 		// The work goes on whatever the client does: the database
 		// calls do not use the request's context.
 		conn, err := pool.Acquire(ctx)
@@ -207,4 +221,63 @@ func TestBackendRecipe(t *testing.T) {
 			t.Errorf("%s: the work done %d times, want %d", id, n, want)
 		}
 	}
+
+	// Behind Caddy on the PostgreSQL store, killed mid-request: the
+	// recipe as written processes every event once.
+	t.Run("behind Caddy killed mid-request", func(t *testing.T) {
+		p := startCaddy(t, siteConfigTimeout(pgStore(pg.Addr, ""), strings.TrimPrefix(backend.URL, "http://"), "", 30*time.Second))
+		n := 12 * scale
+		s := newSender([]string{p.url}, 1)
+		s.client.Timeout = 30 * time.Second
+		s.giveUp = 90 * time.Second
+		s.pace = 100 * time.Millisecond
+		markedBefore, base := markedSeen.Load(), reached.Load()
+		var atKill int64
+		ids, acked := s.run("recipe", n, func(*atomic.Int64) {
+			for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(time.Millisecond) {
+				if reached.Load()-base >= int64(n/2) && working.Load() > 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Errorf("after 60 s, no instant to kill")
+					return
+				}
+			}
+			atKill = working.Load()
+			s.fig.faults.Add(1)
+			killNow(p)
+			if !p.launch(t) {
+				b, _ := os.ReadFile(p.log)
+				t.Errorf("caddy exited before listening again:\n%s", b)
+			}
+		})
+		for deadline := time.Now().Add(30 * time.Second); working.Load() > 0 && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		var twice, lost []string
+		for _, id := range ids {
+			n := processed(id)
+			switch {
+			case n == 1:
+				s.fig.once++
+			case n > 1:
+				s.fig.twice++
+				twice = append(twice, id)
+			}
+			if n == 0 || !acked[id] {
+				s.fig.lost++
+				lost = append(lost, id)
+			}
+		}
+		marked := markedSeen.Load() - markedBefore
+		fig := fmt.Sprintf("%s; deliveries at the backend at the kill %d, marked deliveries %d", s.fig, atKill, marked)
+		t.Log(fig)
+		fmt.Printf("FIGURES the README's backend recipe behind Caddy on PostgreSQL, SIGKILLed mid-request, work %v: %s\n", work, fig)
+		if len(twice) > 0 || len(lost) > 0 {
+			t.Errorf("processed twice %v, lost %v", head(twice), head(lost))
+		}
+		if atKill > 0 && marked == 0 {
+			t.Errorf("%d deliveries at the backend at the kill, and no retry marked", atKill)
+		}
+	})
 }
