@@ -342,11 +342,21 @@ type sender struct {
 	client      *http.Client
 	fig         *figures
 	pace        time.Duration // between two events (0: as fast as concurrency allows)
+
+	ackMu sync.Mutex
+	ackAt map[string]time.Time // when each event was first acknowledged
+}
+
+// ackedAt returns when id was first acknowledged (zero: never).
+func (s *sender) ackedAt(id string) time.Time {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	return s.ackAt[id]
 }
 
 func newSender(urls []string, copies int) *sender {
 	return &sender{
-		urls: urls, copies: copies, concurrency: 48, giveUp: 30 * time.Second, fig: &figures{},
+		urls: urls, copies: copies, concurrency: 48, giveUp: 30 * time.Second, fig: &figures{}, ackAt: map[string]time.Time{},
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}},
 	}
 }
@@ -436,10 +446,16 @@ func (s *sender) run(prefix string, n int, during func(progress *atomic.Int64)) 
 				defer func() { <-sem }()
 				r := rand.New(rand.NewPCG(uint64(i), uint64(c)))
 				if s.deliver(id, body, r) {
+					at := time.Now()
 					s.fig.acked.Add(1)
 					mu.Lock()
 					acked[id] = true
 					mu.Unlock()
+					s.ackMu.Lock()
+					if _, ok := s.ackAt[id]; !ok {
+						s.ackAt[id] = at
+					}
+					s.ackMu.Unlock()
 				}
 				progress.Add(1)
 			}()
