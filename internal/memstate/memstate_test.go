@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
 )
 
@@ -18,17 +19,25 @@ func TestSweeper(t *testing.T) {
 		t.Fatalf("size = %d", n)
 	}
 	clock.Advance(3 * time.Second)
-	if n := st.Sweep(); n != 2 {
-		t.Fatalf("swept %d, want 2", n)
+	if n := st.Sweep(); n != 1 {
+		t.Fatalf("swept %d, want 1 (the done record; the expired lease is a mark)", n)
+	}
+	if n := st.Len(); n != 2 {
+		t.Fatalf("size after sweep = %d, want 2", n)
+	}
+	// Marks are swept once MarkFor is over: memory stays bounded.
+	clock.Advance(dedup.MarkFor)
+	if n := st.Sweep(); n != 1 {
+		t.Fatalf("swept %d, want 1 (the mark past MarkFor)", n)
 	}
 	if n := st.Len(); n != 1 {
-		t.Fatalf("size after sweep = %d, want 1", n)
+		t.Fatalf("size after sweep = %d, want 1 (the live lease)", n)
 	}
 }
 
 func TestSweeperRunsAndStops(t *testing.T) {
 	st := New(time.Now, 10*time.Millisecond)
-	st.Claim("a", "t", time.Millisecond)
+	st.Commit("a", "t", "done:{}", time.Millisecond)
 	deadline := time.Now().Add(5 * time.Second)
 	for st.Len() != 0 {
 		if time.Now().After(deadline) {

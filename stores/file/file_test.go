@@ -40,7 +40,9 @@ func openTestFileState(t testing.TB, path string, now func() time.Time) *fileSta
 }
 
 func fileHarness(t *testing.T) dedupstoretest.Harness {
+	// At the wall clock's time: Entry.State compares expiries with it.
 	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
 	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
 	s := &Store{state: st}
 	// A key's value and time to live: its lease in memory, else its done
@@ -62,7 +64,7 @@ func fileHarness(t *testing.T) dedupstoretest.Harness {
 		return val, max(ttl, 0)
 	}
 	return dedupstoretest.Harness{
-		Store:  s,
+		Store:  unmarked{s},
 		Elapse: clock.Advance,
 		Value:  func(key string) string { v, _ := entry(key); return v },
 		TTL:    func(key string) time.Duration { _, d := entry(key); return d },
@@ -71,6 +73,20 @@ func fileHarness(t *testing.T) dedupstoretest.Harness {
 }
 
 func TestStoreContractFile(t *testing.T) { dedupstoretest.Run(t, fileHarness) }
+
+// unmarked reports a Reclaimed claim as Claimed, for the contract suite
+// of before marks (its "an expired lease can be claimed again" wants
+// Claimed); TestFileStoreMarks tests the marks. To go once the suite
+// tells stores with marks apart.
+type unmarked struct{ dedup.Store }
+
+func (u unmarked) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	res, found, err := u.Store.Claim(ctx, key, token, ttl)
+	if res == dedup.Reclaimed {
+		return dedup.Claimed, "", err
+	}
+	return res, found, err
+}
 
 // The folders are private to the user Caddy runs as: the store's
 // folder (dedup.pebble beside the path) and the one it is in.
@@ -1037,8 +1053,8 @@ func TestFileStoreParkedLeaseOfACommittedEvent(t *testing.T) {
 	if res, _, err := s.Claim(ctx, "k", "tok", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim = %v, %v", res, err)
 	}
-	st.leases.Renew("k", "tok", dedup.DrainFor) // as Commit does first
-	if err := st.parkLeases(); err != nil {     // the exit hook, before the record lands
+	st.leases.Extend("k", "tok", dedup.DrainFor) // as Commit does first
+	if err := st.parkLeases(); err != nil {      // the exit hook, before the record lands
 		t.Fatal(err)
 	}
 	if _, err := s.Commit(ctx, "k", "tok", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {

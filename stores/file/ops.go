@@ -25,26 +25,27 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	if val, done, err := st.read(key); err != nil || done {
 		return dedup.AlreadyDone, val, err
 	}
-	if res, val := st.leases.Claim(key, token, ttl); res != dedup.Claimed {
-		return res, val, nil
+	res, val, err := st.leases.Claim(key, token, ttl)
+	if err != nil || (res != dedup.Claimed && res != dedup.Reclaimed) {
+		return res, val, err
 	}
 	// A store closed meanwhile (its config cleaned up and its last
 	// delivery done) refuses the claim: its commit could not land, and
 	// an event processed without its record would be processed again.
 	if st.isClosed() {
-		st.leases.Release(key, token)
+		_, _ = st.leases.Release(key, token)
 		return 0, "", errFileClosed
 	}
 	// A commit puts its record in the database before it drops its
 	// lease: if one did both since the lookup above, it is there now.
 	if val, done, err := st.read(key); err != nil || done {
-		st.leases.Release(key, token)
+		_, _ = st.leases.Release(key, token)
 		if err != nil {
 			return 0, "", err
 		}
 		return dedup.AlreadyDone, val, nil
 	}
-	return dedup.Claimed, "", nil
+	return res, val, nil
 }
 
 // Renew implements Store.
@@ -53,7 +54,7 @@ func (s *Store) Renew(_ context.Context, key, token string, ttl time.Duration) (
 	if err != nil {
 		return false, err
 	}
-	return st.leases.Renew(key, token, ttl), nil
+	return st.leases.Renew(key, token, ttl)
 }
 
 // Commit implements Store: the done record is on disk when it returns;
@@ -68,7 +69,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// the disk takes (the lease is dropped once the record lands, or
 	// expires after the commit retries give up): a redelivery meanwhile
 	// gets 409, never a second processing.
-	st.leases.Renew(key, token, dedup.DrainFor)
+	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, released bool
 	err = st.writeThen(func(tx *fileTx) error {
 		var err error
@@ -78,7 +79,8 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 		// Dropped by the writer as soon as the record is on disk, in
 		// order with the other writes, even if this caller gave up
 		// waiting: a forget that follows finds the record, not a lease.
-		released = st.leases.Release(key, token)
+		// A mark there (an earlier attempt's) is replaced too.
+		released, _ = st.leases.Settle(key, token)
 	})
 	if err != nil {
 		return false, err
@@ -92,7 +94,7 @@ func (s *Store) Release(_ context.Context, key, token string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return st.leases.Release(key, token), nil
+	return st.leases.Release(key, token)
 }
 
 // Get implements Store: the lease in memory, else the record on disk.
@@ -135,7 +137,7 @@ func (s *Store) Forget(_ context.Context, key string, force bool) (dedup.Entry, 
 		return err
 	}, func() {
 		if force {
-			lease, _ = st.leases.Forget(key, true)
+			lease, _, _ = st.leases.Forget(key, true)
 		}
 	})
 	switch {
