@@ -355,26 +355,6 @@ func (s *State) Put(key, val string, expires time.Time) {
 	sh.mu.Unlock()
 }
 
-// Range calls f for every live entry, one shard locked at a time, and
-// stops at f's first error.
-func (s *State) Range(f func(key, val string, expires time.Time) error) error {
-	now := s.now()
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for key, e := range sh.m {
-			if now.Before(e.expires) {
-				if err := f(key, e.val, e.expires); err != nil {
-					sh.mu.Unlock()
-					return err
-				}
-			}
-		}
-		sh.mu.Unlock()
-	}
-	return nil
-}
-
 // Len counts the entries, past their time or not.
 func (s *State) Len() int {
 	n := 0

@@ -3,7 +3,8 @@
 // time (module http.sangho_dedup.stores.file).
 //
 // The files: file.go (the module, its path and config), ops.go (the
-// store's operations), open.go (opening, creating, closing), writer.go
+// store's operations), open.go (opening, creating, closing), lease.go
+// (the leases' writes to the database), writer.go
 // (the writer: group commit, the sweeper), encoding.go (keys and values
 // on disk), upgrade.go (taking over an earlier release's bbolt file).
 package file

@@ -39,6 +39,16 @@ func openTestFileState(t testing.TB, path string, now func() time.Time) *fileSta
 	return st
 }
 
+// openUnclosed opens the store at path for a test that closes it.
+func openUnclosed(t testing.TB, path string, now func() time.Time) *fileState {
+	t.Helper()
+	st, err := openFileState(path, now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatalf("opening %s: %v", path, err)
+	}
+	return st
+}
+
 func fileHarness(t *testing.T) dedupstoretest.Harness {
 	// At the wall clock's time: Entry.State compares expiries with it.
 	clock := testclock.New()
@@ -190,7 +200,7 @@ func fileHelperMain() int {
 	case "hold": // keep the file open until killed
 		fmt.Println("OPEN")
 		select {}
-	case "lease": // commit one event, lease another, wait to be killed
+	case "lease": // commit one event, lease another for 2s, say until when, wait to be killed
 		s := &Store{state: st}
 		ctx := context.Background()
 		fmt.Println("OPEN")
@@ -198,8 +208,11 @@ func fileHelperMain() int {
 		if _, err := s.Commit(ctx, "done", "t1", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
 			panic(err)
 		}
-		_, _, _ = s.Claim(ctx, "leased", "t1", time.Minute)
-		fmt.Println("LEASED")
+		if _, _, err := s.Claim(ctx, "leased", "t1", 2*time.Second); err != nil {
+			panic(err)
+		}
+		e, _ := st.leases.Lookup("leased")
+		fmt.Println("LEASED", e.ExpiresAt.Format(time.RFC3339Nano))
 		select {}
 	case "commit": // commit events from 16 writers, print each once it returned
 		s := &Store{state: st}
@@ -456,23 +469,215 @@ func TestFileStoreClaimRacingCommit(t *testing.T) {
 	}
 }
 
-// A kill -9 loses the leases in flight, as if they had expired: the
-// next start processes a redelivery at once. (A clean stop keeps them:
-// TestFileStoreReopenKeepsState.)
-func TestFileStoreLeasesLostByKill9ActAsExpired(t *testing.T) {
+// TestFileStoreLeaseSurvivesKill9: a lease outlives a kill -9 of the
+// process that claimed it, killed as soon as its claim returned: a fresh
+// process sees the event in flight (the handler answers 409) until the
+// lease's time is over, then as the mark of an attempt whose fate is
+// unknown (Get: "unknown"), which a claim takes over as Reclaimed. (Before,
+// the lease lived in memory only, and the claim after the kill was
+// Claimed: processed beside an attempt its backend may still be running.)
+func TestFileStoreLeaseSurvivesKill9(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	cmd, sc := startFileHelper(t, "lease", path)
-	if !sc.Scan() || sc.Text() != "LEASED" {
+	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "LEASED ") {
 		t.Fatalf("helper: %q", sc.Text())
 	}
-	_ = cmd.Process.Kill()
+	expires, err := time.Parse(time.RFC3339Nano, strings.TrimPrefix(sc.Text(), "LEASED "))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Kill(); err != nil { // SIGKILL, at once
+		t.Fatal(err)
+	}
 	_ = cmd.Wait()
 	s := &Store{state: openTestFileState(t, path, time.Now)}
-	if res, _, err := s.Claim(context.Background(), "leased", "t2", time.Minute); err != nil || res != dedup.Claimed {
-		t.Fatalf("claim after kill -9 = %v, %v; want claimed", res, err)
+	ctx := context.Background()
+	if res, found, err := s.Claim(ctx, "leased", "t2", time.Minute); err != nil || res != dedup.InFlight || found != "inflight:t1" {
+		t.Fatalf("claim after kill -9 = %v, %q, %v; want in flight, the killed process's lease", res, found, err)
 	}
-	if res, _, err := s.Claim(context.Background(), "done", "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
+	if e, err := s.Get(ctx, "leased"); err != nil || e.State() != "in_flight" || !e.ExpiresAt.Equal(expires) {
+		t.Fatalf("get after kill -9 = %+v, %v; want in flight until %v", e, err, expires)
+	}
+	if res, _, err := s.Claim(ctx, "done", "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
 		t.Fatalf("claim of the committed event after kill -9 = %v, %v; want done", res, err)
+	}
+	time.Sleep(time.Until(expires) + 10*time.Millisecond)
+	if e, err := s.Get(ctx, "leased"); err != nil || e.State() != "unknown" || !e.ExpiresAt.Equal(expires) {
+		t.Fatalf("get once the lease's time is over = %+v, %v; want unknown, with the lease's expiry", e, err)
+	}
+	if res, found, err := s.Claim(ctx, "leased", "t2", time.Minute); err != nil || res != dedup.Reclaimed || found != "inflight:t1" {
+		t.Fatalf("claim once the lease's time is over = %v, %q, %v; want reclaimed", res, found, err)
+	}
+}
+
+// TestFileStoreLeaseOnDiskWhenClaimed: a lease is in the store (not only
+// in memory) as soon as its claim returns, as are its renewals; a
+// release and a commit delete it. A clean stop writes nothing more: the
+// lease found at the next start is the one written, still in flight, and
+// it stays in the store until it ends.
+func TestFileStoreLeaseOnDiskWhenClaimed(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
+	st := openUnclosed(t, path, clock.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	onDisk := func(st *fileState, key string) (string, time.Time) {
+		t.Helper()
+		raw, ok, err := st.get(leaseKey(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return "", time.Time{}
+		}
+		exp, val, err := decodeRecord(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(val), unixTime(exp)
+	}
+	for _, key := range []string{"held", "released", "committed"} {
+		if res, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil || res != dedup.Claimed {
+			t.Fatalf("claim %s = %v, %v", key, res, err)
+		}
+		if val, exp := onDisk(st, key); val != "inflight:tok" || !exp.Equal(clock.Now().Add(time.Minute)) {
+			t.Fatalf("%s on disk after the claim: %q until %v; want the lease until %v", key, val, exp, clock.Now().Add(time.Minute))
+		}
+	}
+	clock.Advance(10 * time.Second)
+	if ok, err := s.Renew(ctx, "held", "tok", time.Minute); err != nil || !ok {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	renewed := clock.Now().Add(time.Minute)
+	if val, exp := onDisk(st, "held"); val != "inflight:tok" || !exp.Equal(renewed) {
+		t.Fatalf("on disk after the renewal: %q until %v; want until %v", val, exp, renewed)
+	}
+	if ok, err := s.Release(ctx, "released", "tok"); err != nil || !ok {
+		t.Fatalf("release = %v, %v", ok, err)
+	}
+	if _, err := s.Commit(ctx, "committed", "tok", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"released", "committed"} {
+		if val, _ := onDisk(st, key); val != "" {
+			t.Fatalf("%s: the lease is still on disk: %q", key, val)
+		}
+	}
+	if err := st.Destruct(); err != nil { // a clean stop
+		t.Fatal(err)
+	}
+	st = openTestFileState(t, path, clock.Now)
+	s = &Store{state: st}
+	if val, exp := onDisk(st, "held"); val != "inflight:tok" || !exp.Equal(renewed) {
+		t.Fatalf("after a clean stop and a start: %q until %v on disk; want the written lease", val, exp)
+	}
+	want := map[string]dedup.ClaimResult{"held": dedup.InFlight, "released": dedup.Claimed, "committed": dedup.AlreadyDone}
+	for key, res := range want {
+		if got, _, err := s.Claim(ctx, key, "tok2", time.Minute); err != nil || got != res {
+			t.Errorf("after the restart, claim %s = %v, %v; want %v", key, got, err, res)
+		}
+	}
+	clock.Advance(2 * time.Minute)
+	if got, _, err := s.Claim(ctx, "held", "tok3", time.Minute); err != nil || got != dedup.Reclaimed {
+		t.Errorf("claim once the lease is over = %v, %v; want reclaimed", got, err)
+	}
+}
+
+// TestFileStoreMarks: the file store keeps a lease whose time ran out as
+// a mark, in memory and on disk, through a restart: Get says "unknown",
+// Forget needs force; a claim by another token is Reclaimed; a release
+// or a commit leaves none; once MarkFor is over the sweep deletes it
+// from memory and disk.
+func TestFileStoreMarks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()) - time.Hour) // a lease of a second is past on the wall clock (Entry.State)
+	st := openUnclosed(t, path, clock.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	const live = 24 * time.Hour
+	claim := func(key, tok string, ttl time.Duration, want dedup.ClaimResult) {
+		t.Helper()
+		if res, _, err := s.Claim(ctx, key, tok, ttl); err != nil || res != want {
+			t.Fatalf("claim %s with %s = %v, %v; want %v", key, tok, res, err, want)
+		}
+	}
+	state := func(key, want string) {
+		t.Helper()
+		if e, err := s.Get(ctx, key); err != nil || e.State() != want {
+			t.Fatalf("get %s = %+v (%s), %v; want %s", key, e, e.State(), err, want)
+		}
+	}
+	for _, k := range []string{"a", "b", "rel", "com", "old"} {
+		claim(k, "tok1", time.Second, dedup.Claimed)
+	}
+	clock.Advance(2 * time.Second)
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	st = openUnclosed(t, path, clock.Now)
+	s = &Store{state: st}
+	state("a", "unknown")
+	if e, deleted, err := s.Forget(ctx, "a", false); err != nil || deleted || e.State() != "unknown" {
+		t.Fatalf("forget of a mark without force = %+v, %v, %v; want kept", e, deleted, err)
+	}
+	claim("a", "tok2", live, dedup.Reclaimed)
+	state("a", "in_flight")
+	if e, deleted, err := s.Forget(ctx, "b", true); err != nil || !deleted || e.State() != "unknown" {
+		t.Fatalf("forced forget of a mark = %+v, %v, %v; want deleted", e, deleted, err)
+	}
+	if ok, err := s.Release(ctx, "rel", "tok1"); err != nil || !ok {
+		t.Fatalf("release of the owner's mark = %v, %v", ok, err)
+	}
+	if _, err := s.Commit(ctx, "com", "tok9", dedup.DoneRecord{ProcessedAt: clock.Now()}, 2*dedup.MarkFor); err != nil {
+		t.Fatal(err)
+	}
+	state("com", "done")
+	clock.Advance(dedup.MarkFor)
+	if n := st.leases.Sweep(); n != 1 {
+		t.Fatalf("swept %d leases, want 1 (old)", n)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	st = openTestFileState(t, path, clock.Now)
+	s = &Store{state: st}
+	for _, k := range []string{"b", "rel", "com", "old"} {
+		if raw, ok, err := st.get(leaseKey(k)); err != nil || ok {
+			t.Errorf("%s: a lease left on disk: %q, %v", k, raw, err)
+		}
+	}
+	claim("b", "tok3", live, dedup.Claimed)
+	claim("rel", "tok3", live, dedup.Claimed)
+	claim("com", "tok3", live, dedup.AlreadyDone)
+	claim("old", "tok3", live, dedup.Claimed)
+	claim("a", "tok3", live, dedup.Reclaimed) // tok2's lease of a day is over too
+}
+
+// TestFileStoreLoadsLeasesOfTheLastRelease: a store that the previous
+// release stopped cleanly, with leases parked in its format
+// (testdata/v3-parked.pebble, written by that release), starts with its
+// leases: the one live until 2200 is in flight, with its value; the one
+// parked while its commit was under way is dropped, its record read.
+func TestFileStoreLoadsLeasesOfTheLastRelease(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	writeDir(t, StoreDir(path), dirFiles(t, "testdata/v3-parked.pebble"))
+	st := openTestFileState(t, path, time.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	e, err := s.Get(ctx, "sangho_dedup:evt_parked")
+	if err != nil || e.State() != "in_flight" || e.Value != "inflight:tok-parked.00112233445566778899aabbccddeeff" ||
+		e.ExpiresAt.Year() != 2199 && e.ExpiresAt.Year() != 2200 {
+		t.Fatalf("the parked lease = %+v, %v; want in flight until 2200", e, err)
+	}
+	if res, _, err := s.Claim(ctx, "sangho_dedup:evt_parked", "t2", time.Minute); err != nil || res != dedup.InFlight {
+		t.Fatalf("claim of the parked lease's event = %v, %v; want in flight", res, err)
+	}
+	for _, k := range []string{"sangho_dedup:evt_committed", "sangho_dedup:evt_done"} {
+		if e, err := s.Get(ctx, k); err != nil || e.State() != "done" {
+			t.Fatalf("%s = %+v, %v; want done", k, e, err)
+		}
+	}
+	if raw, ok, err := st.get(leaseKey("sangho_dedup:evt_committed")); err != nil || ok {
+		t.Fatalf("the lease of the committed event is still in the store: %q, %v", raw, err)
 	}
 }
 
@@ -1054,7 +1259,7 @@ func TestFileStoreParkedLeaseOfACommittedEvent(t *testing.T) {
 		t.Fatalf("claim = %v, %v", res, err)
 	}
 	st.leases.Extend("k", "tok", dedup.DrainFor) // as Commit does first
-	if err := st.parkLeases(); err != nil {      // the exit hook, before the record lands
+	if err := st.syncLeases(); err != nil {      // the exit hook, before the record lands
 		t.Fatal(err)
 	}
 	if _, err := s.Commit(ctx, "k", "tok", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {

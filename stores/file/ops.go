@@ -7,8 +7,9 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
-// Claim implements Store. The database holds done records; leases live
-// in memory (see fileState).
+// Claim implements Store. The database holds done records; leases are
+// claimed in memory and written through to the database, synced before
+// Claim returns (see fileState).
 func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	if s.users.Closed() {
 		// A delivery that reached a config already cleaned up, whose
@@ -110,8 +111,8 @@ func (s *Store) Get(_ context.Context, key string) (dedup.Entry, error) {
 }
 
 // Forget implements Store: a done record is deleted from the database
-// (on disk when Forget returns); a lease, with force, from memory, and
-// the record from the database too.
+// (on disk when Forget returns); a lease or a mark, with force, from
+// memory and the database (synced), and the record too.
 //
 // Both go through the writer, after every write queued before: the
 // write of a commit that a stalled disk holds (its caller gave up
@@ -131,15 +132,22 @@ func (s *Store) Forget(_ context.Context, key string, force bool) (dedup.Entry, 
 		}
 	}
 	var rec, lease dedup.Entry
+	var leaseErr error
 	err = st.writeThen(func(tx *fileTx) error {
 		var err error
 		rec, err = tx.forget(key)
 		return err
 	}, func() {
 		if force {
-			lease, _, _ = st.leases.Forget(key, true)
+			lease, _, leaseErr = st.leases.Forget(key, true)
 		}
 	})
+	if err == nil {
+		err = leaseErr
+	}
+	if err == nil && lease.Value != "" {
+		err = st.syncLeases() // an operator's forget is durable
+	}
 	switch {
 	case err != nil:
 		return dedup.Entry{}, false, err
