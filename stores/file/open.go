@@ -519,7 +519,7 @@ func parkOpenFiles() {
 		defer st.parkMu.Unlock()
 		if !st.closed {
 			if err := st.syncLeases(); err != nil {
-				st.logger.Error("syncing leases at exit", zap.String("path", st.path), zap.Error(err))
+				st.logger.Error("parking leases at exit", zap.String("path", st.path), zap.Error(err))
 			}
 		}
 		return true
