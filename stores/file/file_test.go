@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -1364,5 +1365,41 @@ func TestFileStoreCreateRemovesCrashedTakeovers(t *testing.T) {
 		if _, err := os.Lstat(d); err != nil {
 			t.Errorf("%s was removed: %v", d, err)
 		}
+	}
+}
+
+// TestFileStoreClaimOnAStalledDisk: a claim whose lease the disk does not
+// sync within fileWriteTimeout fails (the handler answers 503, or passes
+// under on_store_error pass) instead of holding the sender, and leaves no
+// lease: once the disk is back the event is claimed as new.
+func TestFileStoreClaimOnAStalledDisk(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = 300 * time.Millisecond
+	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	stall := make(chan struct{})
+	defer func(f func(*pebble.DB) error) { syncLog = f }(syncLog)
+	real := syncLog
+	syncLog = func(db *pebble.DB) error { <-stall; return real(db) }
+	claimed := make(chan error, 1)
+	start := time.Now()
+	go func() { _, _, err := s.Claim(ctx, "k", "t1", time.Minute); claimed <- err }()
+	select {
+	case err := <-claimed:
+		if !errors.Is(err, errFileStalled) {
+			t.Fatalf("claim on a stalled disk = %v; want %v", err, errFileStalled)
+		}
+		t.Logf("claim failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
+	case <-time.After(5 * time.Second):
+		close(stall)
+		t.Fatal("a claim waited 5 s for a stalled disk")
+	}
+	if e, err := s.Get(ctx, "k"); err != nil || e.Value != "" {
+		t.Fatalf("after the failed claim: %+v, %v; want no lease", e, err)
+	}
+	close(stall)
+	syncLog = real
+	if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim once the disk is back = %v, %v; want claimed", res, err)
 	}
 }

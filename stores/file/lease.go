@@ -70,19 +70,37 @@ func (j leaseJournal) Delete(keys ...string) error {
 
 // Sync syncs Pebble's log up to here: every write before it, the
 // caller's lease among them, is on disk when it returns. Pebble's log
-// writer serves the syncs waiting at one time with one fdatasync.
+// writer serves the syncs waiting at one time with one fdatasync. A disk
+// that does not answer within fileWriteTimeout is an error (a claim's
+// caller answers 503 rather than hold the sender); the sync goes on, and
+// its lease lands when the disk answers.
 func (j leaseJournal) Sync() error {
 	if leaseWrites != leaseSynced {
 		return nil
 	}
-	st := j.st
-	st.dbMu.RLock()
-	defer st.dbMu.RUnlock()
-	if st.dbClosed {
-		return errFileClosed
+	st, sync := j.st, syncLog
+	done := make(chan error, 1)
+	go func() {
+		st.dbMu.RLock()
+		defer st.dbMu.RUnlock()
+		if st.dbClosed {
+			done <- errFileClosed
+			return
+		}
+		done <- sync(st.db)
+	}()
+	timer := time.NewTimer(fileWriteTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		if err != nil && err != errFileClosed {
+			return fmt.Errorf("file store: syncing a lease to %s: %v", st.path, err)
+		}
+		return err
+	case <-timer.C:
+		return fmt.Errorf("file store: syncing a lease to %s: %w", st.path, errFileStalled)
 	}
-	if err := st.db.LogData(nil, pebble.Sync); err != nil {
-		return fmt.Errorf("file store: syncing a lease to %s: %v", st.path, err)
-	}
-	return nil
 }
+
+// syncLog syncs Pebble's log (a test stalls it).
+var syncLog = func(db *pebble.DB) error { return db.LogData(nil, pebble.Sync) }
