@@ -117,18 +117,21 @@ const (
 type Entry struct {
 	Value     string
 	ExpiresAt time.Time
+	// Mark: Value is a lease whose time ran out (ExpiresAt is past by the
+	// store's own clock), kept as the mark of an attempt whose fate is
+	// unknown (see MarkFor).
+	Mark bool
 }
 
-// State is "absent", "done", "in_flight", or "unknown": a lease whose
-// time ran out (ExpiresAt, the lease's own expiry, is past), kept as the
-// mark of an attempt whose fate is unknown (see MarkFor).
+// State is "absent", "done", "in_flight", or "unknown": a mark (see
+// Mark).
 func (e Entry) State() string {
 	switch {
 	case e.Value == "":
 		return "absent"
 	case strings.HasPrefix(e.Value, DonePrefix):
 		return "done"
-	case !e.ExpiresAt.IsZero() && !e.ExpiresAt.After(time.Now()):
+	case e.Mark:
 		return "unknown"
 	}
 	return "in_flight"

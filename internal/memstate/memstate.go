@@ -32,6 +32,11 @@ type memEntry struct {
 // lease reports whether e is a lease (live, or a mark).
 func (e memEntry) lease() bool { return strings.HasPrefix(e.val, dedup.InflightPrefix) }
 
+// entry is e as the store's operators see it, a mark told by now.
+func (e memEntry) entry(now time.Time) dedup.Entry {
+	return dedup.Entry{Value: e.val, ExpiresAt: e.expires, Mark: e.lease() && !e.expires.After(now)}
+}
+
 // kept reports whether e is still kept at now: until its expiry, and a
 // lease MarkFor longer, as a mark.
 func (e memEntry) kept(now time.Time) bool {
@@ -173,8 +178,9 @@ func (s *State) Lookup(key string) (dedup.Entry, bool) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := s.get(sh, key, s.now())
-	return dedup.Entry{Value: e.val, ExpiresAt: e.expires}, ok
+	now := s.now()
+	e, ok := s.get(sh, key, now)
+	return e.entry(now), ok
 }
 
 // Forget deletes key if forgettable (a lease or a mark only with force),
@@ -187,7 +193,7 @@ func (s *State) Forget(key string, force bool) (dedup.Entry, bool, error) {
 	if !ok {
 		return dedup.Entry{}, false, nil
 	}
-	entry := dedup.Entry{Value: e.val, ExpiresAt: e.expires}
+	entry := e.entry(s.now())
 	if !dedup.Forgettable(e.val, force) {
 		return entry, false, nil
 	}

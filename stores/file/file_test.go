@@ -75,7 +75,8 @@ func fileHarness(t *testing.T) dedupstoretest.Harness {
 		return val, max(ttl, 0)
 	}
 	return dedupstoretest.Harness{
-		Store:  unmarked{s},
+		Store:  s,
+		Marks:  true,
 		Elapse: clock.Advance,
 		Value:  func(key string) string { v, _ := entry(key); return v },
 		TTL:    func(key string) time.Duration { _, d := entry(key); return d },
@@ -84,20 +85,6 @@ func fileHarness(t *testing.T) dedupstoretest.Harness {
 }
 
 func TestStoreContractFile(t *testing.T) { dedupstoretest.Run(t, fileHarness) }
-
-// unmarked reports a Reclaimed claim as Claimed, for the contract suite
-// of before marks (its "an expired lease can be claimed again" wants
-// Claimed); TestFileStoreMarks tests the marks. To go once the suite
-// tells stores with marks apart.
-type unmarked struct{ dedup.Store }
-
-func (u unmarked) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
-	res, found, err := u.Store.Claim(ctx, key, token, ttl)
-	if res == dedup.Reclaimed {
-		return dedup.Claimed, "", err
-	}
-	return res, found, err
-}
 
 // The folders are private to the user Caddy runs as: the store's
 // folder (dedup.pebble beside the path) and the one it is in.

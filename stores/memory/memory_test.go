@@ -21,7 +21,8 @@ func harness(t *testing.T) dedupstoretest.Harness {
 	t.Cleanup(func() { st.Destruct() })
 	m := &Store{state: st}
 	return dedupstoretest.Harness{
-		Store:  unmarked{m},
+		Store:  m,
+		Marks:  true,
 		Elapse: clock.Advance,
 		Value:  func(key string) string { e, _ := st.Lookup(key); return e.Value },
 		TTL: func(key string) time.Duration {
@@ -36,20 +37,6 @@ func harness(t *testing.T) dedupstoretest.Harness {
 }
 
 func TestStoreContract(t *testing.T) { dedupstoretest.Run(t, harness) }
-
-// unmarked reports a Reclaimed claim as Claimed, for the contract suite
-// of before marks (its "an expired lease can be claimed again" wants
-// Claimed); TestMarks tests the marks. To go once the suite tells
-// stores with marks apart.
-type unmarked struct{ dedup.Store }
-
-func (u unmarked) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
-	res, found, err := u.Store.Claim(ctx, key, token, ttl)
-	if res == dedup.Reclaimed {
-		return dedup.Claimed, "", err
-	}
-	return res, found, err
-}
 
 func TestStateSharedAcrossReloads(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})

@@ -165,6 +165,9 @@ func (r *row) entry() dedup.Entry {
 	e := dedup.Entry{Value: r.value()}
 	if r.expiresAt != nil {
 		e.ExpiresAt = *r.expiresAt
+		// A mark, by this Caddy's clock: the claim itself judges by the
+		// server's.
+		e.Mark = r.lease != nil && !e.ExpiresAt.After(time.Now())
 	}
 	return e
 }

@@ -74,7 +74,7 @@ func redisEntry(res []any) (dedup.Entry, error) {
 		// the lease's own expiry: in the past for a mark (state unknown)
 		val, ttl = lease, ttl-mark.Milliseconds()
 	}
-	e := dedup.Entry{Value: val}
+	e := dedup.Entry{Value: val, Mark: marked && ttl <= 0}
 	if ttl > 0 || marked {
 		e.ExpiresAt = time.Now().Add(msDuration(ttl))
 	}
