@@ -326,7 +326,9 @@ func TestFailuresRelease(t *testing.T) {
 
 // TestUnknownFateHolds: when it is unknown whether the backend got the
 // event (timeout, connection lost, client gone, panic), the lease is held
-// until lock_ttl: a retry meanwhile gets 409, one after it is processed.
+// until lock_ttl: a retry meanwhile gets 409, one after it is processed,
+// passed on marked (Sangho-Dedup-Prior-Attempt: unknown), since the first
+// attempt may have been done.
 func TestUnknownFateHolds(t *testing.T) {
 	cases := map[string]func(w http.ResponseWriter, r *http.Request) error{
 		"gateway timeout": func(w http.ResponseWriter, r *http.Request) error {
@@ -349,13 +351,20 @@ func TestUnknownFateHolds(t *testing.T) {
 					t.Errorf("outcome %q, want held", outcomeOf(repl))
 				}
 			}()
-			next := &countingNext{}
+			var mark atomic.Value
+			next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+				mark.Store(r.Header.Get("Sangho-Dedup-Prior-Attempt"))
+				return nil
+			}}
 			if w, _, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 409 {
 				t.Fatalf("retry within lock_ttl: %d, want 409", w.Code)
 			}
 			time.Sleep(350 * time.Millisecond)
-			if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessed {
-				t.Fatalf("retry after lock_ttl: %d %q, want processed", w.Code, outcomeOf(repl))
+			if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked {
+				t.Fatalf("retry after lock_ttl: %d %q, want processed_marked", w.Code, outcomeOf(repl))
+			}
+			if m, _ := mark.Load().(string); m != "unknown" {
+				t.Fatalf("retry after lock_ttl reached the backend with Sangho-Dedup-Prior-Attempt %q, want unknown", m)
 			}
 			if next.calls.Load() != 1 {
 				t.Fatalf("backend calls %d", next.calls.Load())
