@@ -112,8 +112,7 @@ func BenchFill(path string, live int, end time.Time, hours, retention time.Durat
 		}
 		key := BenchKey(uint64(i))
 		exp := unixNano(t.Add(retention))
-		val := BenchRecord(key, t).Encode()
-		if err := b.Set(doneKey(key), encodeRecord(exp, val), nil); err != nil {
+		if err := b.Set(doneKey(key), newDoneValue(BenchRecord(key, t)).encode(exp), nil); err != nil {
 			return err
 		}
 		if err := b.Set(expiryKey(exp, key), nil, nil); err != nil {

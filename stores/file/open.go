@@ -384,7 +384,7 @@ func (st *fileState) entry(key string) (dedup.Entry, error) {
 	if unixNano(st.now()) >= exp {
 		return dedup.Entry{}, nil
 	}
-	return dedup.Entry{Value: string(val), ExpiresAt: unixTime(exp)}, nil
+	return dedup.Entry{Value: val, ExpiresAt: unixTime(exp)}, nil
 }
 
 // count is the number of keys with prefix p.
@@ -442,7 +442,7 @@ func (st *fileState) unparkLeases() error {
 			it.Close()
 			return err
 		} else if !done {
-			st.leases.Put(key, string(val), unixTime(exp))
+			st.leases.Put(key, val, unixTime(exp))
 		}
 	}
 	if err := it.Close(); err != nil {

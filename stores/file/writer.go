@@ -196,44 +196,60 @@ func (tx *fileTx) run(st *fileState, fn func(*fileTx) error) (err error) {
 
 // record returns the expiry and value of key's done record, if it has
 // one (live or expired).
-func (tx *fileTx) record(key string) (exp uint64, val []byte, ok bool, err error) {
-	raw, closer, err := tx.b.Get(doneKey(key))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, nil, false, nil
-	}
-	if err != nil {
-		return 0, nil, false, err
-	}
-	defer closer.Close()
-	exp, val, err = decodeRecord(raw)
-	if err != nil {
-		return 0, nil, false, fmt.Errorf("key %q: %w", key, err)
-	}
-	return exp, bytes.Clone(val), true, nil
+func (tx *fileTx) record(key string) (exp uint64, val string, ok bool, err error) {
+	return tx.decode(key, decodeRecord)
 }
 
-// put sets key to val for ttl, keeping the expiry index in step.
+// expiry returns the expiry of key's done record, if it has one,
+// without decoding its value.
+func (tx *fileTx) expiry(key string) (exp uint64, ok bool, err error) {
+	exp, _, ok, err = tx.decode(key, func(raw []byte) (uint64, string, error) {
+		exp, err := decodeExpiry(raw)
+		return exp, "", err
+	})
+	return exp, ok, err
+}
+
+func (tx *fileTx) decode(key string, dec func([]byte) (uint64, string, error)) (exp uint64, val string, ok bool, err error) {
+	raw, closer, err := tx.b.Get(doneKey(key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, "", false, nil
+	}
+	if err != nil {
+		return 0, "", false, err
+	}
+	defer closer.Close()
+	exp, val, err = dec(raw)
+	if err != nil {
+		return 0, "", false, fmt.Errorf("key %q: %w", key, err)
+	}
+	return exp, val, true, nil
+}
+
+// put sets key to the done record val for ttl, keeping the expiry index
+// in step.
 func (tx *fileTx) put(key, val string, ttl time.Duration) error {
-	_, err := tx.replace(key, val, ttl)
+	_, err := tx.replace(key, doneValueOf(val), ttl)
 	return err
 }
 
-// replace is put, and reports whether key held val, live, before.
-func (tx *fileTx) replace(key, val string, ttl time.Duration) (same bool, err error) {
+// replace is put, and reports whether key held the same record, live,
+// before.
+func (tx *fileTx) replace(key string, val doneValue, ttl time.Duration) (same bool, err error) {
 	exp := unixNano(tx.now.Add(ttl))
 	old, oldVal, ok, err := tx.record(key)
 	if err != nil {
 		return false, err
 	}
 	if ok {
-		same = unixNano(tx.now) < old && string(oldVal) == val
+		same = unixNano(tx.now) < old && oldVal == val.val
 		if old != exp {
 			if err := tx.b.Delete(expiryKey(old, key), nil); err != nil {
 				return false, err
 			}
 		}
 	}
-	if err := tx.b.Set(doneKey(key), encodeRecord(exp, val), nil); err != nil {
+	if err := tx.b.Set(doneKey(key), val.encode(exp), nil); err != nil {
 		return false, err
 	}
 	return same, tx.b.Set(expiryKey(exp, key), nil, nil)
@@ -251,7 +267,7 @@ func (tx *fileTx) forget(key string) (dedup.Entry, error) {
 	if err := tx.b.Delete(expiryKey(exp, key), nil); err != nil {
 		return dedup.Entry{}, err
 	}
-	return dedup.Entry{Value: string(val), ExpiresAt: unixTime(exp)}, nil
+	return dedup.Entry{Value: val, ExpiresAt: unixTime(exp)}, nil
 }
 
 // sweep deletes up to max expired entries, oldest first: it reads the
@@ -275,7 +291,7 @@ func (tx *fileTx) sweep(max int) (int, error) {
 			return 0, err
 		}
 		key := string(k[9:])
-		exp, _, ok, err := tx.record(key)
+		exp, ok, err := tx.expiry(key)
 		if err != nil {
 			return 0, err
 		}
