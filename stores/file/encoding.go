@@ -13,13 +13,16 @@ import (
 // The store's keys and values in Pebble.
 //
 //	'd' key             -> done record: version, expiry, value
-//	'x' expiry(8) key   -> (empty): the done records by expiry, for the sweeper
 //	'l' key             -> a lease parked by a clean stop: version, expiry, value
 //	"\x00sangho_dedup"  -> storeFormat: marks a sangho_dedup store
 //
+// (The layout before this one also kept 'x' expiry(8) key -> empty, an
+// index by expiry for the sweeper; the sweeper deletes it at the first
+// start, see sweep.go.)
+//
 // key is the store's key (key_prefix + event ID); expiry is Unix
-// nanoseconds, big-endian (so the 'x' keys sort by expiry); a value is
-// one version byte, the expiry, then:
+// nanoseconds, big-endian; a value is one version byte, the expiry,
+// then:
 //
 //	recordV1: the value as the other stores hold it ("done:{...}",
 //	          "inflight:<token>"): leases, and a done record that
@@ -57,27 +60,6 @@ func prefixed(p byte, key string) []byte {
 	k := make([]byte, 1+len(key))
 	k[0] = p
 	copy(k[1:], key)
-	return k
-}
-
-// expiryKey is the sweeper's index entry of key's record expiring at exp.
-func expiryKey(exp uint64, key string) []byte {
-	k := make([]byte, 9+len(key))
-	k[0] = prefixExpiry
-	binary.BigEndian.PutUint64(k[1:], exp)
-	copy(k[9:], key)
-	return k
-}
-
-// expiryBound is the first expiry key after every record expiring at
-// or before exp.
-func expiryBound(exp uint64) []byte {
-	k := make([]byte, 9)
-	k[0] = prefixExpiry
-	binary.BigEndian.PutUint64(k[1:], exp+1)
-	if exp == math.MaxUint64 {
-		k[0]++
-	}
 	return k
 }
 

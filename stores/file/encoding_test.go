@@ -227,7 +227,7 @@ func TestFileStoreReadsBothRecordVersions(t *testing.T) {
 		if err := b.Set(doneKey("v1"+k), encodeRecord(exp, rec.Encode()), nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.Set(expiryKey(exp, "v1"+k), nil, nil); err != nil {
+		if err := b.Set(oldExpiryKey(exp, "v1"+k), nil, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -271,7 +271,7 @@ func TestFileStoreReadsBothRecordVersions(t *testing.T) {
 		}
 	}
 	clock.Advance(2 * time.Hour)
-	if err := st.write(func(tx *fileTx) error { _, err := tx.sweep(1000); return err }); err != nil {
+	if _, err := st.sweep(); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := s.Entries(); err != nil || n != 0 {

@@ -69,9 +69,7 @@ type fileState struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	// sweptTo is the expiry of the last entry swept: the next sweep
-	// starts there, past the deletions it left (writer only).
-	sweptTo uint64
+	sw sweepState // where the sweeper is in its pass over the records
 
 	txns, writes atomic.Int64 // write batches, and the writes they carried
 

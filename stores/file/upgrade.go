@@ -79,9 +79,6 @@ func importLegacy(path string, db *pebble.DB) (done, leases int, err error) {
 			if err := b.Set(doneKey(string(k)), doneValueOf(string(v[8:])).encode(exp), nil); err != nil {
 				return err
 			}
-			if err := b.Set(expiryKey(exp, string(k)), nil, nil); err != nil {
-				return err
-			}
 			done++
 		}
 		c = tx.Bucket(bucketLeases).Cursor()
