@@ -278,3 +278,41 @@ func TestFileStoreReadsBothRecordVersions(t *testing.T) {
 		t.Errorf("after the sweep: %d records, %v; want 0", n, err)
 	}
 }
+
+// BenchmarkDoneRecord: the CPU a commit spends on its done record's
+// value (JSON: rec.Encode() behind the version and expiry, recordV1;
+// compact: the same string, the recordV2 body and its round-trip check,
+// recordV2), and what a duplicate's claim spends reading it back as the
+// "done:{...}" string.
+//
+//	go test -run '^$' -bench BenchmarkDoneRecord -benchmem -count 5 ./stores/file
+func BenchmarkDoneRecord(b *testing.B) {
+	rec := BenchRecord("sangho_dedup:evt_3MtwBwLkdIwHu7ix28a3tqPa", encodingAt)
+	exp := unixNano(encodingAt.Add(72 * time.Hour))
+	b.Run("commit/json", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = encodeRecord(exp, rec.Encode())
+		}
+	})
+	b.Run("commit/compact", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = newDoneValue(rec).encode(exp)
+		}
+	})
+	for _, f := range []struct {
+		name string
+		raw  []byte
+	}{{"json", encodeRecord(exp, rec.Encode())}, {"compact", newDoneValue(rec).encode(exp)}} {
+		b.Run("read/"+f.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.ReportMetric(float64(len(f.raw)), "value-bytes")
+			for b.Loop() {
+				if _, _, err := decodeRecord(f.raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
