@@ -86,6 +86,8 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 		return t.Add(time.Duration(offset.Load()))
 	}
 	offset.Store(end.UnixNano() - time.Now().UnixNano())
+	cache := filestore.BenchCacheSize(int64(fileScaleCacheMiB) << 20)
+	fmt.Printf("block cache %d MiB\n", cache>>20)
 	ctx := context.Background()
 	t0 := time.Now()
 	s, err := filestore.OpenForBench(path, now, time.Hour)
@@ -343,6 +345,9 @@ func dirSize(dir string) (int64, int) {
 	})
 	return bytes, files
 }
+
+// fileScaleCacheMiB is -filescale-cache-mib.
+var fileScaleCacheMiB int
 
 // fileScaleMain runs -filescale.
 func fileScaleMain(mode, path string, live int, warm bool, dur time.Duration) error {

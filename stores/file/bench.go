@@ -58,6 +58,15 @@ func OpenForBench(path string, now func() time.Time, sweepEvery time.Duration) (
 	return &Store{state: st, path: path}, nil
 }
 
+// BenchCacheSize sets the block cache of the stores opened from now on
+// (0: the default), and returns the size they will have.
+func BenchCacheSize(bytes int64) int64 {
+	if bytes > 0 {
+		fileCacheSize = bytes
+	}
+	return fileCacheSize
+}
+
 // BenchSweepTick runs one tick of the sweeper now (one slice of the
 // records, as every 10 s), and returns how many records it read and
 // deleted.

@@ -31,15 +31,16 @@ const (
 	// takes every write waiting (at most one per delivery in flight), up
 	// to this many.
 	fileMaxBatch = 8192
-	// fileCacheSize is Pebble's block cache: the index and filter
-	// blocks, and the data blocks of recent duplicates. The store's
-	// memory is this, the memtables and the leases, whatever the number
-	// of records.
-	fileCacheSize = 32 << 20
 	// fileMemTableSize is the size of one memtable (Pebble keeps up to
 	// two while one is flushed).
 	fileMemTableSize = 8 << 20
 )
+
+// fileCacheSize is Pebble's block cache: the index and filter blocks,
+// and the data blocks of recent duplicates. The store's memory is this,
+// the memtables and the leases, whatever the number of records. (A
+// variable: the bench tool tries others.)
+var fileCacheSize int64 = 32 << 20
 
 var errFileLocked = errors.New("in use by another process")
 
