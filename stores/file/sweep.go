@@ -32,6 +32,11 @@ var (
 	fileSweepPass = time.Hour
 )
 
+// keySweepCursor holds the done key the sweeper's next slice starts at,
+// written after each tick: a restart goes on from there, so a Caddy
+// restarted more often than a pass takes still sweeps every record.
+var keySweepCursor = []byte("\x00sweep_cursor")
+
 // sweepState is where the sweeper is in its pass over the records.
 type sweepState struct {
 	mu       sync.Mutex // one sweep at a time
@@ -47,6 +52,11 @@ func (st *fileState) sweeper(every time.Duration) {
 	defer st.wg.Done()
 	if err := st.dropExpiryIndex(); err != nil && !errors.Is(err, errFileClosed) {
 		st.logger.Error("removing the old expiry index failed", zap.String("path", st.path), zap.Error(err))
+	}
+	if v, ok, err := st.get(keySweepCursor); err == nil && ok && len(v) > 0 && v[0] == prefixDone {
+		st.sw.mu.Lock()
+		st.sw.cursor = v
+		st.sw.mu.Unlock()
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -73,6 +83,9 @@ func (st *fileState) sweepTick(every time.Duration) (read, deleted int, err erro
 	st.sw.cursor = next
 	if next == nil && err == nil {
 		st.sw.lastPass, st.sw.passRead = st.sw.passRead, 0
+	}
+	if werr := st.write(func(tx *fileTx) error { return tx.b.Set(keySweepCursor, next, nil) }); err == nil {
+		err = werr
 	}
 	return read, deleted, err
 }

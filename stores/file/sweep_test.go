@@ -179,3 +179,63 @@ func TestFileStoreDropsTheOldExpiryIndex(t *testing.T) {
 		}
 	}
 }
+
+// The sweeper goes on after a restart from where it was: a Caddy
+// restarted more often than a pass takes still sweeps the records at
+// the end of the keys.
+func TestFileStoreSweepGoesOnAfterARestart(t *testing.T) {
+	old := fileSweepSlice
+	fileSweepSlice = 10
+	t.Cleanup(func() { fileSweepSlice = old })
+	clock := testclock.New()
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st, err := openFileState(path, clock.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.write(func(tx *fileTx) error {
+		for i := range 30 {
+			ttl := time.Minute
+			if i < 10 { // the first slice: live records
+				ttl = 3 * time.Hour
+			}
+			if err := tx.put(fmt.Sprintf("k%02d", i), dedup.DoneRecord{ProcessedAt: clock.Now()}.Encode(), ttl); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Hour)
+	if _, d, err := st.sweepTick(fileSweepEvery); err != nil || d != 0 {
+		t.Fatalf("first tick deleted %d, %v; want none (its slice is live)", d, err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // restarts, one tick each
+		st, err = openFileState(path, clock.Now, time.Hour, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) { // the sweeper has read the cursor
+			st.sw.mu.Lock()
+			c := st.sw.cursor
+			st.sw.mu.Unlock()
+			if c != nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		if _, d, err := st.sweepTick(fileSweepEvery); err != nil || d != 10 {
+			t.Fatalf("tick after a restart deleted %d, %v; want 10 more", d, err)
+		}
+		if err := st.Destruct(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st = openTestFileState(t, path, clock.Now)
+	if n, err := st.count(prefixDone); err != nil || n != 10 {
+		t.Fatalf("%d records left after three ticks over three starts, %v; want the 10 live ones", n, err)
+	}
+}
