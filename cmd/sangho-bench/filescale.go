@@ -115,8 +115,10 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	}
 
 	// claim latency, 32 goroutines, dur each
+	// new IDs: numbers no fill wrote nor an earlier run (the runs commit
+	// theirs)
 	var nextNew atomic.Uint64
-	nextNew.Store(1 << 41)
+	nextNew.Store(uint64(time.Now().UnixNano()))
 	claimLat := func(existing bool) ([]time.Duration, error) {
 		var mu sync.Mutex
 		var all []time.Duration
@@ -174,13 +176,14 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 			what, dur, len(lat), float64(len(lat))/dur.Seconds(), q(0.5), q(0.99), q(0.999), lat[len(lat)-1])
 	}
 	rss, hwm = memKB(os.Getpid())
-	fmt.Printf("RSS after the claim runs %.0f MiB (peak %.0f MiB)\n", float64(rss)/1024, float64(hwm)/1024)
+	fmt.Printf("RSS after the claim runs %.0f MiB (peak %.0f MiB): %s\n", float64(rss)/1024, float64(hwm)/1024, s.BenchMemory())
 
 	// Durable commits, 32 goroutines, without and with the sweeper: at
 	// least 35 s each, so that the sweeper ticks (every 10 s) three
 	// times.
 	sweepDur := max(dur, 3*filestore.BenchSweepEvery+filestore.BenchSweepEvery/2)
 	type sweepStats struct{ ticks, read, deleted int }
+	var committed atomic.Int64
 	commits := func(sweep bool) (float64, sweepStats, error) {
 		var n atomic.Int64
 		var failed atomic.Value
@@ -235,6 +238,7 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 		wg.Wait()
 		close(stop)
 		sw.Wait()
+		committed.Add(n.Load())
 		if err, _ := failed.Load().(error); err != nil {
 			return 0, stats, err
 		}
@@ -269,12 +273,15 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	fmt.Printf("durable commits (claim + commit of new IDs), 32 goroutines, %v each: %.0f/s; with the sweeper (%d ticks, %.0f records read/s, %.0f expired records deleted/s): %.0f/s; without again: %.0f/s (%.2fx slower than the mean of the two); backlog swept first: %d; a whole pass takes %v\n",
 		sweepDur, base, stats.ticks, float64(stats.read)/sweepDur.Seconds(), float64(stats.deleted)/sweepDur.Seconds(), withSweep, base2, (base+base2)/2/withSweep, backlog, pass)
 	rss, hwm = memKB(os.Getpid())
-	fmt.Printf("RSS at the end %.0f MiB (peak %.0f MiB)\n", float64(rss)/1024, float64(hwm)/1024)
+	fmt.Printf("RSS at the end %.0f MiB (peak %.0f MiB): %s\n", float64(rss)/1024, float64(hwm)/1024, s.BenchMemory())
 	if err := s.BenchClose(); err != nil {
 		return err
 	}
 	bytes, files := dirSize(dir)
-	fmt.Printf("on disk once closed: %.1f MiB in %d files, %.1f B/live record (%d live)\n", float64(bytes)/(1<<20), files, float64(bytes)/float64(live), live)
+	// the commit runs added records (new IDs, kept 72 h)
+	now1 := live + int(committed.Load())
+	fmt.Printf("on disk once closed: %.1f MiB in %d files, %.1f B/live record (%d live: the fill's and the %d the commit runs added)\n",
+		float64(bytes)/(1<<20), files, float64(bytes)/float64(now1), now1, committed.Load())
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -88,6 +89,17 @@ func BenchSweepPass(live int) time.Duration {
 
 // BenchClose closes a store opened by OpenForBench.
 func (s *Store) BenchClose() error { return s.state.Destruct() }
+
+// BenchMemory says where the store's memory is: Pebble's block cache
+// (its C-allocated bytes in use), its memtables, and the Go heap.
+func (s *Store) BenchMemory() string {
+	m := s.state.db.Metrics()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return fmt.Sprintf("block cache %.0f MiB in use (%d hits, %d misses), memtables %.0f MiB, Go heap in use %.0f MiB (from the OS %.0f MiB)",
+		float64(m.BlockCache.Size)/(1<<20), m.BlockCache.Hits, m.BlockCache.Misses, float64(m.MemTable.Size)/(1<<20),
+		float64(ms.HeapInuse)/(1<<20), float64(ms.Sys)/(1<<20))
+}
 
 // BenchTables is the number of Pebble's tables and the bytes of their
 // index and filter blocks: what the block cache must hold for a lookup
