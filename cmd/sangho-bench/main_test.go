@@ -49,6 +49,18 @@ func TestFileStoreFlag(t *testing.T) {
 	if err := filestore.BenchFill(path, 2000, time.Now(), scaleHours, scaleRetention, nil); err != nil {
 		t.Fatal(err)
 	}
+	// the fill left its live records, the expired ones deleted
+	st, err := filestore.OpenForBench(path, time.Now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.Entries()
+	if cerr := st.BenchClose(); err == nil {
+		err = cerr
+	}
+	if err != nil || n < 1998 || n > 2000 {
+		t.Fatalf("the filled store holds %d records, %v; want the 2000 live ones", n, err)
+	}
 	got, err := checkFileStore(path)
 	if err != nil || got != path {
 		t.Fatalf("checkFileStore(%s) = %q, %v", path, got, err)
