@@ -205,7 +205,10 @@ func (d *delivery) bindSignature() error {
 	start := time.Now()
 	res, found, err := h.store.Claim(d.ctx, d.sigKey, d.id, h.sigMemory)
 	observe(opClaim, start, err)
-	if err == nil && res == dedup.Claimed {
+	// Reclaimed: the binding's time (sigMemory) ran out without a commit,
+	// and the store keeps it as a mark; a binding lasts sigMemory, no
+	// more, so the message is bound to this ID now.
+	if err == nil && (res == dedup.Claimed || res == dedup.Reclaimed) {
 		return nil
 	}
 	// A done record of this same ID: the event was processed, then
@@ -225,10 +228,9 @@ func (d *delivery) bindSignature() error {
 }
 
 // commitSignature turns the signature record of a processed event into
-// a done record (durable on every store, where the lease is not: the
-// file store keeps leases in memory), owned by the event ID, for
-// sigMemory. A failure leaves the lease, which keeps refusing replays
-// until it expires, and is logged.
+// a done record, owned by the event ID, for sigMemory. A failure leaves
+// the lease, which keeps refusing replays until it expires, and is
+// logged.
 func (d *delivery) commitSignature(ctx context.Context, rec dedup.DoneRecord) {
 	// The record names the event ID that owns the signature.
 	rec.EventID = d.id

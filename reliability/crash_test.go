@@ -3,6 +3,8 @@ package reliability
 import (
 	"fmt"
 	"os"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,23 +36,18 @@ func waitIdle(l *ledger.Ledger) {
 	}
 }
 
-// answeredWithin is how long before a kill a backend's answer may have
-// come without its done record being written yet: the commit after the
-// answer (a Redis or PostgreSQL round trip, the file store's fsync: tens
-// of milliseconds on a busy disk), with a wide margin for a loaded
-// machine.
-const answeredWithin = time.Second
-
 // atTheKills sorts the events of ids by where their processings stood at
 // the kills: working, the backend was working on it when Caddy died (its
 // work began before the process exited and completed after the signal);
-// answered, its work completed at most answeredWithin before a signal
-// (Caddy may have died before the done record was written). Only these
-// events can be processed twice by a kill: the backend did work that no
-// store recorded.
-func atTheKills(l *ledger.Ledger, ids []string, kills []killSpan) (working, answered map[string]bool) {
+// answered, its work completed before a signal while Sangho had not yet
+// been answered (Caddy answers after the done record is written: it may
+// have died before writing it, however long the commit took on a loaded
+// disk). Only these events can be processed twice by a kill: the backend
+// did work that no store recorded.
+func atTheKills(l *ledger.Ledger, s *sender, ids []string, kills []killSpan) (working, answered map[string]bool) {
 	working, answered = map[string]bool{}, map[string]bool{}
 	for _, id := range ids {
+		acked := s.ackedAt(id)
 		for _, d := range l.Deliveries(id) {
 			if !d.Done() {
 				continue
@@ -59,7 +56,7 @@ func atTheKills(l *ledger.Ledger, ids []string, kills []killSpan) (working, answ
 				switch {
 				case !d.Began.After(k.to) && !d.Ended.Before(k.from):
 					working[id] = true
-				case d.Ended.Before(k.from) && k.from.Sub(d.Ended) <= answeredWithin:
+				case d.Ended.Before(k.from) && (acked.IsZero() || acked.After(k.from)):
 					answered[id] = true
 				}
 			}
@@ -75,9 +72,9 @@ func atTheKills(l *ledger.Ledger, ids []string, kills []killSpan) (working, answ
 // that was not at the backend at a kill (atTheKills): something else
 // doubled it. It returns the note for the figures line, and how many
 // events were at the backend at a kill.
-func checkDoublesAtTheKills(t *testing.T, l *ledger.Ledger, ids []string, kills []killSpan) (string, int) {
+func checkDoublesAtTheKills(t *testing.T, l *ledger.Ledger, s *sender, ids []string, kills []killSpan) (string, int) {
 	t.Helper()
-	working, answered := atTheKills(l, ids, kills)
+	working, answered := atTheKills(l, s, ids, kills)
 	var stray []string
 	var twiceWorking, twiceAnswered int
 	for _, id := range ids {
@@ -93,31 +90,87 @@ func checkDoublesAtTheKills(t *testing.T, l *ledger.Ledger, ids []string, kills 
 		}
 	}
 	if len(stray) > 0 {
-		t.Errorf("%d events processed twice that were not at the backend at a kill (neither in its work nor answered within %v before): not the crash window, e.g. %v",
-			len(stray), answeredWithin, head(stray))
+		t.Errorf("%d events processed twice that were not at the backend at a kill (neither in its work nor answered and not yet acknowledged to Sangho): not the crash window, e.g. %v",
+			len(stray), head(stray))
 	}
-	return fmt.Sprintf("at the kill: backend working on %d (processed twice %d), answered within %v before %d (processed twice %d)",
-		len(working), twiceWorking, answeredWithin, len(answered), twiceAnswered), len(working) + len(answered)
+	return fmt.Sprintf("at the kill: backend working on %d (processed twice %d), answered but not acknowledged %d (processed twice %d)",
+		len(working), twiceWorking, len(answered), twiceAnswered), len(working) + len(answered)
 }
 
-// TestCaddyKilledMidRequestEveryStore measures the crash window on every
+// checkMarks checks, for the deliveries of ids, what the mark
+// (ledger.PriorAttemptHeader) promises (name says where, in its
+// errors), and returns the note for the figures line:
+//   - no unmarked delivery reached the backend while another delivery of
+//     its event was there: a retry that comes while the earlier
+//     attempt's lease lives gets 409, and one that takes over the lease
+//     once its time ran out is marked;
+//   - on the plain backend, an event's processings beyond its first are
+//     all of marked deliveries (a double is always marked, so that a
+//     backend that checks its own records when marked has none).
+func checkMarks(t *testing.T, name string, l *ledger.Ledger, ids []string) string {
+	t.Helper()
+	var beside, unmarkedTwice []string
+	var marked, markedDone, doneBefore int
+	for _, id := range ids {
+		ds := l.Deliveries(id)
+		unmarkedDone := 0
+		for j, d := range ds {
+			if d.Marked {
+				marked++
+				if d.Done() {
+					markedDone++
+				}
+				if d.DoneBefore {
+					doneBefore++
+				}
+				continue
+			}
+			if d.Done() {
+				unmarkedDone++
+			}
+			for _, e := range ds[:j] {
+				if !d.Began.Before(e.Began) && (e.Left.IsZero() || d.Began.Before(e.Left)) {
+					beside = append(beside, id)
+					break
+				}
+			}
+		}
+		if unmarkedDone > 1 {
+			unmarkedTwice = append(unmarkedTwice, id)
+		}
+	}
+	if len(beside) > 0 {
+		t.Errorf("%s: %d events had an unmarked delivery reach the backend while another delivery of the event was there (a retry run beside an attempt whose fate was unknown, neither refused with 409 nor marked), e.g. %v", name, len(beside), head(beside))
+	}
+	if len(unmarkedTwice) > 0 {
+		t.Errorf("%s: %d events processed twice by unmarked deliveries (a double the backend could not tell), e.g. %v", name, len(unmarkedTwice), head(unmarkedTwice))
+	}
+	return fmt.Sprintf("marked deliveries %d (processed %d, answered as done before %d); unmarked retries beside another delivery %d, events processed twice unmarked %d",
+		marked, markedDone, doneBefore, len(beside), len(unmarkedTwice))
+}
+
+// TestCaddyKilledMidRequestEveryStore plays the crash window on every
 // durable store: Caddy is SIGKILLed while the backend works on events
 // (20 ms, 1 s and 4 s of work each), started again, and Sangho's retries
 // go on. The backend, like most, finishes its work when Caddy goes away:
-// the work is done, and no store recorded it. On the file store the
-// leases die with the process, so the retry after the restart is
-// processed at once; on Redis and PostgreSQL the lease survives and the
-// retry is processed once it expires (lock_ttl, 2 s here). Either way
-// the events at the backend at the kill are processed twice: that is
-// the window, measured and printed, not asserted. Asserted: nothing is
-// lost, and every double was at the backend at the kill.
+// the work is done, and no store recorded it. Two backends side by side,
+// on the same Caddy through the same kills: the plain one does every
+// delivery's work; the marker-aware one checks its own records for the
+// event ID atomically with its work when the delivery carries
+// Sangho-Dedup-Prior-Attempt (ledger.Action.CheckIfMarked). Asserted,
+// for both: nothing is lost; every double was at the backend at the
+// kill; no unmarked retry runs beside the attempt the backend may still
+// be working on (the lease outlives Caddy: 409 with Retry-After until it
+// expires, marked after); for the plain backend, every double is of a
+// marked delivery; for the marker-aware one, none is processed twice.
 func TestCaddyKilledMidRequestEveryStore(t *testing.T) {
 	works := []struct {
 		work, pace time.Duration
 		n          int
 	}{
-		// Events are sent one per pace, so that a few are at the backend
-		// at any instant; Caddy is killed once half reached it.
+		// Events are sent one per pace to each backend, so that a few
+		// are at the backend at any instant; Caddy is killed once half
+		// reached it.
 		{20 * time.Millisecond, 10 * time.Millisecond, 40},
 		{time.Second, 100 * time.Millisecond, 16},
 		{4 * time.Second, 400 * time.Millisecond, 12},
@@ -131,56 +184,97 @@ func TestCaddyKilledMidRequestEveryStore(t *testing.T) {
 		{"Redis Cluster", func(t *testing.T) string { return redisStore(redistest.StartCluster(t).Addrs()...) }},
 		{"PostgreSQL", func(t *testing.T) string { return pgStore(pgtest.Start(t).Addr, "") }},
 	}
+	backends := []struct {
+		name, tag string // tag: in the event IDs, picks the backend
+		aware     bool
+	}{
+		{"plain", "_plain_", false},
+		{"marker-aware", "_aware_", true},
+	}
 	for _, st := range stores {
 		t.Run(st.name, func(t *testing.T) {
 			t.Parallel() // each store has its own Caddy and ledger
 			l := ledger.New(t)
 			var work atomic.Int64
-			l.Behave(func(string, int) ledger.Action { return ledger.Action{Delay: time.Duration(work.Load())} })
+			l.Behave(func(id string, _ int) ledger.Action {
+				return ledger.Action{Delay: time.Duration(work.Load()), CheckIfMarked: strings.Contains(id, backends[1].tag)}
+			})
 			// reverse_proxy and Sangho wait longer than any work: only
 			// the kill cuts a request.
 			p := startCaddy(t, siteConfigTimeout(st.store(t), l.Addr, "", 30*time.Second))
 			for _, w := range works {
-				if t.Failed() {
-					return
-				}
 				work.Store(int64(w.work))
 				n := w.n * scale
-				s := newSender([]string{p.url}, 1)
-				s.client.Timeout = 30 * time.Second
-				s.giveUp = 90 * time.Second
-				s.pace = w.pace
 				base, _ := l.Totals()
+				senders := make([]*sender, len(backends))
 				var kills []killSpan
-				ids, acked := s.run(fmt.Sprintf("kill_%v", w.work), n, func(*atomic.Int64) {
-					// Kill once half the events reached the backend, at an
-					// instant it is working on one.
-					deadline := time.Now().Add(60 * time.Second)
+				relaunched := true
+				// Kill once half the events reached the backend, at an
+				// instant it is working on events of both backends (on
+				// either after 20 s without such an instant).
+				kill := func(*atomic.Int64) {
+					start := time.Now()
 					for {
 						received, _ := l.Totals()
-						if received-base >= n/2 && l.Working() > 0 {
-							break
+						if received-base >= n && l.Working() > 0 {
+							on := strings.Join(l.WorkingOn(), " ")
+							if time.Since(start) > 20*time.Second || (strings.Contains(on, backends[0].tag) && strings.Contains(on, backends[1].tag)) {
+								break
+							}
 						}
-						if time.Now().After(deadline) {
-							t.Errorf("%v: after 60 s, %d of %d events at the backend, %d in its work: no instant to kill", w.work, received-base, n, l.Working())
+						if time.Since(start) > 60*time.Second {
+							t.Errorf("%v: after 60 s, %d of %d events at the backend, %d in its work: no instant to kill", w.work, received-base, 2*n, l.Working())
 							return
 						}
 						time.Sleep(time.Millisecond)
 					}
-					s.fig.faults.Add(1)
+					senders[0].fig.faults.Add(1)
 					kills = append(kills, killNow(p))
 					if !p.launch(t) {
 						b, _ := os.ReadFile(p.log)
 						t.Errorf("caddy exited before listening again:\n%s", b)
+						relaunched = false
 					}
-				})
+				}
+				ids := make([][]string, len(backends))
+				acked := make([]map[string]bool, len(backends))
+				var wg sync.WaitGroup
+				for i, b := range backends {
+					s := newSender([]string{p.url}, 1)
+					s.client.Timeout = 30 * time.Second
+					s.giveUp = 90 * time.Second
+					s.pace = w.pace
+					senders[i] = s
+					during := kill // the kill, once, from the first sender's run
+					if i > 0 {
+						during = nil
+					}
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						ids[i], acked[i] = s.run(fmt.Sprintf("kill%s%v", b.tag, w.work), n, during)
+					}()
+				}
+				wg.Wait()
 				waitIdle(l)
-				note, atKill := checkDoublesAtTheKills(t, l, ids, kills)
-				s.fig.note = note
+				atKill := 0
+				for i, b := range backends {
+					note, at := checkDoublesAtTheKills(t, l, senders[i], ids[i], kills)
+					atKill += at
+					name := fmt.Sprintf("%v, %s backend", w.work, b.name)
+					senders[i].fig.note = note + "; " + checkMarks(t, name, l, ids[i])
+					if c := senders[i].fig.noRetryAfter.Load(); c > 0 {
+						t.Errorf("%s: %d answers 409 without Retry-After", name, c)
+					}
+					check(t, fmt.Sprintf("Caddy SIGKILLed mid-request, %s store, %s backend, work %v (finished when Caddy dies)", st.name, b.name, w.work),
+						senders[i], l, ids[i], acked[i], !b.aware)
+				}
 				if len(kills) == 1 && atKill == 0 {
 					t.Errorf("%v: the kill hit no event at the backend", w.work)
 				}
-				check(t, fmt.Sprintf("Caddy SIGKILLed mid-request, %s store, backend work %v (finished when Caddy dies)", st.name, w.work), s, l, ids, acked, true)
+				if !relaunched {
+					return
+				}
 			}
 		})
 	}

@@ -278,7 +278,7 @@ func TestCaddyKilledWithEventsInFlight(t *testing.T) {
 		})
 	})
 	waitIdle(l)
-	s.fig.note, _ = checkDoublesAtTheKills(t, l, ids, kills)
+	s.fig.note, _ = checkDoublesAtTheKills(t, l, s, ids, kills)
 	check(t, "Caddy SIGKILLed with events in flight", s, l, ids, acked, true)
 }
 

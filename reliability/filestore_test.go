@@ -53,7 +53,7 @@ func TestDefaultStoreKilledAndRestarted(t *testing.T) {
 		}
 	})
 	waitIdle(l)
-	s.fig.note, _ = checkDoublesAtTheKills(t, l, ids, kills)
+	s.fig.note, _ = checkDoublesAtTheKills(t, l, s, ids, kills)
 	check(t, "default (file) store: Caddy SIGKILLed and restarted 5 times", s, l, ids, acked, true)
 }
 

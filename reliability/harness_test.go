@@ -306,6 +306,7 @@ func mustAtoi(s string) int {
 type figures struct {
 	events, deliveries, acked, duplicates, conflicts, unavailable, otherNon2xx, connErrors, retries atomic.Int64
 	faults                                                                                          atomic.Int64
+	noRetryAfter                                                                                    atomic.Int64 // 409s without Retry-After
 	once, twice, lost                                                                               int
 	recovery                                                                                        atomic.Int64 // ns from a fault's heal to the first 2xx of a new event; 0: not measured
 	slowest                                                                                         atomic.Int64 // ns, the longest wait for an answer
@@ -319,6 +320,9 @@ func (f *figures) String() string {
 	if r := f.recovery.Load(); r > 0 {
 		s += fmt.Sprintf("; slowest answer %v; recovered %v after the heal",
 			time.Duration(f.slowest.Load()).Round(time.Millisecond), time.Duration(r).Round(time.Millisecond))
+	}
+	if n := f.noRetryAfter.Load(); n > 0 {
+		s += fmt.Sprintf("; 409 without Retry-After %d", n)
 	}
 	if f.note != "" {
 		s += "; " + f.note
@@ -338,11 +342,21 @@ type sender struct {
 	client      *http.Client
 	fig         *figures
 	pace        time.Duration // between two events (0: as fast as concurrency allows)
+
+	ackMu sync.Mutex
+	ackAt map[string]time.Time // when each event was first acknowledged
+}
+
+// ackedAt returns when id was first acknowledged (zero: never).
+func (s *sender) ackedAt(id string) time.Time {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	return s.ackAt[id]
 }
 
 func newSender(urls []string, copies int) *sender {
 	return &sender{
-		urls: urls, copies: copies, concurrency: 48, giveUp: 30 * time.Second, fig: &figures{},
+		urls: urls, copies: copies, concurrency: 48, giveUp: 30 * time.Second, fig: &figures{}, ackAt: map[string]time.Time{},
 		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}},
 	}
 }
@@ -388,6 +402,9 @@ func (s *sender) deliver(id string, body []byte, r *rand.Rand) bool {
 			return true
 		case resp.StatusCode == 409:
 			s.fig.conflicts.Add(1)
+			if resp.Header.Get("Retry-After") == "" {
+				s.fig.noRetryAfter.Add(1)
+			}
 		case resp.StatusCode == 503:
 			s.fig.unavailable.Add(1)
 		default:
@@ -429,10 +446,16 @@ func (s *sender) run(prefix string, n int, during func(progress *atomic.Int64)) 
 				defer func() { <-sem }()
 				r := rand.New(rand.NewPCG(uint64(i), uint64(c)))
 				if s.deliver(id, body, r) {
+					at := time.Now()
 					s.fig.acked.Add(1)
 					mu.Lock()
 					acked[id] = true
 					mu.Unlock()
+					s.ackMu.Lock()
+					if _, ok := s.ackAt[id]; !ok {
+						s.ackAt[id] = at
+					}
+					s.ackMu.Unlock()
 				}
 				progress.Add(1)
 			}()

@@ -10,6 +10,16 @@
 // socket does (a payment handler commits its transaction all the same).
 // Action.RollBack opts into the rarer backend that abandons its work
 // when the request goes away.
+//
+// Action.CheckIfMarked makes it a marker-aware backend: a delivery that
+// carries PriorAttemptHeader (the edge could not vouch that it is the
+// first attempt) checks the ledger's own records for the event ID
+// atomically with its work, as a backend that inserts the ID into its
+// own table in the work's transaction (INSERT … ON CONFLICT DO NOTHING)
+// does: every delivery of the event holds the event's lock while it
+// works (the row lock), and a marked one that finds the event processed
+// answers 2xx without doing it again. An unmarked delivery does the work
+// directly, trusting the edge.
 package ledger
 
 import (
@@ -19,6 +29,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +46,11 @@ type Action struct {
 	RollBack bool
 	Hang     time.Duration // work time that goes on even if nobody waits (a fault)
 	Crash    bool          // drop the connection without an answer, the work not done (a fault)
+	// CheckIfMarked makes the ledger a marker-aware backend for this
+	// delivery (see the package comment): it holds the event's lock for
+	// its work, and, marked, answers Status without the work if the
+	// event was processed. Give every delivery of an event the same.
+	CheckIfMarked bool
 }
 
 // PriorAttemptHeader is the request header that marks a delivery whose
@@ -48,6 +64,10 @@ type Delivery struct {
 	PriorAttempt string    // its value ("" without one)
 	Began        time.Time // when the request reached the ledger
 	Ended        time.Time // when its work completed and was processed; zero if it was not
+	// DoneBefore: a marker-aware backend (Action.CheckIfMarked) found
+	// the event processed and answered without the work.
+	DoneBefore bool
+	Left       time.Time // when the ledger was through with it (answered, or the work abandoned)
 }
 
 // Done reports whether the delivery was processed.
@@ -63,8 +83,10 @@ type Ledger struct {
 	received map[string]int // deliveries that reached the backend
 	done     map[string]int // deliveries it processed
 	log      map[string][]Delivery
-	working  atomic.Int64      // deliveries whose work is under way
-	bodies   map[string][]byte // the last body of each ID, with RecordBodies
+	inWork   map[string]int         // deliveries under way, by ID
+	locks    map[string]*sync.Mutex // the events' locks (Action.CheckIfMarked)
+	working  atomic.Int64           // deliveries whose work is under way
+	bodies   map[string][]byte      // the last body of each ID, with RecordBodies
 	srv      *http.Server
 	faults   atomic.Int64 // crashes, hangs and non-2xx answers
 }
@@ -72,7 +94,8 @@ type Ledger struct {
 // New starts a ledger on a free loopback port, stopped at cleanup.
 func New(t testing.TB) *Ledger {
 	t.Helper()
-	l := &Ledger{Addr: "127.0.0.1:0", received: map[string]int{}, done: map[string]int{}, log: map[string][]Delivery{}}
+	l := &Ledger{Addr: "127.0.0.1:0", received: map[string]int{}, done: map[string]int{}, log: map[string][]Delivery{},
+		inWork: map[string]int{}, locks: map[string]*sync.Mutex{}}
 	l.Start(t)
 	t.Cleanup(l.Stop)
 	return l
@@ -162,6 +185,26 @@ func (l *Ledger) Deliveries(id string) []Delivery {
 // Working returns how many deliveries the ledger is working on now.
 func (l *Ledger) Working() int { return int(l.working.Load()) }
 
+// WorkingOn returns the IDs of the events the ledger is working on now.
+func (l *Ledger) WorkingOn() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Collect(maps.Keys(l.inWork))
+}
+
+// lock takes the lock of event id and returns its unlock.
+func (l *Ledger) lock(id string) func() {
+	l.mu.Lock()
+	m := l.locks[id]
+	if m == nil {
+		m = &sync.Mutex{}
+		l.locks[id] = m
+	}
+	l.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
 // Received returns a copy of the deliveries received, by ID.
 func (l *Ledger) Received() map[string]int {
 	l.mu.Lock()
@@ -209,11 +252,20 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 	n := l.received[id]
 	i := len(l.log[id])
 	l.log[id] = append(l.log[id], d)
+	l.inWork[id]++
 	if l.bodies != nil {
 		l.bodies[id] = body
 	}
 	behave := l.behave
 	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.log[id][i].Left = time.Now()
+		if l.inWork[id]--; l.inWork[id] == 0 {
+			delete(l.inWork, id)
+		}
+		l.mu.Unlock()
+	}()
 	var a Action
 	if behave != nil {
 		a = behave(id, n)
@@ -230,6 +282,22 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 			}
 		}
 		panic(http.ErrAbortHandler)
+	}
+	if a.CheckIfMarked {
+		// The event's lock is held through the work and its record, as
+		// a row lock is through the transaction: a marked delivery that
+		// arrives while another works waits for its outcome.
+		defer l.lock(id)()
+		l.mu.Lock()
+		doneBefore := marked && l.done[id] > 0
+		l.log[id][i].DoneBefore = doneBefore
+		l.mu.Unlock()
+		if doneBefore { // "already done": answered as told, without the work
+			w.Header().Set("X-Backend", "ledger")
+			w.WriteHeader(a.Status)
+			fmt.Fprintf(w, `{"app":"%s"}`, id)
+			return
+		}
 	}
 	if a.Delay > 0 && a.RollBack {
 		select {

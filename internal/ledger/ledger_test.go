@@ -118,3 +118,128 @@ func TestLedgerFinishesWorkWhenClientGoesAway(t *testing.T) {
 		t.Errorf("deliveries of evt_rollback: %+v", ds)
 	}
 }
+
+// TestLedgerMarkerAware: with CheckIfMarked, a marked delivery of an
+// event the ledger processed answers 2xx without the work, also when it
+// arrives while the earlier delivery still works (it waits for that
+// work's outcome, as an INSERT waits on the row lock of an uncommitted
+// one); a marked delivery of an event not processed (never, failed,
+// rolled back) does the work; an unmarked one does the work directly.
+// The plain ledger, for contrast, does a marked delivery's work again.
+func TestLedgerMarkerAware(t *testing.T) {
+	l := New(t)
+	const work = 300 * time.Millisecond
+	l.Behave(func(id string, n int) Action {
+		a := Action{Delay: work, CheckIfMarked: id != "evt_plain"}
+		switch {
+		case id == "evt_failed" && n == 1:
+			a.Status = 500
+		case id == "evt_rollback" && n == 1:
+			a.RollBack = true
+		}
+		return a
+	})
+	type answer struct {
+		status int
+		err    error
+		at     time.Time
+	}
+	post := func(id string, marked bool, timeout time.Duration) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodPost, "http://"+l.Addr+"/", strings.NewReader(`{}`))
+			req.Header.Set("Sangho-Event-ID", id)
+			if marked {
+				req.Header.Set(PriorAttemptHeader, "unknown")
+			}
+			resp, err := (&http.Client{Timeout: timeout}).Do(req)
+			if err != nil {
+				ch <- answer{err: err, at: time.Now()}
+				return
+			}
+			resp.Body.Close()
+			ch <- answer{status: resp.StatusCode, at: time.Now()}
+		}()
+		return ch
+	}
+	// Wait until the ledger works on the first delivery of id.
+	working := func(id string) {
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			if r, _ := l.Counts(id); r > 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never reached the ledger", id)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	const long = 10 * time.Second
+
+	// The first attempt's client is gone (Caddy died); the work goes on,
+	// and the marked retry arrives while it does.
+	first := post("evt_beside", false, 50*time.Millisecond)
+	working("evt_beside")
+	if a := <-first; a.err == nil {
+		t.Fatalf("evt_beside: the first delivery answered %d before its work was done", a.status)
+	}
+	retry := <-post("evt_beside", true, long)
+	// A marked retry after the work was done, and a later unmarked one
+	// (the ledger trusts the edge: done again).
+	later := <-post("evt_beside", true, long)
+	unmarked := <-post("evt_beside", false, long)
+	for name, a := range map[string]answer{"marked retry beside the work": retry, "marked retry after": later, "unmarked": unmarked} {
+		if a.err != nil || a.status != 200 {
+			t.Errorf("evt_beside, %s: %d %v, want 200", name, a.status, a.err)
+		}
+	}
+	ds := l.Deliveries("evt_beside")
+	if len(ds) != 4 || !ds[0].Done() || !ds[1].DoneBefore || ds[1].Done() || !ds[2].DoneBefore || ds[2].Done() || ds[3].DoneBefore || !ds[3].Done() {
+		t.Fatalf("deliveries of evt_beside: %+v; want processed, done before (marked), done before (marked), processed (unmarked)", ds)
+	}
+	if ds[1].Began.After(ds[0].Ended) || ds[1].Left.Before(ds[0].Ended) {
+		t.Errorf("the marked retry did not wait for the work under way: it came at %v, left at %v, the work ended at %v", ds[1].Began, ds[1].Left, ds[0].Ended)
+	}
+	if _, d := l.Counts("evt_beside"); d != 2 {
+		t.Errorf("evt_beside processed %d times, want 2 (the first, and the unmarked delivery)", d)
+	}
+
+	// A marked delivery of an event never processed, or whose first
+	// attempt failed or was rolled back (its client gone), does the work.
+	if a := <-post("evt_new", true, long); a.status != 200 {
+		t.Errorf("evt_new, marked: %d %v", a.status, a.err)
+	}
+	if a := <-post("evt_failed", false, long); a.status != 500 {
+		t.Errorf("evt_failed, first: %d %v", a.status, a.err)
+	}
+	if a := <-post("evt_failed", true, long); a.status != 200 {
+		t.Errorf("evt_failed, marked retry: %d %v", a.status, a.err)
+	}
+	gone := post("evt_rollback", false, 50*time.Millisecond)
+	working("evt_rollback")
+	if a := <-gone; a.err == nil {
+		t.Fatalf("evt_rollback: answered %d before its work was done", a.status)
+	}
+	if a := <-post("evt_rollback", true, long); a.status != 200 {
+		t.Errorf("evt_rollback, marked retry: %d %v", a.status, a.err)
+	}
+	for _, id := range []string{"evt_new", "evt_failed", "evt_rollback"} {
+		ds := l.Deliveries(id)
+		if last := ds[len(ds)-1]; !last.Done() || last.DoneBefore {
+			t.Errorf("%s: the marked delivery was not processed: %+v", id, ds)
+		}
+		if _, d := l.Counts(id); d != 1 {
+			t.Errorf("%s processed %d times, want 1", id, d)
+		}
+	}
+
+	// The plain ledger does the work of a marked delivery again.
+	<-post("evt_plain", false, long)
+	<-post("evt_plain", true, long)
+	if _, d := l.Counts("evt_plain"); d != 2 {
+		t.Errorf("evt_plain, plain backend: processed %d times, want 2", d)
+	}
+	if l.Working() != 0 || len(l.WorkingOn()) != 0 {
+		t.Errorf("still working: %d, %v", l.Working(), l.WorkingOn())
+	}
+}
