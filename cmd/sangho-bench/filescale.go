@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -28,12 +29,12 @@ const (
 	scaleRetention = 72 * time.Hour
 )
 
-// fileScaleFill fills the store at path (bench only: straight batches,
-// not claims) and prints its size.
+// fileScaleFill fills the store at path (bench only: a bulk loader, not
+// claims; see filestore.BenchFill) and prints its size.
 func fileScaleFill(path string, live int) error {
 	start := time.Now()
-	err := filestore.BenchFill(path, live, start, scaleHours, scaleRetention, func(written, swept int) {
-		fmt.Fprintf(os.Stderr, "\rfill: %d written, %d swept, %.0f s ", written, swept, time.Since(start).Seconds())
+	err := filestore.BenchFill(path, live, start, scaleHours, scaleRetention, func(phase string, written, deleted int) {
+		fmt.Fprintf(os.Stderr, "\rfill: %s: %d written, %d deleted, %.0f s    ", phase, written, deleted, time.Since(start).Seconds())
 	})
 	fmt.Fprintln(os.Stderr)
 	if err != nil {
@@ -46,28 +47,35 @@ func fileScaleFill(path string, live int) error {
 	return nil
 }
 
-// fileScaleMeasure opens the store at path (filled by fileScaleFill with
-// live records) in this fresh process, its files evicted from the page
-// cache first unless warm, and measures: the open and the first claims;
-// memory; claim latency for existing and new IDs at 32 goroutines; the
-// durable commit rate without and with a sweep of 100 expiries a second;
+// fileScaleMeasure opens the store at path (filled by fileScaleFill)
+// in this fresh process, its files evicted from the page cache first
+// unless warm, on a clock that starts where the fill's load ended, and
+// measures: the open and the first claims; memory; claim latency for
+// existing and new IDs at 32 goroutines; the durable commit rate
+// without and with the sweeper deleting 100 expired records a second;
 // the size on disk once closed.
-func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error {
+func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	dir := filestore.StoreDir(path)
+	end, live, err := filestore.BenchFillEnd(path)
+	if err != nil {
+		return err
+	}
 	if !warm {
 		n, err := evict(dir)
 		if err != nil {
 			return err
 		}
-		fmt.Printf("evicted %d files of %s from the page cache (posix_fadvise DONTNEED)\n", n, dir)
+		cached, pages := residentPages(dir)
+		fmt.Printf("evicted %d files of %s from the page cache (posix_fadvise DONTNEED; mincore: %d of %d pages resident after)\n", n, dir, cached, pages)
 	}
 	first, total := filestore.BenchLive(live, scaleHours, scaleRetention)
-	// the oldest tenth may have expired since the fill ended: the
-	// existing IDs are drawn from the rest
+	// the oldest tenth expire during the run (the sweep phase's clock
+	// jumps): the existing IDs are drawn from the rest
 	first += live / 10
-	// The clock: real time, until the sweep phase runs it faster so that
-	// the fill's records expire at 100 a second (live/72 h is the rate
-	// they expire at in real time: 100/s at 26 M).
+	// The clock: from the end of the fill's load on, at real speed, until
+	// the sweep phase runs it faster so that the fill's records expire at
+	// 100 a second (live/72 h is the rate they expire at in real time:
+	// 100/s at 26 M).
 	var offset, speedFrom atomic.Int64
 	speed := 100 / (float64(live) / scaleRetention.Seconds())
 	now := func() time.Time {
@@ -77,6 +85,9 @@ func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error
 		}
 		return t.Add(time.Duration(offset.Load()))
 	}
+	offset.Store(end.UnixNano() - time.Now().UnixNano())
+	cache := filestore.BenchCacheSize(int64(fileScaleCacheMiB) << 20)
+	fmt.Printf("block cache %d MiB\n", cache>>20)
 	ctx := context.Background()
 	t0 := time.Now()
 	s, err := filestore.OpenForBench(path, now, time.Hour)
@@ -98,10 +109,16 @@ func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error
 	rss, hwm := memKB(os.Getpid())
 	fmt.Printf("open %v; + first claim (a live record) %v; then a new ID's claim %v; RSS after %.0f MiB (peak %.0f MiB)\n",
 		open.Round(time.Millisecond), firstClaim.Round(time.Millisecond), newClaim.Round(time.Microsecond), float64(rss)/1024, float64(hwm)/1024)
+	if tables, index, filter, err := s.BenchTables(); err == nil {
+		fmt.Printf("%d tables; their index blocks %.1f MiB, filter blocks %.1f MiB (the block cache holds them and the data blocks read)\n",
+			tables, float64(index)/(1<<20), float64(filter)/(1<<20))
+	}
 
 	// claim latency, 32 goroutines, dur each
+	// new IDs: numbers no fill wrote nor an earlier run (the runs commit
+	// theirs)
 	var nextNew atomic.Uint64
-	nextNew.Store(1 << 41)
+	nextNew.Store(uint64(time.Now().UnixNano()))
 	claimLat := func(existing bool) ([]time.Duration, error) {
 		var mu sync.Mutex
 		var all []time.Duration
@@ -112,7 +129,7 @@ func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				r := rand.New(rand.NewPCG(uint64(g), 7))
+				r := rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano())))
 				var lat []time.Duration
 				for time.Now().Before(end) {
 					var key string
@@ -158,29 +175,38 @@ func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error
 		fmt.Printf("claim, %s, 32 goroutines, %v: %d claims (%.0f/s), p50 %v, p99 %v, p99.9 %v, max %v\n",
 			what, dur, len(lat), float64(len(lat))/dur.Seconds(), q(0.5), q(0.99), q(0.999), lat[len(lat)-1])
 	}
+	rss, hwm = memKB(os.Getpid())
+	fmt.Printf("RSS after the claim runs %.0f MiB (peak %.0f MiB): %s\n", float64(rss)/1024, float64(hwm)/1024, s.BenchMemory())
 
-	// durable commits, 32 goroutines: without, then with the sweep
-	commits := func(sweep bool) (float64, int, error) {
+	// Durable commits, 32 goroutines, without and with the sweeper: at
+	// least 35 s each, so that the sweeper ticks (every 10 s) three
+	// times.
+	sweepDur := max(dur, 3*filestore.BenchSweepEvery+filestore.BenchSweepEvery/2)
+	type sweepStats struct{ ticks, read, deleted int }
+	var committed atomic.Int64
+	commits := func(sweep bool) (float64, sweepStats, error) {
 		var n atomic.Int64
 		var failed atomic.Value
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
-		swept := 0
+		var stats sweepStats
 		var sweepErr error
 		var sw sync.WaitGroup
 		if sweep {
 			sw.Add(1)
 			go func() {
 				defer sw.Done()
-				tk := time.NewTicker(time.Second)
+				tk := time.NewTicker(filestore.BenchSweepEvery)
 				defer tk.Stop()
 				for {
 					select {
 					case <-stop:
 						return
 					case <-tk.C:
-						k, err := s.BenchSweep()
-						swept += k
+						r, d, err := s.BenchSweepTick()
+						stats.ticks++
+						stats.read += r
+						stats.deleted += d
 						if err != nil {
 							sweepErr = err
 							return
@@ -189,7 +215,7 @@ func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error
 				}
 			}()
 		}
-		end := time.Now().Add(dur)
+		end := time.Now().Add(sweepDur)
 		for g := range 32 {
 			wg.Add(1)
 			go func() {
@@ -212,34 +238,50 @@ func fileScaleMeasure(path string, live int, warm bool, dur time.Duration) error
 		wg.Wait()
 		close(stop)
 		sw.Wait()
+		committed.Add(n.Load())
 		if err, _ := failed.Load().(error); err != nil {
-			return 0, 0, err
+			return 0, stats, err
 		}
-		return float64(n.Load()) / dur.Seconds(), swept, sweepErr
+		return float64(n.Load()) / sweepDur.Seconds(), stats, sweepErr
 	}
 	base, _, err := commits(false)
 	if err != nil {
 		return err
 	}
-	// the records that expired since the fill ended: swept first, untimed
-	backlog, err := s.BenchSweep()
+	// The records that expired since the fill's end: swept first,
+	// untimed. Then the clock jumps by the time the sweeper takes for a
+	// whole pass (at the sped-up rate): as many expired records wait
+	// for it, spread over the keys, as in a store whose sweeper has
+	// run all along, and it runs faster, so that 100 records expire a
+	// second.
+	backlog, err := s.BenchSweepAll()
 	if err != nil {
 		return err
 	}
+	pass := filestore.BenchSweepPass(live)
+	offset.Add(int64(float64(pass) * speed))
 	speedFrom.Store(time.Now().UnixNano())
-	withSweep, swept, err := commits(true)
+	withSweep, stats, err := commits(true)
 	if err != nil {
 		return err
 	}
-	fmt.Printf("durable commits (claim + commit of new IDs), 32 goroutines, %v: %.0f/s; with the sweeper deleting %.0f expired records/s: %.0f/s (%.2fx slower); backlog swept first: %d\n",
-		dur, base, float64(swept)/dur.Seconds(), withSweep, base/withSweep, backlog)
+	speedFrom.Store(0)
+	base2, _, err := commits(false)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("durable commits (claim + commit of new IDs), 32 goroutines, %v each: %.0f/s; with the sweeper (%d ticks, %.0f records read/s, %.0f expired records deleted/s): %.0f/s; without again: %.0f/s (%.2fx slower than the mean of the two); backlog swept first: %d; a whole pass takes %v\n",
+		sweepDur, base, stats.ticks, float64(stats.read)/sweepDur.Seconds(), float64(stats.deleted)/sweepDur.Seconds(), withSweep, base2, (base+base2)/2/withSweep, backlog, pass)
 	rss, hwm = memKB(os.Getpid())
-	fmt.Printf("RSS at the end %.0f MiB (peak %.0f MiB)\n", float64(rss)/1024, float64(hwm)/1024)
+	fmt.Printf("RSS at the end %.0f MiB (peak %.0f MiB): %s\n", float64(rss)/1024, float64(hwm)/1024, s.BenchMemory())
 	if err := s.BenchClose(); err != nil {
 		return err
 	}
 	bytes, files := dirSize(dir)
-	fmt.Printf("on disk once closed: %.1f MiB in %d files, %.1f B/live record (%d live)\n", float64(bytes)/(1<<20), files, float64(bytes)/float64(live), live)
+	// the commit runs added records (new IDs, kept 72 h)
+	now1 := live + int(committed.Load())
+	fmt.Printf("on disk once closed: %.1f MiB in %d files, %.1f B/live record (%d live: the fill's and the %d the commit runs added)\n",
+		float64(bytes)/(1<<20), files, float64(bytes)/float64(now1), now1, committed.Load())
 	return nil
 }
 
@@ -262,6 +304,39 @@ func evict(dir string) (int, error) {
 	return n, err
 }
 
+// residentPages is how many of the pages of dir's files are in the page
+// cache (mincore), and how many pages they have.
+func residentPages(dir string) (resident, pages int) {
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return nil
+		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil || fi.Size() == 0 {
+			return nil
+		}
+		m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return nil
+		}
+		defer unix.Munmap(m)
+		vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); e == 0 {
+			for _, v := range vec {
+				resident += int(v & 1)
+			}
+			pages += len(vec)
+		}
+		return nil
+	})
+	return resident, pages
+}
+
 // dirSize is the bytes and the number of the files in dir.
 func dirSize(dir string) (int64, int) {
 	var bytes int64
@@ -278,16 +353,22 @@ func dirSize(dir string) (int64, int) {
 	return bytes, files
 }
 
+// fileScaleCacheMiB is -filescale-cache-mib.
+var fileScaleCacheMiB int
+
 // fileScaleMain runs -filescale.
 func fileScaleMain(mode, path string, live int, warm bool, dur time.Duration) error {
-	if path == "" || live <= 0 {
-		return fmt.Errorf("-filescale needs -filescale-path and -filescale-records")
+	if path == "" {
+		return fmt.Errorf("-filescale needs -filescale-path")
 	}
 	switch strings.ToLower(mode) {
 	case "fill":
+		if live <= 0 {
+			return fmt.Errorf("-filescale fill needs -filescale-records")
+		}
 		return fileScaleFill(path, live)
 	case "measure":
-		return fileScaleMeasure(path, live, warm, dur)
+		return fileScaleMeasure(path, warm, dur)
 	}
 	return fmt.Errorf("-filescale must be fill or measure, not %q", mode)
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/load"
+	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
 const secret = "whsec_bench_secret"
@@ -41,6 +42,33 @@ const secret = "whsec_bench_secret"
 // profileDir is --cpuprofile; profileAdmin is Caddy's admin address
 // when it is set.
 var profileDir, profileAdmin string
+
+// checkFileStore returns --file-store's path made absolute, or an
+// error if it holds no store.
+func checkFileStore(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if fi, err := os.Stat(filestore.StoreDir(abs)); err != nil || !fi.IsDir() {
+		return "", fmt.Errorf("--file-store %s: no store folder %s (fill one with -filescale fill, or leave --file-store out for a new store)", path, filestore.StoreDir(abs))
+	}
+	return abs, nil
+}
+
+// fileStoreNote says what the store given with --file-store held when
+// the run began.
+func fileStoreNote(path string) string {
+	end, live, err := filestore.BenchFillEnd(path)
+	if err != nil {
+		return "not made by -filescale fill"
+	}
+	return fmt.Sprintf("made by -filescale fill with %d live records, its load ending %s", live, end.UTC().Format("2006-01-02 15:04 MST"))
+}
+
+// fileStorePath is --file-store: the file site's store, if not a new
+// one.
+var fileStorePath string
 
 // loadStarts, when set, is called as the load of a scenario starts.
 var loadStarts func()
@@ -56,18 +84,21 @@ func main() {
 	pgOpts := flag.String("postgres-options", "", "extra lines for the PostgreSQL store block, e.g. \"max_conns 16\"")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
 	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,memory,file,redis,postgres; the baselines reverse_proxy and respond always run); default all")
+	flag.StringVar(&fileStorePath, "file-store", "", "path of the file store for the request-level runs (default: a new, empty store in the run's temporary folder); a store filled by -filescale fill measures the site on a full store (the run writes to it: copy it first to keep it as filled)")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
 	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
 	flag.StringVar(&profileDir, "cpuprofile", "", "write a CPU profile of Caddy during each throughput scenario's first round into this directory (Caddy's admin API is then on a loopback port; the profiled round's figures include the profiler's cost)")
 	generator := flag.String("generator", "auto", "load generator of the throughput runs: wrk, go, or auto (wrk if on PATH, else go); the fixed-rate latency runs always use the Go generator (wrk has no fixed rate)")
-	fileScale := flag.String("filescale", "", "file store at scale (bench only): fill (a store of -filescale-records live records after 108 simulated hours kept 72 h, written straight to the engine) or measure (in this fresh process: open cold, first claim, RSS, claim p99, commits with and without the sweep, size on disk)")
+	fileScale := flag.String("filescale", "", "file store at scale (bench only): fill (a store of -filescale-records live records after 108 simulated hours kept 72 h, written by a bulk loader straight to the engine: a load in key order, then 36 h of churn) or measure (in this fresh process: open cold, first claim, RSS, claim p99, commits with and without the sweep, size on disk)")
 	fileScalePath := flag.String("filescale-path", "", "the store's path for -filescale (its data goes in the folder beside it, .db replaced by .pebble)")
-	fileScaleRecords := flag.Int("filescale-records", 0, "live records for -filescale")
+	fileScaleRecords := flag.Int("filescale-records", 0, "live records for -filescale fill (measure reads them from the note the fill leaves beside the store)")
 	fileScaleWarm := flag.Bool("filescale-warm", false, "-filescale measure: leave the store's files in the page cache (open warm)")
+	fileScaleCache := flag.Int("filescale-cache-mib", 0, "-filescale measure: the block cache in MiB (0: the store's default)")
 	fileScaleDur := flag.Duration("filescale-duration", 5*time.Second, "-filescale measure: length of each latency and commit run")
 	flag.Parse()
 	if *fileScale != "" {
+		fileScaleCacheMiB = *fileScaleCache
 		if err := fileScaleMain(*fileScale, *fileScalePath, *fileScaleRecords, *fileScaleWarm, *fileScaleDur); err != nil {
 			fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 			os.Exit(1)
@@ -251,6 +282,12 @@ func sizeName(n int) string {
 }
 
 func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts, pgOpts string, latencyOnly bool, growthEvents int) error {
+	if fileStorePath != "" {
+		var err error
+		if fileStorePath, err = checkFileStore(fileStorePath); err != nil {
+			return err
+		}
+	}
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
 	}
@@ -314,7 +351,11 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		}
 		profileAdmin = fmt.Sprintf("127.0.0.1:%d", freePort())
 	}
-	caddyfile := benchCaddyfile(ports, backend, redisPort, redisOpts, filepath.Join(tmp, "dedup.db"), pgDSN, pgOpts)
+	filePath := filepath.Join(tmp, "dedup.db")
+	if fileStorePath != "" {
+		filePath = fileStorePath
+	}
+	caddyfile := benchCaddyfile(ports, backend, redisPort, redisOpts, filePath, pgDSN, pgOpts)
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -488,6 +529,12 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		fmt.Fprintf(&b, "- load generator: the Go generator (wrk not found): it takes CPU from Caddy on the same cores and pulls every ratio toward 1\n")
 	}
 	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios and CPU differences the median of the per-round figures (each round against the baseline of the same round; min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
+	if fileStorePath != "" {
+		fmt.Fprintf(&b, "- the file store's site ran on the store at %s (given with --file-store; %s), not on a new, empty one\n", fileStorePath, fileStoreNote(fileStorePath))
+	}
+	if os.Getenv("WALEXP") != "" {
+		fmt.Fprintf(&b, "- WALEXP set: the memory store's site is the durable floor (bench/floor/wal-floor.patch: one write and one fdatasync per group commit), if this Caddy was built with that patch\n")
+	}
 	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
 
 	base, respond := map[string]*scenario{}, map[string]*scenario{}

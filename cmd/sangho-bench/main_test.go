@@ -2,7 +2,9 @@ package main
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -10,6 +12,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sangho/caddy-sangho-dedup"
+	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
 // The benchmark's config loads: Caddy adapts and provisions it (its
@@ -33,5 +36,42 @@ func TestBenchCaddyfileLoads(t *testing.T) {
 	}
 	if err := caddy.Validate(&c); err != nil {
 		t.Fatalf("the benchmark's config does not load: %v", err)
+	}
+}
+
+// --file-store points the file site at a store filled by -filescale
+// fill: the path is taken (made absolute) when its store folder is
+// there, the report names what the fill left in it, and a path with no
+// store is refused before anything starts, naming the fill.
+func TestFileStoreFlag(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "full", "dedup.db")
+	if err := filestore.BenchFill(path, 2000, time.Now(), scaleHours, scaleRetention, nil); err != nil {
+		t.Fatal(err)
+	}
+	// the fill left its live records, the expired ones deleted
+	st, err := filestore.OpenForBench(path, time.Now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := st.Entries()
+	if cerr := st.BenchClose(); err == nil {
+		err = cerr
+	}
+	if err != nil || n < 1998 || n > 2000 {
+		t.Fatalf("the filled store holds %d records, %v; want the 2000 live ones", n, err)
+	}
+	got, err := checkFileStore(path)
+	if err != nil || got != path {
+		t.Fatalf("checkFileStore(%s) = %q, %v", path, got, err)
+	}
+	if note := fileStoreNote(path); !strings.Contains(note, "2000 live records") {
+		t.Errorf("note of the filled store: %q", note)
+	}
+	if cfg := benchCaddyfile([6]int{1, 2, 3, 4, 5, 6}, "127.0.0.1:7", 8, "", got, "", ""); !strings.Contains(cfg, "store file "+path) {
+		t.Errorf("the config does not use the store:\n%s", cfg)
+	}
+	if _, err := checkFileStore(filepath.Join(dir, "none", "dedup.db")); err == nil || !strings.Contains(err.Error(), "-filescale fill") {
+		t.Errorf("a path without a store: %v", err)
 	}
 }

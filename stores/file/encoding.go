@@ -2,27 +2,46 @@ package file
 
 import (
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math"
 	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 // The store's keys and values in Pebble.
 //
 //	'd' key             -> done record: version, expiry, value
-//	'x' expiry(8) key   -> (empty): the done records by expiry, for the sweeper
 //	'l' key             -> a lease parked by a clean stop: version, expiry, value
 //	"\x00sangho_dedup"  -> storeFormat: marks a sangho_dedup store
 //
+// (The layout before this one also kept 'x' expiry(8) key -> empty, an
+// index by expiry for the sweeper; the sweeper deletes it at the first
+// start, see sweep.go.)
+//
 // key is the store's key (key_prefix + event ID); expiry is Unix
-// nanoseconds, big-endian (so the 'x' keys sort by expiry); a value is
-// one version byte (recordV1), the expiry, then the value as the other
-// stores hold it ("done:{...}", "inflight:<token>").
+// nanoseconds, big-endian; a value is one version byte, the expiry,
+// then:
+//
+//	recordV1: the value as the other stores hold it ("done:{...}",
+//	          "inflight:<token>"): leases, and a done record that
+//	          recordV2 cannot give back exactly
+//	recordV2: a done record, compact: processed_at as a signed varint of
+//	          expiry minus processed_at (Unix nanoseconds); a uvarint of
+//	          the event type's length times 2, plus 1 if a fingerprint
+//	          follows; the fingerprint, 16 raw bytes; the event type; the
+//	          event ID's length (uvarint) and the event ID
+//
+// Both are read back as the same "done:{...}" string (dedup.DoneRecord's
+// Encode): a record is written as recordV2 only when that reading gives
+// back its exact string.
 const (
 	prefixDone   = 'd'
 	prefixExpiry = 'x'
 	prefixLease  = 'l'
 	recordV1     = 1
+	recordV2     = 2
 )
 
 var (
@@ -44,28 +63,8 @@ func prefixed(p byte, key string) []byte {
 	return k
 }
 
-// expiryKey is the sweeper's index entry of key's record expiring at exp.
-func expiryKey(exp uint64, key string) []byte {
-	k := make([]byte, 9+len(key))
-	k[0] = prefixExpiry
-	binary.BigEndian.PutUint64(k[1:], exp)
-	copy(k[9:], key)
-	return k
-}
-
-// expiryBound is the first expiry key after every record expiring at
-// or before exp.
-func expiryBound(exp uint64) []byte {
-	k := make([]byte, 9)
-	k[0] = prefixExpiry
-	binary.BigEndian.PutUint64(k[1:], exp+1)
-	if exp == math.MaxUint64 {
-		k[0]++
-	}
-	return k
-}
-
-// encodeRecord is a value on disk: the version, the expiry, the value.
+// encodeRecord is a value on disk in recordV1: the version, the expiry,
+// the value.
 func encodeRecord(exp uint64, val string) []byte {
 	rec := make([]byte, 9+len(val))
 	rec[0] = recordV1
@@ -74,13 +73,126 @@ func encodeRecord(exp uint64, val string) []byte {
 	return rec
 }
 
-// decodeRecord reads a value written by encodeRecord; the value shares
-// raw's memory.
-func decodeRecord(raw []byte) (exp uint64, val []byte, err error) {
-	if len(raw) < 9 || raw[0] != recordV1 {
-		return 0, nil, errBadRecord
+// doneValue is a done record ready to be written at any expiry.
+type doneValue struct {
+	val  string // the record as the store gives it back: "done:{...}"
+	at   int64  // processed_at, Unix nanoseconds (with body)
+	body []byte // recordV2's fields after processed_at; nil: recordV1
+}
+
+// newDoneValue prepares rec: compact when the compact form reads back
+// as exactly rec.Encode(), else as that string.
+func newDoneValue(rec dedup.DoneRecord) doneValue {
+	d := doneValue{val: rec.Encode()}
+	at := rec.ProcessedAt.UnixNano()
+	if at < 0 || !time.Unix(0, at).Equal(rec.ProcessedAt) {
+		return d // before 1970 or past 2262: not from a clock
 	}
-	return binary.BigEndian.Uint64(raw[1:]), raw[9:], nil
+	fp, err := hex.DecodeString(rec.Fingerprint)
+	if err != nil || (len(fp) != 16 && len(fp) != 0) {
+		return d
+	}
+	body := make([]byte, 0, 2*binary.MaxVarintLen64+len(rec.EventType)+len(rec.EventID)+len(fp))
+	body = binary.AppendUvarint(body, uint64(len(rec.EventType))<<1|uint64(len(fp)/16))
+	body = append(body, fp...)
+	body = append(body, rec.EventType...)
+	body = binary.AppendUvarint(body, uint64(len(rec.EventID)))
+	body = append(body, rec.EventID...)
+	// Whatever the compact form would lose or change (an upper-case
+	// fingerprint, a field DoneRecord gains later) keeps the record in
+	// recordV1: the other layers compare the string it reads back.
+	if back, err := decodeBody(at, body); err != nil || back.Encode() != d.val {
+		return d
+	}
+	d.at, d.body = at, body
+	return d
+}
+
+// doneValueOf prepares a done record given as its stored string (an
+// earlier release's file, tests); any other value stays as it is.
+func doneValueOf(val string) doneValue {
+	if rec, ok := dedup.DecodeDone(val); ok {
+		if d := newDoneValue(rec); d.val == val {
+			return d
+		}
+	}
+	return doneValue{val: val}
+}
+
+// encode is d's value on disk with expiry exp.
+func (d doneValue) encode(exp uint64) []byte {
+	if d.body == nil || exp > math.MaxInt64 {
+		return encodeRecord(exp, d.val)
+	}
+	rec := make([]byte, 9, 9+binary.MaxVarintLen64+len(d.body))
+	rec[0] = recordV2
+	binary.BigEndian.PutUint64(rec[1:], exp)
+	rec = binary.AppendVarint(rec, int64(exp)-d.at)
+	return append(rec, d.body...)
+}
+
+// decodeBody reads recordV2's fields after processed_at.
+func decodeBody(at int64, b []byte) (dedup.DoneRecord, error) {
+	rec := dedup.DoneRecord{ProcessedAt: time.Unix(0, at).UTC()}
+	n, k := binary.Uvarint(b)
+	if k <= 0 {
+		return dedup.DoneRecord{}, errBadRecord
+	}
+	b = b[k:]
+	if n&1 == 1 {
+		if len(b) < 16 {
+			return dedup.DoneRecord{}, errBadRecord
+		}
+		rec.Fingerprint, b = hex.EncodeToString(b[:16]), b[16:]
+	}
+	var ok bool
+	if rec.EventType, b, ok = cutBytes(b, n>>1); !ok {
+		return dedup.DoneRecord{}, errBadRecord
+	}
+	if n, k = binary.Uvarint(b); k <= 0 {
+		return dedup.DoneRecord{}, errBadRecord
+	}
+	if rec.EventID, b, ok = cutBytes(b[k:], n); !ok || len(b) != 0 {
+		return dedup.DoneRecord{}, errBadRecord
+	}
+	return rec, nil
+}
+
+// cutBytes returns the first n bytes of b and the rest.
+func cutBytes(b []byte, n uint64) (s string, rest []byte, ok bool) {
+	if n > uint64(len(b)) {
+		return "", nil, false
+	}
+	return string(b[:n]), b[n:], true
+}
+
+// decodeExpiry reads only the expiry of a value on disk.
+func decodeExpiry(raw []byte) (uint64, error) {
+	if len(raw) < 9 || (raw[0] != recordV1 && raw[0] != recordV2) {
+		return 0, errBadRecord
+	}
+	return binary.BigEndian.Uint64(raw[1:]), nil
+}
+
+// decodeRecord reads a value on disk: its expiry, and the value as the
+// other stores hold it.
+func decodeRecord(raw []byte) (exp uint64, val string, err error) {
+	if exp, err = decodeExpiry(raw); err != nil {
+		return 0, "", err
+	}
+	if raw[0] == recordV1 {
+		return exp, string(raw[9:]), nil
+	}
+	d, k := binary.Varint(raw[9:])
+	at := int64(exp) - d
+	if k <= 0 || exp > math.MaxInt64 || at < 0 || (d < 0 && at < int64(exp)) {
+		return 0, "", errBadRecord
+	}
+	rec, err := decodeBody(at, raw[9+k:])
+	if err != nil {
+		return 0, "", err
+	}
+	return exp, rec.Encode(), nil
 }
 
 // unixNano is t in Unix nanoseconds as the store keeps expiries,

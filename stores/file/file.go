@@ -4,9 +4,10 @@
 //
 // The files: file.go (the module, its path and config), ops.go (the
 // store's operations), open.go (opening, creating, closing), lease.go
-// (the leases' writes to the database), writer.go
-// (the writer: group commit, the sweeper), encoding.go (keys and values
-// on disk), upgrade.go (taking over an earlier release's bbolt file).
+// (the leases' writes to the database), writer.go (the writer: group
+// commit), sweep.go (the sweeper of done records), encoding.go (keys
+// and values on disk), upgrade.go (taking over an earlier release's
+// bbolt file).
 package file
 
 import (
@@ -54,9 +55,11 @@ func init() {
 //
 // The store is locked by the process that opens it: a second Caddy
 // pointed at the same path refuses to start. Config reloads share the
-// open store. Expired done records are swept every 10 seconds through an
-// index by expiry, so the store stops growing once events expire as fast
-// as they arrive (Pebble's compactions give the space back).
+// open store. Expired done records are read as absent from their expiry
+// on, and deleted by a sweeper that reads the records a slice every 10
+// seconds (a whole pass in at most about an hour), so the store stops
+// growing once events expire as fast as they arrive (Pebble's
+// compactions give the space back).
 type Store struct {
 	// Path of the store. Relative paths are relative to Caddy's working
 	// directory. Default: sangho_dedup/dedup.db in Caddy's data directory

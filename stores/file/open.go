@@ -31,15 +31,16 @@ const (
 	// takes every write waiting (at most one per delivery in flight), up
 	// to this many.
 	fileMaxBatch = 8192
-	// fileCacheSize is Pebble's block cache: the index and filter
-	// blocks, and the data blocks of recent duplicates. The store's
-	// memory is this, the memtables and the leases, whatever the number
-	// of records.
-	fileCacheSize = 32 << 20
 	// fileMemTableSize is the size of one memtable (Pebble keeps up to
 	// two while one is flushed).
 	fileMemTableSize = 8 << 20
 )
+
+// fileCacheSize is Pebble's block cache: the index and filter blocks,
+// and the data blocks of recent duplicates. The store's memory is this,
+// the memtables and the leases, whatever the number of records. (A
+// variable: the bench tool tries others.)
+var fileCacheSize int64 = 32 << 20
 
 var errFileLocked = errors.New("in use by another process")
 
@@ -69,9 +70,7 @@ type fileState struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	// sweptTo is the expiry of the last entry swept: the next sweep
-	// starts there, past the deletions it left (writer only).
-	sweptTo uint64
+	sw sweepState // where the sweeper is in its pass over the records
 
 	txns, writes atomic.Int64 // write batches, and the writes they carried
 
@@ -395,7 +394,7 @@ func (st *fileState) entry(key string) (dedup.Entry, error) {
 	if unixNano(st.now()) >= exp {
 		return dedup.Entry{}, nil
 	}
-	return dedup.Entry{Value: string(val), ExpiresAt: unixTime(exp)}, nil
+	return dedup.Entry{Value: val, ExpiresAt: unixTime(exp)}, nil
 }
 
 // count is the number of keys with prefix p.
@@ -435,7 +434,7 @@ func (st *fileState) loadLeases() error {
 	for ok := it.First(); ok; ok = it.Next() {
 		key := string(it.Key()[1:])
 		exp, val, err := decodeRecord(it.Value())
-		if err == nil && !bytes.HasPrefix(val, []byte(dedup.InflightPrefix)) {
+		if err == nil && !strings.HasPrefix(val, dedup.InflightPrefix) {
 			err = errBadRecord
 		}
 		if err != nil {
@@ -455,7 +454,7 @@ func (st *fileState) loadLeases() error {
 			_ = b.Delete(it.Key(), nil)
 			continue
 		}
-		st.leases.Put(key, string(val), expires)
+		st.leases.Put(key, val, expires)
 	}
 	if err := it.Close(); err != nil {
 		return st.leaseLoadErr(err)

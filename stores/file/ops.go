@@ -65,7 +65,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	if err != nil {
 		return false, err
 	}
-	enc := rec.Encode()
+	enc := newDoneValue(rec)
 	// Until the record is on disk the event stays leased, however long
 	// the disk takes (the lease is dropped once the record lands, or
 	// expires after the commit retries give up): a redelivery meanwhile

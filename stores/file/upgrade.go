@@ -76,10 +76,7 @@ func importLegacy(path string, db *pebble.DB) (done, leases int, err error) {
 			if err := put(k); err != nil {
 				return err
 			}
-			if err := b.Set(doneKey(string(k)), encodeRecord(exp, string(v[8:])), nil); err != nil {
-				return err
-			}
-			if err := b.Set(expiryKey(exp, string(k)), nil, nil); err != nil {
+			if err := b.Set(doneKey(string(k)), doneValueOf(string(v[8:])).encode(exp), nil); err != nil {
 				return err
 			}
 			done++

@@ -1,8 +1,6 @@
 package file
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync"
@@ -113,15 +111,12 @@ func (st *fileState) writer() {
 		}
 		st.txns.Add(1)
 		st.writes.Add(int64(len(batch)))
-		tx := fileTx{b: st.db.NewIndexedBatch(), now: st.now(), sweptTo: st.sweptTo}
+		tx := fileTx{b: st.db.NewIndexedBatch(), now: st.now()}
 		for _, op := range batch {
 			op.err = tx.run(st, op.fn)
 		}
 		err := tx.b.Commit(pebble.Sync)
 		tx.b.Close()
-		if err == nil {
-			st.sweptTo = tx.sweptTo
-		}
 		for _, op := range batch {
 			if err != nil {
 				op.err = fmt.Errorf("file store: writing %s: %v", st.path, err)
@@ -133,47 +128,11 @@ func (st *fileState) writer() {
 	}
 }
 
-// sweeper deletes expired entries every `every`, in bounded batches.
-func (st *fileState) sweeper(every time.Duration) {
-	defer st.wg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-st.stop:
-			return
-		case <-t.C:
-			if _, err := st.sweep(); err != nil && !errors.Is(err, errFileClosed) {
-				st.logger.Error("sweep failed", zap.String("path", st.path), zap.Error(err))
-			}
-		}
-	}
-}
-
-// sweep deletes every expired entry, fileSweepBatch per batch, and
-// returns how many it deleted.
-func (st *fileState) sweep() (int, error) {
-	total := 0
-	for {
-		n := 0
-		err := st.write(func(tx *fileTx) error {
-			var err error
-			n, err = tx.sweep(fileSweepBatch)
-			return err
-		})
-		total += n
-		if err != nil || n < fileSweepBatch {
-			return total, err
-		}
-	}
-}
-
 // fileTx is the store's view of one write batch: an indexed batch, whose
 // reads see the database and the batch's own writes.
 type fileTx struct {
-	b       *pebble.Batch
-	now     time.Time
-	sweptTo uint64 // the store's, moved on by a sweep in this batch
+	b   *pebble.Batch
+	now time.Time
 }
 
 // run runs fn on tx; a panic in a read of damaged data is an error.
@@ -196,47 +155,52 @@ func (tx *fileTx) run(st *fileState, fn func(*fileTx) error) (err error) {
 
 // record returns the expiry and value of key's done record, if it has
 // one (live or expired).
-func (tx *fileTx) record(key string) (exp uint64, val []byte, ok bool, err error) {
-	raw, closer, err := tx.b.Get(doneKey(key))
-	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, nil, false, nil
-	}
-	if err != nil {
-		return 0, nil, false, err
-	}
-	defer closer.Close()
-	exp, val, err = decodeRecord(raw)
-	if err != nil {
-		return 0, nil, false, fmt.Errorf("key %q: %w", key, err)
-	}
-	return exp, bytes.Clone(val), true, nil
+func (tx *fileTx) record(key string) (exp uint64, val string, ok bool, err error) {
+	return tx.decode(key, decodeRecord)
 }
 
-// put sets key to val for ttl, keeping the expiry index in step.
+// expiry returns the expiry of key's done record, if it has one,
+// without decoding its value.
+func (tx *fileTx) expiry(key string) (exp uint64, ok bool, err error) {
+	exp, _, ok, err = tx.decode(key, func(raw []byte) (uint64, string, error) {
+		exp, err := decodeExpiry(raw)
+		return exp, "", err
+	})
+	return exp, ok, err
+}
+
+func (tx *fileTx) decode(key string, dec func([]byte) (uint64, string, error)) (exp uint64, val string, ok bool, err error) {
+	raw, closer, err := tx.b.Get(doneKey(key))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return 0, "", false, nil
+	}
+	if err != nil {
+		return 0, "", false, err
+	}
+	defer closer.Close()
+	exp, val, err = dec(raw)
+	if err != nil {
+		return 0, "", false, fmt.Errorf("key %q: %w", key, err)
+	}
+	return exp, val, true, nil
+}
+
+// put sets key to the done record val for ttl.
 func (tx *fileTx) put(key, val string, ttl time.Duration) error {
-	_, err := tx.replace(key, val, ttl)
+	_, err := tx.replace(key, doneValueOf(val), ttl)
 	return err
 }
 
-// replace is put, and reports whether key held val, live, before.
-func (tx *fileTx) replace(key, val string, ttl time.Duration) (same bool, err error) {
+// replace is put, and reports whether key held the same record, live,
+// before.
+func (tx *fileTx) replace(key string, val doneValue, ttl time.Duration) (same bool, err error) {
 	exp := unixNano(tx.now.Add(ttl))
 	old, oldVal, ok, err := tx.record(key)
 	if err != nil {
 		return false, err
 	}
-	if ok {
-		same = unixNano(tx.now) < old && string(oldVal) == val
-		if old != exp {
-			if err := tx.b.Delete(expiryKey(old, key), nil); err != nil {
-				return false, err
-			}
-		}
-	}
-	if err := tx.b.Set(doneKey(key), encodeRecord(exp, val), nil); err != nil {
-		return false, err
-	}
-	return same, tx.b.Set(expiryKey(exp, key), nil, nil)
+	same = ok && unixNano(tx.now) < old && oldVal == val.val
+	return same, tx.b.Set(doneKey(key), val.encode(exp), nil)
 }
 
 // forget deletes key's done record if it is live, and returns it.
@@ -248,45 +212,5 @@ func (tx *fileTx) forget(key string) (dedup.Entry, error) {
 	if err := tx.b.Delete(doneKey(key), nil); err != nil {
 		return dedup.Entry{}, err
 	}
-	if err := tx.b.Delete(expiryKey(exp, key), nil); err != nil {
-		return dedup.Entry{}, err
-	}
-	return dedup.Entry{Value: string(val), ExpiresAt: unixTime(exp)}, nil
-}
-
-// sweep deletes up to max expired entries, oldest first: it reads the
-// expiry index from where the last sweep stopped up to now, so it never
-// walks the deletions it left, nor any record that has not expired.
-func (tx *fileTx) sweep(max int) (int, error) {
-	now := unixNano(tx.now)
-	it, err := tx.b.NewIter(&pebble.IterOptions{LowerBound: expiryKey(tx.sweptTo, ""), UpperBound: expiryBound(now)})
-	if err != nil {
-		return 0, err
-	}
-	var keys [][]byte
-	for ok := it.First(); ok && len(keys) < max; ok = it.Next() {
-		keys = append(keys, bytes.Clone(it.Key()))
-	}
-	if err := it.Close(); err != nil {
-		return 0, err
-	}
-	for _, k := range keys {
-		if err := tx.b.Delete(k, nil); err != nil {
-			return 0, err
-		}
-		key := string(k[9:])
-		exp, _, ok, err := tx.record(key)
-		if err != nil {
-			return 0, err
-		}
-		if ok && exp <= now {
-			if err := tx.b.Delete(doneKey(key), nil); err != nil {
-				return 0, err
-			}
-		}
-	}
-	if len(keys) > 0 {
-		tx.sweptTo = binary.BigEndian.Uint64(keys[len(keys)-1][1:])
-	}
-	return len(keys), nil
+	return dedup.Entry{Value: val, ExpiresAt: unixTime(exp)}, nil
 }
