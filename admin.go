@@ -68,7 +68,7 @@ type EndpointInfo struct {
 // EventInfo is the answer of GET and DELETE /sangho_dedup/<name>/events/<id>.
 type EventInfo struct {
 	ID          string     `json:"id"`
-	State       string     `json:"state"` // done, in_flight or absent
+	State       string     `json:"state"` // done, in_flight, unknown (a mark: see dedup.MarkFor) or absent
 	ProcessedAt *time.Time `json:"processed_at,omitempty"`
 	EventType   string     `json:"event_type,omitempty"`
 	ExpiresAt   *time.Time `json:"expires_at,omitempty"`
@@ -141,6 +141,8 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		switch {
 		case e.Value == "":
 			return writeJSON(w, http.StatusNotFound, info)
+		case !deleted && info.State == "unknown":
+			return apiError(http.StatusConflict, "event %q holds the mark of an attempt whose fate is unknown (its lease ran out before it was settled: its Caddy died, or it was held): not forgotten; ?force=true removes the mark, and its next delivery then reaches the backend unmarked", id)
 		case !deleted:
 			return apiError(http.StatusConflict, "event %q is in flight (a backend is working on it): not forgotten; ?force=true removes its lease too, and a redelivery may then be processed while the backend still works", id)
 		}

@@ -133,7 +133,7 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 		}
 	} else if verb == "forget" && status == http.StatusConflict {
 		// the API's answer speaks of ?force=true
-		return 2, fmt.Errorf("event %q is in flight (a backend is working on it): not forgotten; --force removes its lease too, and a redelivery may then be processed while the backend still works", id)
+		return 2, errors.New(strings.ReplaceAll(apiMessage(status, body), "?force=true", "--force"))
 	} else {
 		return 2, errors.New(apiMessage(status, body))
 	}
@@ -156,6 +156,8 @@ func printEvent(out io.Writer, verb, name string, info EventInfo) {
 		fmt.Fprintf(out, "%s: forgotten (it was %s); its next delivery will be processed\n", info.ID, info.State)
 	case info.State == "in_flight":
 		fmt.Fprintf(out, "%s: in flight (a backend is working on it)\n", info.ID)
+	case info.State == "unknown":
+		fmt.Fprintf(out, "%s: fate unknown (an attempt's lease ran out before it was settled: its Caddy died, or it was held); the next delivery reaches the backend with Sangho-Dedup-Prior-Attempt: unknown\n", info.ID)
 	default:
 		fmt.Fprintf(out, "%s: processed\n", info.ID)
 	}
@@ -169,7 +171,10 @@ func printEvent(out io.Writer, verb, name string, info EventInfo) {
 	if info.Fingerprint != "" {
 		fmt.Fprintf(out, "  fingerprint   %s\n", info.Fingerprint)
 	}
-	if info.ExpiresAt != nil && verb == "get" {
+	switch {
+	case info.ExpiresAt != nil && verb == "get" && info.State == "unknown":
+		fmt.Fprintf(out, "  lease ran out %s\n", info.ExpiresAt.Format(time.RFC3339))
+	case info.ExpiresAt != nil && verb == "get":
 		fmt.Fprintf(out, "  expires at    %s\n", info.ExpiresAt.Format(time.RFC3339))
 	}
 }

@@ -257,12 +257,17 @@ var crashWindow = regexp.MustCompile(wordsAcrossLines("if Caddy dies while the b
 var leaseOutlivesCaddy = regexp.MustCompile(`(?s)` + wordsAcrossLines("the lease survives Caddy") + `.{0,120}?` +
 	wordsAcrossLines("once it expires after `lock_ttl` the sender's retry is processed again"))
 
+// markedRetry is how the window is closed (issue 26): the retry reaches
+// the backend marked.
+var markedRetry = regexp.MustCompile(wordsAcrossLines("`Sangho-Dedup-Prior-Attempt: unknown`"))
+
 // TestDocsStateTheCrashWindow: the README's promise paragraph and
 // docs/stores.md say that an event whose backend outlives a Caddy that
 // died is processed again on the sender's retry; docs/redis.md and
 // docs/postgres.md that on their store it happens once the lease expires
-// after lock_ttl. So that an edit cannot drop it silently while the
-// window is open.
+// after lock_ttl. Each says too that the retry reaches the backend
+// marked. So that an edit cannot drop it silently while the window is
+// open.
 func TestDocsStateTheCrashWindow(t *testing.T) {
 	readme := readRepoDoc(t, "README.md")
 	i := strings.Index(readme, "\nNo event is processed twice")
@@ -273,15 +278,15 @@ func TestDocsStateTheCrashWindow(t *testing.T) {
 	if j := strings.Index(promise, "\n\n"); j >= 0 {
 		promise = promise[:j]
 	}
-	if !crashWindow.MatchString(promise) {
-		t.Errorf("README.md: the promise paragraph does not state the crash window (%s):\n%s", crashWindow, promise)
+	if !crashWindow.MatchString(promise) || !markedRetry.MatchString(promise) {
+		t.Errorf("README.md: the promise paragraph does not state the crash window (%s) and the mark (%s):\n%s", crashWindow, markedRetry, promise)
 	}
-	if !crashWindow.MatchString(readRepoDoc(t, "docs/stores.md")) {
-		t.Errorf("docs/stores.md does not state the crash window (%s)", crashWindow)
+	if s := readRepoDoc(t, "docs/stores.md"); !crashWindow.MatchString(s) || !markedRetry.MatchString(s) {
+		t.Errorf("docs/stores.md does not state the crash window (%s) and the mark (%s)", crashWindow, markedRetry)
 	}
 	for _, f := range []string{"docs/redis.md", "docs/postgres.md"} {
-		if !leaseOutlivesCaddy.MatchString(readRepoDoc(t, f)) {
-			t.Errorf("%s does not say that the lease survives Caddy and that the retry is processed again once it expires after lock_ttl (%s)", f, leaseOutlivesCaddy)
+		if s := readRepoDoc(t, f); !leaseOutlivesCaddy.MatchString(s) || !markedRetry.MatchString(s) {
+			t.Errorf("%s does not say that the lease survives Caddy and that the retry is processed again once it expires after lock_ttl (%s), marked (%s)", f, leaseOutlivesCaddy, markedRetry)
 		}
 	}
 }

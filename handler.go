@@ -34,6 +34,23 @@ var (
 
 var duplicateBody = []byte(`{"received":true}`)
 
+// headerPriorAttempt is set to "unknown" on a delivery passed on when an
+// earlier attempt of the event may have reached the backend with a fate
+// nobody knows (dedup.Reclaimed: its lease ran out, its Caddy died or it
+// was held after a timeout), or when the handler cannot vouch that it is
+// the first attempt (passed unchecked, on_store_error pass). A backend
+// that checks its own records for the event ID when it is present,
+// atomically with its work, closes the crash window. The handler always
+// strips the header a client sends.
+const headerPriorAttempt = "Sangho-Dedup-Prior-Attempt"
+
+// markPriorAttempt marks a delivery about to be passed on (see
+// headerPriorAttempt) and sets {http.sangho_dedup.prior_attempt}.
+func markPriorAttempt(r *http.Request, repl *caddy.Replacer) {
+	r.Header.Set(headerPriorAttempt, "unknown")
+	repl.Set("http.sangho_dedup.prior_attempt", "unknown")
+}
+
 // ServeHTTP verifies, deduplicates and passes on one delivery.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
@@ -43,6 +60,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		defer h.annotateSpan(span, repl) // see tracing.go
 	}
+
+	// Only the handler says whether an earlier attempt's fate is unknown.
+	delete(r.Header, headerPriorAttempt)
 
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
@@ -98,8 +118,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// under a known ID is a bug or an attack, never a duplicate.
 	if res != dedup.Claimed {
 		if other := dedup.Fingerprint(found); other != "" && other != fp {
-			if res == dedup.InFlight {
-				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", "in_flight"),
+			if res == dedup.InFlight || res == dedup.Reclaimed {
+				state := "in_flight"
+				if res == dedup.Reclaimed {
+					state = "unknown"
+				}
+				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", state),
 					zap.String("fingerprint", fp), zap.String("stored_fingerprint", other))
 			} else {
 				h.logger.Warn("payload mismatch", zap.String("event_id", id), zap.String("state", "done"),
@@ -125,8 +149,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
 	}
 
-	// Claimed: from here on the delivery is one value, settled once.
-	d := &delivery{h: h, ctx: sctx, repl: repl, key: key, token: token, id: id, typ: typ, fingerprint: fp, claimed: start}
+	// Claimed or Reclaimed: from here on the delivery is one value,
+	// settled once; a reclaimed one goes on marked, otherwise the same.
+	d := &delivery{h: h, ctx: sctx, repl: repl, key: key, token: token, id: id, typ: typ, fingerprint: fp, claimed: start,
+		marked: res == dedup.Reclaimed}
 	if ev.fromHeader {
 		// The ID is not signed: bind this signed message to its ID, so
 		// that a replay under another ID is refused (see bindSignature).
@@ -139,7 +165,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 
-	h.debug("event passed on", id, typ)
+	if d.marked {
+		markPriorAttempt(r, repl)
+		h.logger.Warn("event passed on marked", zap.String("event_id", id), zap.String("event_type", typ),
+			zap.String("prior_attempt", "unknown"))
+	} else {
+		h.debug("event passed on", id, typ)
+	}
 	return d.process(w, r, next)
 }
 
@@ -171,6 +203,7 @@ func fingerprint(body []byte) string {
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, id string, err error) error {
 	if h.pass {
 		h.outcome(repl, outcomeUnchecked)
+		markPriorAttempt(r, repl) // nothing vouches that it is the first attempt
 		h.logger.Warn("store failed", zap.String("event_id", id), zap.String("on_store_error", h.OnStoreError), zap.Error(err))
 		return next.ServeHTTP(w, r)
 	}
@@ -187,12 +220,14 @@ type delivery struct {
 	ctx  context.Context // the request's, detached from the client: store operations run to completion
 	repl *caddy.Replacer
 
-	key         string    // the event's store key, key_prefix + id
-	token       string    // the lease token: unique, then "." and the fingerprint
-	id, typ     string    // the event ID and type
-	fingerprint string    // of the body (see fingerprint)
-	claimed     time.Time // when the claim was sent: the lease runs from then
-	sigKey      string    // the signature record, when the ID is not signed (see bindSignature)
+	key         string          // the event's store key, key_prefix + id
+	token       string          // the lease token: unique, then "." and the fingerprint
+	id, typ     string          // the event ID and type
+	fingerprint string          // of the body (see fingerprint)
+	claimed     time.Time       // when the claim was sent: the lease runs from then
+	reqCtx      context.Context // the request's own: canceled when the client goes away
+	sigKey      string          // the signature record, when the ID is not signed (see bindSignature)
+	marked      bool            // reclaimed: passed on with Sangho-Dedup-Prior-Attempt: unknown
 
 	lease lease        // renewed while the next handler runs
 	sw    statusWriter // records the status line the next handler wrote
@@ -203,6 +238,7 @@ type delivery struct {
 func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	metrics.inFlight.Inc()
 	defer metrics.inFlight.Dec()
+	d.reqCtx = r.Context()
 	d.startLease()
 	d.sw.ResponseWriter = w
 	finished := false
@@ -223,6 +259,14 @@ func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhtt
 }
 
 var errPanic = errors.New("the next handler panicked")
+
+// statusClientClosedRequest is the status reverse_proxy writes when the
+// client goes away mid-request (nginx's 499).
+const statusClientClosedRequest = 499
+
+// errClientGone is the cause logged for a 499 written because the
+// client went away (see judge).
+var errClientGone = errors.New("the client went away mid-request (status 499)")
 
 // verdict is how a delivery that reached the next handler ends.
 type verdict int
@@ -248,12 +292,19 @@ const (
 // on the event or may have finished it, and releasing would let Sangho's
 // next attempt run concurrently or twice: hold the lease until it
 // expires (lock_ttl), so the retry is processed after that.
-func judge(status int, err error) verdict {
+//
+// 499 with the request's context canceled (clientGone) is such an
+// unknown outcome, not the backend's answer: Caddy's reverse_proxy
+// writes 499 itself, and returns no error, when the client goes away
+// mid-request, while the backend may go on to finish the work.
+func judge(status int, err error, clientGone bool) verdict {
 	switch {
 	case status == 0 && err == nil:
 		return toCommit
 	case status >= 200 && status <= 299:
 		return toCommit
+	case status == statusClientClosedRequest && clientGone:
+		return toHold
 	case status != 0:
 		return toRelease
 	case neverForwarded(err):
@@ -280,9 +331,18 @@ func neverForwarded(err error) bool {
 func (d *delivery) settle(err error) {
 	h := d.h
 	status := int(d.sw.status.Load())
-	switch judge(status, err) {
+	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
+	v := judge(status, err, gone)
+	if v == toHold && err == nil && status == statusClientClosedRequest {
+		err = errClientGone
+	}
+	switch v {
 	case toCommit:
-		h.outcome(d.repl, outcomeProcessed)
+		if d.marked {
+			h.outcome(d.repl, outcomeProcessedMarked)
+		} else {
+			h.outcome(d.repl, outcomeProcessed)
+		}
 		rec := dedup.DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
 		// Registered before the first try, so that a forget meanwhile
 		// waits for it and stops what follows (see Handler.forget).

@@ -12,7 +12,11 @@ import (
 // Outcomes of a delivery: the values of {http.sangho_dedup.outcome} and
 // of the outcome label of caddy_sangho_dedup_events_total.
 const (
-	outcomeProcessed        = "processed"
+	outcomeProcessed = "processed"
+	// processed_marked: processed (2xx) after being passed on with
+	// Sangho-Dedup-Prior-Attempt: unknown, the event's earlier attempt
+	// having an unknown fate (dedup.Reclaimed).
+	outcomeProcessedMarked  = "processed_marked"
 	outcomeDuplicate        = "duplicate"
 	outcomeInFlight         = "in_flight"
 	outcomeInvalidSignature = "invalid_signature"
@@ -26,7 +30,7 @@ const (
 )
 
 var allOutcomes = []string{
-	outcomeProcessed, outcomeDuplicate, outcomeInFlight, outcomeInvalidSignature,
+	outcomeProcessed, outcomeProcessedMarked, outcomeDuplicate, outcomeInFlight, outcomeInvalidSignature,
 	outcomeBadRequest, outcomeTooLarge, outcomeStoreError, outcomeUnchecked, outcomeReleased, outcomeHeld,
 	outcomePayloadMismatch,
 }

@@ -124,9 +124,17 @@ const (
 // delivery is a duplicate; a non-2xx status, or an error showing that the
 // request never left Caddy (a dial error, no upstreams available),
 // releases it, so that the sender's retry is processed; any other error
-// (a timeout, a connection lost, a panic) leaves unknown whether the
-// backend got it: the lease is held until it expires (`lock_ttl`), then
-// the retry is processed.
+// (a timeout, a connection lost, a panic), or the 499 reverse_proxy
+// writes when the client went away mid-request, leaves unknown whether
+// the backend got it: the lease is held until it expires (`lock_ttl`),
+// then the retry is processed, marked (below).
+//
+// A delivery that takes over an event whose earlier attempt's fate is
+// unknown (its lease ran out: its Caddy died, or it was held), or one
+// passed on unchecked (`on_store_error` `pass`), reaches the next
+// handler with the request header `Sangho-Dedup-Prior-Attempt: unknown`,
+// for a backend to check its own records; any such header a client sent
+// is removed first.
 //
 // This handler sets the following placeholders:
 //
@@ -135,6 +143,7 @@ const (
 // `{http.sangho_dedup.event_id}` | the event ID, once known
 // `{http.sangho_dedup.event_type}` | the event type: the body's top-level `type` (`github`: the X-GitHub-Event header; `shopify`: X-Shopify-Topic)
 // `{http.sangho_dedup.outcome}` | how the delivery ended, one of the outcomes below
+// `{http.sangho_dedup.prior_attempt}` | `unknown` when the delivery was passed on with `Sangho-Dedup-Prior-Attempt: unknown`, else empty
 //
 // Outcomes, also the values of the `outcome` label of the metric
 // caddy_sangho_dedup_events_total:
@@ -142,6 +151,7 @@ const (
 // Outcome | Meaning
 // --------|--------
 // `processed` | the next handler answered 2xx: the event is recorded as done
+// `processed_marked` | the same, for a delivery passed on with `Sangho-Dedup-Prior-Attempt: unknown` (it took over an earlier attempt whose fate is unknown)
 // `duplicate` | already processed: answered 200 without the next handler
 // `payload_mismatch` | already processed with another body: answered 422, or 200 with `on_payload_mismatch` `log`
 // `in_flight` | another delivery of the event is in flight: answered 409

@@ -24,6 +24,8 @@ const (
 	attrProvider  = "sangho_dedup.provider"
 	attrStore     = "sangho_dedup.store"
 	attrEndpoint  = "sangho_dedup.endpoint"
+	// "unknown" when the delivery was passed on marked (headerPriorAttempt)
+	attrPriorAttempt = "sangho_dedup.prior_attempt"
 	// span events, when the event is released or held (see settle)
 	spanEventReleased = "sangho_dedup.event_released"
 	spanEventHeld     = "sangho_dedup.event_held"
@@ -42,6 +44,7 @@ func (h *Handler) annotateSpan(span trace.Span, repl *caddy.Replacer) {
 		{attrEventID, "http.sangho_dedup.event_id"},
 		{attrEventType, "http.sangho_dedup.event_type"},
 		{attrOutcome, "http.sangho_dedup.outcome"},
+		{attrPriorAttempt, "http.sangho_dedup.prior_attempt"},
 	} {
 		if v, _ := repl.GetString(p.placeholder); v != "" {
 			attrs = append(attrs, attribute.String(p.attr, v))

@@ -28,31 +28,41 @@ type Store interface {
 	// expired). If it exists, Claim reports what it holds (done or in
 	// flight), returns the value it found, and changes nothing. A lease
 	// that holds the caller's own token counts as Claimed (a retried
-	// claim whose first attempt reached the store). An error never means
-	// "duplicate".
+	// claim whose first attempt reached the store: the same delivery,
+	// which passed nothing on yet), live or run out, and lives ttl again;
+	// a store that can tell answers Reclaimed if that first attempt took
+	// over a mark. Over another token's lease whose time ran out, a store
+	// that keeps marks (see MarkFor) takes the key and returns Reclaimed
+	// with the lease it replaced. An error never means "duplicate".
 	Claim(ctx context.Context, key, token string, ttl time.Duration) (ClaimResult, string, error)
 
 	// Renew extends the lease on key to ttl if key still holds the
-	// in-flight lease of token, and reports whether it did.
+	// in-flight lease of token, live (a lease whose time ran out is not
+	// renewed), and reports whether it did.
 	Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error)
 
 	// Commit turns key into the done record rec, with a time to live of
 	// retention, and reports whether key still held the lease of token
 	// (false: the lease was lost, yet the event is recorded as done all
-	// the same, since the backend did process it). A nil error means the
-	// record is as durable as the store promises (on disk, replicated).
+	// the same, since the backend did process it; for the token's own
+	// lease whose time ran out, a store may say either). A nil error
+	// means the record is as durable as the store promises (on disk,
+	// replicated). It replaces a mark like any value.
 	Commit(ctx context.Context, key, token string, rec DoneRecord, retention time.Duration) (bool, error)
 
 	// Release deletes key if it still holds the in-flight lease of
-	// token, and reports whether it did.
+	// token, and reports whether it did. A released lease leaves no mark;
+	// a store may delete the token's own lease whose time ran out too
+	// (the Redis and PostgreSQL stores do: its fate is known now).
 	Release(ctx context.Context, key, token string) (bool, error)
 
 	// Get returns what key holds, for operators; a zero Entry if absent.
 	Get(ctx context.Context, key string) (Entry, error)
 
 	// Forget deletes key if it holds a done record, or, with force, a
-	// lease too (Forgettable), so that the next delivery of the event is
-	// processed. It returns what key held and whether it deleted it.
+	// lease or a mark too (Forgettable), so that the next delivery of the
+	// event is processed. It returns what key held and whether it
+	// deleted it.
 	Forget(ctx context.Context, key string, force bool) (Entry, bool, error)
 }
 
@@ -102,7 +112,8 @@ const (
 )
 
 // Entry is a key's value (a done record or an in-flight lease, "" when
-// absent) and when it expires.
+// absent) and when it expires: of a lease, its own expiry, in the past
+// for a mark (the key itself is kept MarkFor longer).
 type Entry struct {
 	Value     string
 	ExpiresAt time.Time

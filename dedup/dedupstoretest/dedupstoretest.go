@@ -4,7 +4,7 @@
 //	func TestContract(t *testing.T) {
 //		dedupstoretest.Run(t, func(t *testing.T) dedupstoretest.Harness {
 //			s := newMyStore(t)
-//			return dedupstoretest.Harness{Store: s, Elapse: time.Sleep, Value: ..., TTL: ..., Short: 150 * time.Millisecond}
+//			return dedupstoretest.Harness{Store: s, Elapse: time.Sleep, Value: ..., TTL: ..., Short: 150 * time.Millisecond, Marks: true}
 //		})
 //	}
 package dedupstoretest
@@ -27,12 +27,20 @@ type Harness struct {
 	Store dedup.Store
 	// Elapse lets d pass for the store (a fake clock, or real time).
 	Elapse func(d time.Duration)
-	// Value and TTL read a key's raw value ("" if absent) and remaining
-	// time to live, behind the store's back.
+	// Value and TTL read a key's value ("" if absent) and remaining
+	// time to live, behind the store's back: of a lease, its value
+	// "inflight:<token>" and the time left until the lease's own expiry
+	// (a store that keeps marks may store more beside them, such as the
+	// mark's own time; the harness leaves that out).
 	Value func(key string) string
 	TTL   func(key string) time.Duration
 	// Short is a TTL small enough to wait for.
 	Short time.Duration
+	// Marks: the store keeps a lease whose time ran out as the mark of
+	// an attempt whose fate is unknown (for dedup.MarkFor), Get says
+	// it is "unknown", and a claim over another token's mark returns
+	// dedup.Reclaimed. Without Marks, the suite accepts Claimed there.
+	Marks bool
 }
 
 // Run runs the contract suite, each subtest on a fresh harness.
@@ -156,16 +164,160 @@ func Run(t *testing.T, newHarness func(*testing.T) Harness) {
 		}
 		mustClaim(t, h, "k", "tok2", lockTTL, dedup.AlreadyDone)
 	})
-	t.Run("an expired lease can be claimed again and not renewed", func(t *testing.T) {
+	// The crash window (dedup.Reclaimed, dedup.MarkFor): a lease whose
+	// time ran out is another attempt whose fate nobody knows.
+	reclaimed := func(h Harness) dedup.ClaimResult {
+		if h.Marks {
+			return dedup.Reclaimed
+		}
+		return dedup.Claimed
+	}
+	t.Run("an expired lease of another token is reclaimed, and its owner can neither renew nor release it", func(t *testing.T) {
 		h := newHarness(t)
 		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
 		h.Elapse(h.Short + h.Short/2)
 		if ok, _ := h.Store.Renew(ctx, "k", "tok1", lockTTL); ok {
 			t.Fatal("renewed an expired lease")
 		}
-		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Claimed)
+		res, found, err := h.Store.Claim(ctx, "k", "tok2", lockTTL)
+		if err != nil || res != reclaimed(h) {
+			t.Fatalf("claim over an expired lease = %v, %v; want %v", res, err, reclaimed(h))
+		}
+		if found != "" && found != "inflight:tok1" {
+			t.Fatalf("claim over an expired lease found %q; want the lease it replaced or nothing", found)
+		}
+		if ok, _ := h.Store.Renew(ctx, "k", "tok1", lockTTL); ok {
+			t.Fatal("the first owner renewed the second owner's lease")
+		}
 		if ok, _ := h.Store.Release(ctx, "k", "tok1"); ok {
 			t.Fatal("the first owner released the second owner's lease")
+		}
+		if v := h.Value("k"); v != "inflight:tok2" {
+			t.Fatalf("value = %q, want the second owner's lease", v)
+		}
+		approx(t, h.TTL("k"), lockTTL)
+		mustClaim(t, h, "k", "tok3", lockTTL, dedup.InFlight)
+		if ok, err := h.Store.Renew(ctx, "k", "tok2", time.Minute); err != nil || !ok {
+			t.Fatalf("renew of the reclaimed lease = %v, %v; want true", ok, err)
+		}
+		if held, err := h.Store.Commit(ctx, "k", "tok2", rec, retention); err != nil || !held {
+			t.Fatalf("commit of the reclaimed lease = %v, %v; want held", held, err)
+		}
+		mustClaim(t, h, "k", "tok3", lockTTL, dedup.AlreadyDone)
+	})
+	t.Run("concurrent claims over an expired lease: exactly one reclaims it", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "race", "tok0", h.Short, dedup.Claimed)
+		h.Elapse(h.Short + h.Short/2)
+		var won, inflight atomic.Int32
+		var wg sync.WaitGroup
+		for i := range 20 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, _, err := h.Store.Claim(ctx, "race", "tok"+strings.Repeat("x", i+1), lockTTL)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				switch res {
+				case reclaimed(h):
+					won.Add(1)
+				case dedup.InFlight:
+					inflight.Add(1)
+				}
+			}()
+		}
+		wg.Wait()
+		if won.Load() != 1 || inflight.Load() != 19 {
+			t.Fatalf("%v %d, in flight %d; want 1 and 19", reclaimed(h), won.Load(), inflight.Load())
+		}
+	})
+	t.Run("a lease whose time ran out is kept as a mark, state unknown", func(t *testing.T) {
+		h := newHarness(t)
+		if !h.Marks {
+			t.Skip("the store keeps no marks (Harness.Marks)")
+		}
+		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
+		h.Elapse(h.Short + h.Short/2)
+		e, err := h.Store.Get(ctx, "k")
+		if err != nil || e.State() != "unknown" || e.Value != "inflight:tok1" || !e.ExpiresAt.Before(time.Now()) {
+			t.Fatalf("get of an expired lease = %+v (state %s), %v; want unknown, the lease, expired", e, e.State(), err)
+		}
+		if v := h.Value("k"); v != "inflight:tok1" {
+			t.Fatalf("value of an expired lease = %q; want it kept", v)
+		}
+		if d := h.TTL("k"); d > 0 {
+			t.Fatalf("ttl of an expired lease = %v; want its own time run out", d)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Reclaimed)
+	})
+	t.Run("a released lease leaves no mark", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
+		if ok, err := h.Store.Release(ctx, "k", "tok1"); err != nil || !ok {
+			t.Fatalf("release = %v, %v; want true", ok, err)
+		}
+		h.Elapse(h.Short + h.Short/2)
+		if e, err := h.Store.Get(ctx, "k"); err != nil || e.State() != "absent" {
+			t.Fatalf("get after release = %+v, %v; want absent", e, err)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Claimed)
+	})
+	t.Run("a commit replaces the mark", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
+		h.Elapse(h.Short + h.Short/2)
+		// The owner commits late (its renewals failed): the backend did
+		// process the event, so it is done whatever the lease says.
+		if _, err := h.Store.Commit(ctx, "k", "tok1", rec, retention); err != nil {
+			t.Fatal(err)
+		}
+		e, err := h.Store.Get(ctx, "k")
+		if err != nil || e.State() != "done" || e.Value != rec.Encode() {
+			t.Fatalf("get after a commit over the mark = %+v, %v; want done", e, err)
+		}
+		approx(t, h.TTL("k"), retention)
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.AlreadyDone)
+	})
+	t.Run("forget keeps a mark without force and deletes it with force", func(t *testing.T) {
+		h := newHarness(t)
+		if !h.Marks {
+			t.Skip("the store keeps no marks (Harness.Marks)")
+		}
+		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
+		h.Elapse(h.Short + h.Short/2)
+		if e, deleted, err := h.Store.Forget(ctx, "k", false); err != nil || deleted || e.State() != "unknown" {
+			t.Fatalf("forget of a mark without force = %+v, %v, %v; want unknown, kept", e, deleted, err)
+		}
+		if v := h.Value("k"); v != "inflight:tok1" {
+			t.Fatalf("forget without force removed the mark: %q", v)
+		}
+		if e, deleted, err := h.Store.Forget(ctx, "k", true); err != nil || !deleted || e.State() != "unknown" {
+			t.Fatalf("forced forget of a mark = %+v, %v, %v; want unknown, deleted", e, deleted, err)
+		}
+		if v := h.Value("k"); v != "" {
+			t.Fatalf("key still there after a forced forget: %q", v)
+		}
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Claimed)
+	})
+	// A claim retried with the same token (its first attempt's answer
+	// was lost) is the same delivery, which passed nothing on yet: its
+	// own lease, live or run out, is Claimed, never Reclaimed, and lives
+	// lock_ttl again.
+	t.Run("a retried claim over its own expired lease is claimed, with a fresh lease", func(t *testing.T) {
+		h := newHarness(t)
+		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
+		h.Elapse(h.Short + h.Short/2)
+		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		e, err := h.Store.Get(ctx, "k")
+		if err != nil || e.State() != "in_flight" || e.Value != "inflight:tok1" {
+			t.Fatalf("get after the retried claim = %+v, %v; want in flight", e, err)
+		}
+		approx(t, h.TTL("k"), lockTTL)
+		mustClaim(t, h, "k", "tok2", lockTTL, dedup.InFlight)
+		if ok, err := h.Store.Renew(ctx, "k", "tok1", time.Minute); err != nil || !ok {
+			t.Fatalf("renew after the retried claim = %v, %v; want true", ok, err)
 		}
 	})
 	t.Run("a done record expires after retention", func(t *testing.T) {

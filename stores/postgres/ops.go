@@ -22,6 +22,14 @@ type statements struct {
 	sweep                                      string
 }
 
+// present is the rows a key holds: a live row, or a lease whose time
+// ran out within dedup.MarkFor, kept as the mark of an attempt whose
+// fate is unknown (its expires_at is the lease's own; see claim).
+var present = fmt.Sprintf(`(expires_at > now() OR (lease_token IS NOT NULL AND expires_at > now() - %s))`, markFor)
+
+// markFor is dedup.MarkFor as an SQL interval.
+var markFor = fmt.Sprintf(`interval '%d microseconds'`, dedup.MarkFor.Microseconds())
+
 // cols is what a statement returns of a row, in scanRow's order.
 const cols = `lease_token, processed_at, event_type, fingerprint, message_event_id, expires_at`
 
@@ -32,7 +40,7 @@ func ttlExpr(n int) string {
 }
 
 func newStatements(table string) statements {
-	r := strings.NewReplacer("{t}", table, "{cols}", cols)
+	r := strings.NewReplacer("{t}", table, "{cols}", cols, "{present}", present, "{mark}", markFor)
 	index := strings.Trim(table[strings.LastIndex(table, ".")+1:], `"`) + "_expires_at"
 	return statements{
 		// One statement, one round trip. cur reads the row as of the
@@ -54,20 +62,29 @@ func newStatements(table string) statements {
 		// simpler "ON CONFLICT DO UPDATE always, RETURNING the row" would
 		// need no retry but writes (and, with synchronous_commit, flushes
 		// WAL) on every duplicate.
+		//
+		// Marks (dedup.MarkFor): a lease whose time ran out stays in its
+		// row until the sweep deletes it, MarkFor after. When the claim
+		// takes over such a row of another token, it returns that token
+		// in the lease column of its "true" row: Reclaimed. The token is
+		// read from cur, the row as of the statement's start; it can only
+		// be stale if the owner released its lease in the instant between
+		// (a mark then goes with a delivery that needed none: safe).
 		claim: r.Replace(`WITH cur AS (
-  SELECT {cols} FROM {t} WHERE event_id = $1 AND expires_at > now()
+  SELECT {cols}, expires_at > now() AS live FROM {t} WHERE event_id = $1
 ), ins AS (
   INSERT INTO {t} AS e (event_id, lease_token, expires_at)
-  SELECT $1, $2, ` + ttlExpr(3) + ` WHERE NOT EXISTS (SELECT 1 FROM cur)
+  SELECT $1, $2, ` + ttlExpr(3) + ` WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
   ON CONFLICT (event_id) DO UPDATE
     SET lease_token = excluded.lease_token, expires_at = excluded.expires_at,
         processed_at = NULL, event_type = '', fingerprint = '', message_event_id = NULL
     WHERE e.expires_at <= now()
   RETURNING 1
 )
-SELECT true, NULL::text, NULL::timestamptz, '', '', NULL::text, NULL::timestamptz FROM ins
+SELECT true, (SELECT c.lease_token FROM cur c WHERE c.lease_token <> $2 AND c.expires_at > now() - {mark}),
+  NULL::timestamptz, '', '', NULL::text, NULL::timestamptz FROM ins
 UNION ALL
-SELECT false, {cols} FROM cur`),
+SELECT false, {cols} FROM cur WHERE live`),
 		renew: r.Replace(`UPDATE {t} SET expires_at = ` + ttlExpr(3) + `
 WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
 		// held is read as of the statement's start; the done record is
@@ -84,15 +101,16 @@ WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
 )
 SELECT coalesce((SELECT held FROM prev), false)`),
 		channel: forgetChannel(table),
-		release: r.Replace(`DELETE FROM {t} WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
-		get:     r.Replace(`SELECT {cols} FROM {t} WHERE event_id = $1 AND expires_at > now()`),
+		// The token's lease, live or a mark: a released lease leaves none.
+		release: r.Replace(`DELETE FROM {t} WHERE event_id = $1 AND lease_token = $2 AND {present}`),
+		get:     r.Replace(`SELECT {cols} FROM {t} WHERE event_id = $1 AND {present}`),
 		forget: r.Replace(`WITH d AS (
-  DELETE FROM {t} WHERE event_id = $1 AND expires_at > now() AND ($2 OR lease_token IS NULL)
+  DELETE FROM {t} WHERE event_id = $1 AND {present} AND ($2 OR lease_token IS NULL)
   RETURNING {cols}
 )
 SELECT true, {cols} FROM d
 UNION ALL
-SELECT false, {cols} FROM {t} WHERE event_id = $1 AND expires_at > now() AND NOT EXISTS (SELECT 1 FROM d)`),
+SELECT false, {cols} FROM {t} WHERE event_id = $1 AND {present} AND NOT EXISTS (SELECT 1 FROM d)`),
 		ddl: []string{
 			r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
   event_id         text        PRIMARY KEY,
@@ -107,8 +125,8 @@ SELECT false, {cols} FROM {t} WHERE event_id = $1 AND expires_at > now() AND NOT
 			r.Replace(`CREATE INDEX IF NOT EXISTS ` + `"` + index + `"` + ` ON {t} (expires_at)`),
 		},
 		sweep: r.Replace(`DELETE FROM {t} WHERE event_id IN (
-  SELECT event_id FROM {t} WHERE expires_at <= now() LIMIT $1 FOR UPDATE SKIP LOCKED
-) AND expires_at <= now()`),
+  SELECT event_id FROM {t} WHERE expires_at <= now() AND NOT {present} LIMIT $1 FOR UPDATE SKIP LOCKED
+) AND expires_at <= now() AND NOT {present}`),
 	}
 }
 
@@ -205,6 +223,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 			}
 			if claimed {
 				res, found = dedup.Claimed, ""
+				if r.lease != nil { // another token's mark, now ours
+					res, found = dedup.Reclaimed, dedup.LeaseValue(*r.lease)
+				}
 				return nil
 			}
 			found = r.value()

@@ -42,8 +42,12 @@ func TestSweepBehindPgBouncer(t *testing.T) {
 		t.Fatal(err)
 	}
 	for round := range 9 {
-		for i := range 3 {
-			if _, _, err := s.Claim(ctx, fmt.Sprintf("r%d-%d", round, i), "tok", time.Millisecond); err != nil {
+		for i := range 3 { // done records that expire at once (a lease would stay, a mark)
+			key := fmt.Sprintf("r%d-%d", round, i)
+			if _, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Commit(ctx, key, "tok", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -74,7 +78,10 @@ func TestSweepBehindPgBouncer(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, s.db.lockKey()); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.Claim(ctx, "late", "tok", time.Millisecond); err != nil {
+	if _, _, err := s.Claim(ctx, "late", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "late", "tok", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(5 * time.Millisecond)

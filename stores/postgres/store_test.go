@@ -81,7 +81,7 @@ func TestStoreContract(t *testing.T) {
 			var r row
 			var left time.Duration
 			err := admin.QueryRow(context.Background(),
-				`SELECT `+cols+`, extract(epoch from expires_at - now()) * 1e6 FROM `+table+` WHERE event_id = $1 AND expires_at > now()`, key).
+				`SELECT `+cols+`, extract(epoch from expires_at - now()) * 1e6 FROM `+table+` WHERE event_id = $1 AND `+present, key).
 				Scan(append(r.dest(), &left)...)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return row{}, 0, false
@@ -106,13 +106,15 @@ func TestStoreContract(t *testing.T) {
 				return left
 			},
 			Short: 300 * time.Millisecond,
+			Marks: true,
 		}
 	})
 }
 
 // Many goroutines through many pools (as many Caddy instances) claim one
 // event ID at once: exactly one gets it, round after round, also when
-// the row is an expired lease that they all try to take over.
+// the row is an expired lease that they all try to take over (a mark:
+// the one that gets it has Reclaimed).
 func TestConcurrentClaimsManyPools(t *testing.T) {
 	srv := pgtest.Start(t)
 	table := uniqueTable()
@@ -124,7 +126,9 @@ func TestConcurrentClaimsManyPools(t *testing.T) {
 	ctx := context.Background()
 	for round := range 20 {
 		key := fmt.Sprintf("evt_%d", round)
+		want := dedup.Claimed
 		if round%2 == 1 { // an expired lease to take over
+			want = dedup.Reclaimed
 			if _, _, err := stores[0].Claim(ctx, key, "old", time.Millisecond); err != nil {
 				t.Fatal(err)
 			}
@@ -142,7 +146,7 @@ func TestConcurrentClaimsManyPools(t *testing.T) {
 					return
 				}
 				switch res {
-				case dedup.Claimed:
+				case want:
 					claimed.Add(1)
 				case dedup.InFlight:
 					inflight.Add(1)
@@ -151,7 +155,7 @@ func TestConcurrentClaimsManyPools(t *testing.T) {
 		}
 		wg.Wait()
 		if claimed.Load() != 1 || inflight.Load() != 63 {
-			t.Fatalf("round %d: claimed %d, in flight %d; want 1 and 63", round, claimed.Load(), inflight.Load())
+			t.Fatalf("round %d: %v %d, in flight %d; want 1 and 63", round, want, claimed.Load(), inflight.Load())
 		}
 	}
 }
@@ -184,7 +188,8 @@ func TestDoneRecordColumns(t *testing.T) {
 
 // Expired rows are deleted in batches by one instance at a time: while
 // another session holds the sweep's advisory lock, a sweep deletes
-// nothing; then one deletes every expired row and no live one.
+// nothing; then one deletes every expired row and no live one. A lease
+// whose time ran out is kept as a mark for dedup.MarkFor, then swept.
 func TestSweepBatchesOneInstanceAtATime(t *testing.T) {
 	srv := pgtest.Start(t)
 	table := uniqueTable()
@@ -195,6 +200,8 @@ func TestSweepBatchesOneInstanceAtATime(t *testing.T) {
 	}
 	srv.Psql(t, `INSERT INTO `+table+` (event_id, processed_at, expires_at)
   SELECT 'old_' || g, now(), now() - interval '1 second' FROM generate_series(1, 2500) g`)
+	srv.Psql(t, `INSERT INTO `+table+` (event_id, lease_token, expires_at) VALUES
+  ('mark', 'tok', now() - interval '1 day'), ('old_mark', 'tok', now() - interval '8 days')`)
 	other := connect(t, srv.DSN)
 	if _, err := other.Exec(ctx, `SELECT pg_advisory_lock($1)`, s.db.lockKey()); err != nil {
 		t.Fatal(err)
@@ -207,32 +214,73 @@ func TestSweepBatchesOneInstanceAtATime(t *testing.T) {
 		t.Fatal(err)
 	}
 	n, swept, err = s.db.sweep(ctx)
-	if err != nil || !swept || n != 2500 {
-		t.Fatalf("sweep = %d, %v, %v; want 2500 deleted", n, swept, err)
+	if err != nil || !swept || n != 2501 {
+		t.Fatalf("sweep = %d, %v, %v; want 2501 deleted", n, swept, err)
 	}
-	if got := srv.Psql(t, `SELECT string_agg(event_id, ',') FROM `+table); got != "live" {
-		t.Fatalf("rows left = %q, want live", got)
+	if got := srv.Psql(t, `SELECT string_agg(event_id, ',' ORDER BY event_id) FROM `+table); got != "live,mark" {
+		t.Fatalf("rows left = %q, want live,mark", got)
 	}
 	if got := srv.Psql(t, `SELECT indexdef FROM pg_indexes WHERE tablename = '`+table+`' AND indexdef LIKE '%expires_at%'`); got == "" {
 		t.Fatal("no index on expires_at")
 	}
 }
 
-// The background sweeper runs on its own at cleanup_interval.
+// The background sweeper runs on its own at cleanup_interval: an
+// expired done record goes, a lease whose time ran out stays (a mark).
 func TestSweeperRuns(t *testing.T) {
 	srv := pgtest.Start(t)
 	table := uniqueTable()
 	s, _ := provision(t, storeJSON(srv.DSN, table, "cleanup_interval", "50ms"))
 	ctx := context.Background()
-	if _, _, err := s.Claim(ctx, "gone", "tok", time.Millisecond); err != nil {
+	if _, _, err := s.Claim(ctx, "gone", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(ctx, "gone", "tok", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Claim(ctx, "mark", "tok", time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for srv.Psql(t, `SELECT count(*) FROM `+table) != "0" {
+	for srv.Psql(t, `SELECT string_agg(event_id, ',') FROM `+table) != "mark" {
 		if time.Now().After(deadline) {
-			t.Fatal("the expired lease was not swept")
+			t.Fatal("the expired record was not swept, or the mark was")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPostgresMarks: the previous release's rows are read as before (a
+// lease whose time ran out becomes a mark: the same row), and the
+// owner's release of its own mark deletes it.
+func TestPostgresMarks(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "first", "tok", time.Hour); err != nil { // creates the table
+		t.Fatal(err)
+	}
+	srv.Psql(t, `INSERT INTO `+table+` (event_id, lease_token, expires_at) VALUES ('old', 'oldtok', now() + interval '400 milliseconds')`)
+	res, found, err := s.Claim(ctx, "old", "tok2", time.Minute)
+	if err != nil || res != dedup.InFlight || found != "inflight:oldtok" {
+		t.Fatalf("claim over a live lease of the previous release = %v, %q, %v; want in flight", res, found, err)
+	}
+	time.Sleep(500 * time.Millisecond)
+	res, found, err = s.Claim(ctx, "old", "tok2", time.Minute)
+	if err != nil || res != dedup.Reclaimed || found != "inflight:oldtok" {
+		t.Fatalf("claim after it ran out = %v, %q, %v; want reclaimed", res, found, err)
+	}
+
+	if _, _, err := s.Claim(ctx, "own", "tok1", 100*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if ok, err := s.Release(ctx, "own", "tok1"); err != nil || !ok {
+		t.Fatalf("release of the own mark = %v, %v; want true", ok, err)
+	}
+	if res, _, err := s.Claim(ctx, "own", "tok2", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim after the release = %v, %v; want claimed", res, err)
 	}
 }
 

@@ -69,8 +69,13 @@ func redisEntry(res []any) (dedup.Entry, error) {
 	}
 	val, _ := res[0].(string)
 	ttl, _ := res[1].(int64)
+	lease, mark, marked := splitMark(val)
+	if marked {
+		// the lease's own expiry: in the past for a mark (state unknown)
+		val, ttl = lease, ttl-mark.Milliseconds()
+	}
 	e := dedup.Entry{Value: val}
-	if ttl > 0 {
+	if ttl > 0 || marked {
 		e.ExpiresAt = time.Now().Add(msDuration(ttl))
 	}
 	return e, nil

@@ -82,6 +82,31 @@ func BenchmarkRedisStore(b *testing.B) {
 			})
 		}
 	}
+	// in flight: every claim meets another delivery's live lease (a
+	// redelivery while the first attempt runs).
+	inFlight := func(s *Store) func(b *testing.B) {
+		return func(b *testing.B) {
+			ctx := context.Background()
+			keys := make([]string, 64)
+			for i := range keys {
+				keys[i] = testKeyPrefix + "evt_live_" + strconv.FormatInt(seq.Add(1), 10)
+				_, _, _ = s.Claim(ctx, keys[i], newToken(), time.Hour)
+			}
+			b.ReportAllocs()
+			b.SetParallelism(16)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				i := int(seq.Add(1))
+				for pb.Next() {
+					i++
+					if res, _, err := s.Claim(ctx, keys[i%len(keys)], "tok", time.Minute); err != nil || res != dedup.InFlight {
+						b.Fatalf("claim: %v %v", res, err)
+					}
+				}
+			})
+		}
+	}
+	b.Run("inflight/pipe", inFlight(newStore(b, &Store{LocalCache: &off})))
 	b.Run("new/pipe", newEvents(newStore(b, &Store{LocalCache: &off})))
 	ap := newStore(b, &Store{LocalCache: &off, PoolSize: 9})
 	apc, err := ap.client.AutoPipeline()

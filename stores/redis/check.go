@@ -145,7 +145,7 @@ var deniedCommandRE = regexp.MustCompile(`'([A-Za-z0-9_|.-]+)' command`)
 // checkPermissions runs, once, every command the store sends, on a key
 // of its own next to key (so that it falls under the same ACL key
 // pattern; ':' cannot appear in an event ID, so it is never an event's
-// key): the claim's SET, GET, PEXPIRE and, through the release script,
+// key): the claim's SET, GET, PEXPIRE, PTTL and, through the release script,
 // DEL, both scripts with EVAL and EVALSHA, and WAIT 0 0 when
 // WaitReplicas is set. A refusal is a *permissionError; any other error
 // (Redis down) is returned as it is.
@@ -185,6 +185,10 @@ func (s *Store) checkPermissions(ctx context.Context, key string) error {
 		return err
 	}
 	if err := step("pexpire", s.client.PExpire(ctx, ck, ttl).Err()); err != nil {
+		return err
+	}
+	// PTTL tells a live lease from a mark (lua/claim.lua, lua/renew.lua).
+	if err := step("pttl", s.client.PTTL(ctx, ck).Err()); err != nil {
 		return err
 	}
 	n, err := renewScript.Eval(ctx, s.client, []string{ck}, lease, ttl.Milliseconds()).Int64()

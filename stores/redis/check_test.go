@@ -40,6 +40,7 @@ func TestRedisPermissionCheckNamesTheMissingCommand(t *testing.T) {
 		{drop: "+set", want: "set"},
 		{drop: "+get", want: "get"},
 		{drop: "+pexpire", want: "pexpire"},
+		{drop: "+pttl", want: "pttl"},
 		{drop: "+del", want: "del"},
 		{drop: "+eval", want: "eval"},
 		{drop: "+evalsha", want: "evalsha"},

@@ -6,6 +6,10 @@ import (
 	"context"
 	_ "embed"
 	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -15,11 +19,14 @@ import (
 )
 
 var (
+	//go:embed lua/claim.lua
+	claimLua string
 	//go:embed lua/renew.lua
 	renewLua string
 	//go:embed lua/release.lua
 	releaseLua string
 
+	claimScript   = goredis.NewScript(claimLua)
 	renewScript   = goredis.NewScript(renewLua)
 	releaseScript = goredis.NewScript(releaseLua)
 )
@@ -41,10 +48,14 @@ func (s *Store) failed(err error) error {
 	return err
 }
 
-// Claim implements Store with `SET key lease NX GET PX ttl`, unless the
-// local cache holds key's done record. Until the Redis user is known to
-// have every permission the store needs (permCheck), it checks them
-// first and fails without claiming if one is missing.
+// Claim implements Store with `SET key lease NX GET PX ttl+MarkFor`
+// (see markTag), unless the local cache holds key's done record. A new
+// event or a done one costs that one command; only when it finds a
+// marked lease (another delivery in flight, or a mark) does the claim
+// script decide, atomically on Redis's clock, whether it is live
+// (InFlight) or a mark (Reclaimed, now ours). Until the Redis user is
+// known to have every permission the store needs (permCheck), it checks
+// them first and fails without claiming if one is missing.
 func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	if s.users.Closed() {
 		// A delivery that reached a config already cleaned up, whose
@@ -61,12 +72,15 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 			return 0, "", s.failed(err)
 		}
 	}
-	old, null, err := s.set(ctx, key, dedup.InflightPrefix, token, ttl, true)
+	old, null, err := s.set(ctx, key, dedup.InflightPrefix, token, markSuffix, withMark(ttl), true)
 	if err != nil {
 		return 0, "", s.failed(err)
 	}
 	if null {
 		return dedup.Claimed, "", nil
+	}
+	if _, _, marked := splitMark(old); marked {
+		return s.claimMarked(ctx, key, token, ttl)
 	}
 	res := dedup.Classify(old, token)
 	if res == dedup.AlreadyDone && s.tracker != nil {
@@ -78,24 +92,72 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 	return dedup.Claimed, "", nil
 }
 
-// set runs `SET key <v1><v2> PX ttl [NX] GET` on the pipe, the
-// auto-pipeliner or the client, and returns the old value or null.
-func (s *Store) set(ctx context.Context, key, v1, v2 string, ttl time.Duration, nx bool) (string, bool, error) {
+// claimMarked is the claim script (lua/claim.lua), for a key that holds
+// a marked lease.
+func (s *Store) claimMarked(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	lease := dedup.LeaseValue(token)
+	ms := strconv.FormatInt(withMark(ttl).Milliseconds(), 10)
+	var reply string
+	var err error
 	if s.pipe != nil {
-		return s.pipe.set(ctx, key, v1, v2, ttl, nx)
+		reply, err = s.pipe.evalsha(ctx, claimScript.Hash(), key, lease, lease+markSuffix, ms)
+	}
+	if s.pipe == nil || isNoScript(err) {
+		// go-redis loads the script when Redis has not got it (NOSCRIPT)
+		reply, err = claimScript.Run(ctx, s.cmd, []string{key}, lease, lease+markSuffix, ms).Text()
+	}
+	if err != nil {
+		return 0, "", s.failed(err)
+	}
+	if reply == "" || reply[0] < '0' || reply[0] > '3' {
+		return 0, "", fmt.Errorf("redis store: unexpected claim script reply %q", reply)
+	}
+	old := reply[1:]
+	switch r := dedup.ClaimResult(reply[0] - '0'); r {
+	case dedup.Claimed:
+		return r, "", nil
+	case dedup.AlreadyDone:
+		if s.tracker != nil {
+			s.tracker.learn(key)
+		}
+		return r, old, nil
+	case dedup.InFlight, dedup.Reclaimed:
+		return r, leaseOf(old), nil
+	}
+	return 0, "", fmt.Errorf("redis store: unexpected claim script reply %q", reply)
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// withMark is a lease's ttl plus the mark's time (saturating).
+func withMark(ttl time.Duration) time.Duration {
+	if ttl > math.MaxInt64-dedup.MarkFor {
+		return math.MaxInt64
+	}
+	return ttl + dedup.MarkFor
+}
+
+// set runs `SET key <v1><v2><v3> PX ttl [NX] GET` on the pipe, the
+// auto-pipeliner or the client, and returns the old value or null.
+func (s *Store) set(ctx context.Context, key, v1, v2, v3 string, ttl time.Duration, nx bool) (string, bool, error) {
+	if s.pipe != nil {
+		return s.pipe.set(ctx, key, v1, v2, v3, ttl, nx)
 	}
 	args := goredis.SetArgs{TTL: ttl, Get: true}
 	if nx {
 		args.Mode = "NX"
 	}
-	old, err := s.cmd.SetArgs(ctx, key, v1+v2, args).Result()
+	old, err := s.cmd.SetArgs(ctx, key, v1+v2+v3, args).Result()
 	if errors.Is(err, goredis.Nil) {
 		return "", true, nil
 	}
 	return old, false, err
 }
 
-// Renew implements Store with a compare-and-extend script.
+// Renew implements Store with a compare-and-extend script: a lease whose
+// time ran out (a mark) is not renewed.
 func (s *Store) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
 	n, err := renewScript.Run(ctx, s.cmd, []string{key}, dedup.LeaseValue(token), ttl.Milliseconds()).Int()
 	if err != nil {
@@ -119,7 +181,7 @@ func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRec
 			null, err = true, nil
 		}
 	} else {
-		old, null, err = s.set(ctx, key, "", val, retention, false)
+		old, null, err = s.set(ctx, key, "", val, "", retention, false)
 	}
 	if err != nil {
 		return false, s.failed(err)
@@ -128,7 +190,8 @@ func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRec
 		return false, nil
 	}
 	// A retried commit whose first attempt landed finds its own record.
-	return dedup.IsLease(old, token) || old == val, nil
+	// Our own lease counts as held live or run out (nobody took it over).
+	return dedup.IsLease(leaseOf(old), token) || old == val, nil
 }
 
 func (s *Store) commitAndWait(ctx context.Context, key, val string, retention time.Duration) (string, error) {
@@ -162,7 +225,8 @@ func (s *Store) commitAndWait(ctx context.Context, key, val string, retention ti
 	return old, nil
 }
 
-// Release implements Store with a compare-and-delete script.
+// Release implements Store with a compare-and-delete script: it deletes
+// the token's lease live or run out (a released lease leaves no mark).
 func (s *Store) Release(ctx context.Context, key, token string) (bool, error) {
 	n, err := releaseScript.Run(ctx, s.cmd, []string{key}, dedup.LeaseValue(token)).Int()
 	if err != nil {

@@ -72,11 +72,39 @@ type pipeCall struct {
 
 var callPool = sync.Pool{New: func() any { return &pipeCall{done: make(chan struct{}, 1)} }}
 
-// set runs `SET key <v1><v2> PX ttl [NX] GET` and returns the old
+// pipeCmd is a command of the pipe: `SET key <v1><v2><v3> PX ttl [NX]
+// GET`, or, with script set, that command as it is (the claim script's
+// EVALSHA, whose reply is a string).
+type pipeCmd struct {
+	key, v1, v2, v3 string
+	ttl             time.Duration
+	nx              bool
+	script          []string
+}
+
+func (cmd *pipeCmd) append(b []byte) []byte {
+	if cmd.script != nil {
+		return appendCommand(b, cmd.script...)
+	}
+	return appendSet(b, cmd.key, cmd.v1, cmd.v2, cmd.v3, cmd.ttl, cmd.nx)
+}
+
+// set runs `SET key <v1><v2><v3> PX ttl [NX] GET` and returns the old
 // value, or null. A command lost with its connection is sent
 // once more on a new one (the store's SETs are safe to repeat: a claim
 // finds its own lease, a commit its own record).
-func (p *redisPipe) set(ctx context.Context, key, v1, v2 string, ttl time.Duration, nx bool) (old string, null bool, err error) {
+func (p *redisPipe) set(ctx context.Context, key, v1, v2, v3 string, ttl time.Duration, nx bool) (old string, null bool, err error) {
+	return p.run(ctx, &pipeCmd{key: key, v1: v1, v2: v2, v3: v3, ttl: ttl, nx: nx})
+}
+
+// evalsha runs `EVALSHA sha 1 key args...` for a script whose reply is a
+// string (the claim script: safe to repeat, see lua/claim.lua).
+func (p *redisPipe) evalsha(ctx context.Context, sha, key string, args ...string) (string, error) {
+	val, _, err := p.run(ctx, &pipeCmd{script: append([]string{"EVALSHA", sha, "1", key}, args...)})
+	return val, err
+}
+
+func (p *redisPipe) run(ctx context.Context, cmd *pipeCmd) (old string, null bool, err error) {
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return "", false, err
@@ -86,7 +114,7 @@ func (p *redisPipe) set(ctx context.Context, key, v1, v2 string, ttl time.Durati
 			return "", false, err
 		}
 		call := callPool.Get().(*pipeCall)
-		lead, ok := c.send(call, key, v1, v2, ttl, nx)
+		lead, ok := c.send(call, cmd)
 		if !ok {
 			callPool.Put(call)
 			continue // the connection broke under us: get another
@@ -172,13 +200,13 @@ func (p *redisPipe) close() {
 // unless a batch is awaiting replies (then the caller that reads them
 // writes it when they are in). It reports whether the caller is to read
 // (no one is), and false if the connection is broken.
-func (c *pipeConn) send(call *pipeCall, key, v1, v2 string, ttl time.Duration, nx bool) (lead, ok bool) {
+func (c *pipeConn) send(call *pipeCall, cmd *pipeCmd) (lead, ok bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.broken != nil {
 		return false, false
 	}
-	c.wbuf = appendSet(c.wbuf, key, v1, v2, ttl, nx)
+	c.wbuf = cmd.append(c.wbuf)
 	c.queue = append(c.queue, call)
 	c.unsent++
 	if !c.reading {

@@ -55,7 +55,7 @@ func init() {
 // the old one.
 //
 // Before its first claim the store checks that the Redis user may run
-// every command it sends (SET, GET, PEXPIRE, DEL, EVAL, EVALSHA, WAIT
+// every command it sends (SET, GET, PEXPIRE, PTTL, DEL, EVAL, EVALSHA, WAIT
 // with wait_replicas; CLUSTER SLOTS on a Cluster): until it may, claims
 // fail (the handler answers 503) and the refused command is logged at
 // error level. The same check warns when Redis can evict keys

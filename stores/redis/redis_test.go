@@ -40,12 +40,27 @@ func redisHarnessWith(t *testing.T, noPipeline bool) dedupstoretest.Harness {
 	srv := startRedis(t)
 	s := provisionRedisStore(t, &Store{Address: []string{srv.Addr}, DisablePipeline: noPipeline})
 	c := srv.Client(t)
+	// A lease's value and time as the contract sees them: the mark's
+	// own time (see markSuffix) left out.
 	return dedupstoretest.Harness{
 		Store:  s,
 		Elapse: time.Sleep,
-		Value:  func(key string) string { return c.Get(context.Background(), key).Val() },
-		TTL:    func(key string) time.Duration { return c.PTTL(context.Background(), key).Val() },
-		Short:  150 * time.Millisecond,
+		Value: func(key string) string {
+			v := c.Get(context.Background(), key).Val()
+			if lease, _, ok := splitMark(v); ok {
+				return lease
+			}
+			return v
+		},
+		TTL: func(key string) time.Duration {
+			ttl := c.PTTL(context.Background(), key).Val()
+			if _, mark, ok := splitMark(c.Get(context.Background(), key).Val()); ok {
+				return ttl - mark
+			}
+			return ttl
+		},
+		Short: 150 * time.Millisecond,
+		Marks: true,
 	}
 }
 func TestStoreContractRedis(t *testing.T) { dedupstoretest.Run(t, redisHarness) }

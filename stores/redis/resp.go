@@ -49,8 +49,8 @@ func appendBulkInt(b []byte, n int64) []byte {
 	return append(b, '\r', '\n')
 }
 
-// appendSet appends `SET key <v1><v2> PX ms [NX] GET`.
-func appendSet(b []byte, key, v1, v2 string, ttl time.Duration, nx bool) []byte {
+// appendSet appends `SET key <v1><v2><v3> PX ms [NX] GET`.
+func appendSet(b []byte, key, v1, v2, v3 string, ttl time.Duration, nx bool) []byte {
 	if nx {
 		b = append(b, "*7\r\n$3\r\nSET\r\n"...)
 	} else {
@@ -58,10 +58,11 @@ func appendSet(b []byte, key, v1, v2 string, ttl time.Duration, nx bool) []byte 
 	}
 	b = appendBulk(b, key)
 	b = append(b, '$')
-	b = strconv.AppendInt(b, int64(len(v1)+len(v2)), 10)
+	b = strconv.AppendInt(b, int64(len(v1)+len(v2)+len(v3)), 10)
 	b = append(b, '\r', '\n')
 	b = append(b, v1...)
 	b = append(b, v2...)
+	b = append(b, v3...)
 	b = append(b, "\r\n$2\r\nPX\r\n"...)
 	b = appendBulkInt(b, max(ttl.Milliseconds(), 1))
 	if nx {
