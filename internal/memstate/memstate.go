@@ -1,10 +1,19 @@
 // Package memstate is a sharded map of dedup values with per-entry
 // expiry and a sweeper: the memory store's state, and the file store's
 // leases.
+//
+// A lease whose time ran out is kept dedup.MarkFor longer, as the mark of
+// an attempt whose fate is unknown: a claim by another token over it is
+// dedup.Reclaimed, Lookup returns it (its ExpiresAt, the lease's own, is
+// past: Entry.State says "unknown"), Forget deletes it only with force. A
+// release deletes it (the fate is known), a commit replaces it; the
+// sweeper deletes it once MarkFor is over, as it deletes everything past
+// its time.
 package memstate
 
 import (
 	"hash/maphash"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,22 +29,55 @@ type memEntry struct {
 	expires time.Time
 }
 
+// lease reports whether e is a lease (live, or a mark).
+func (e memEntry) lease() bool { return strings.HasPrefix(e.val, dedup.InflightPrefix) }
+
+// kept reports whether e is still kept at now: until its expiry, and a
+// lease MarkFor longer, as a mark.
+func (e memEntry) kept(now time.Time) bool {
+	if now.Before(e.expires) {
+		return true
+	}
+	return e.lease() && now.Before(e.expires.Add(dedup.MarkFor))
+}
+
 type memShard struct {
 	mu sync.Mutex
 	m  map[string]memEntry
 }
 
-// State is a sharded map with per-entry expiry and a sweeper.
-type State struct {
-	now    func() time.Time
-	seed   maphash.Seed
-	shards [memShards]memShard
-	stop   chan struct{}
-	done   chan struct{}
+// Journal is told of every change to the leases (and marks), under the
+// lock of the key's shard, so that it sees the changes of one key in the
+// order they happen: the file store writes them to disk. An error from
+// Set or Delete leaves the state unchanged and is returned to the caller.
+type Journal interface {
+	// Set records that key holds the lease val until expires.
+	Set(key, val string, expires time.Time) error
+	// Delete records that keys hold no lease any more.
+	Delete(keys ...string) error
+	// Sync makes the changes recorded so far durable. It is called
+	// without any lock held, after a claim or a renewal.
+	Sync() error
 }
 
+// State is a sharded map with per-entry expiry and a sweeper.
+type State struct {
+	now     func() time.Time
+	seed    maphash.Seed
+	shards  [memShards]memShard
+	journal Journal
+	stop    chan struct{}
+	done    chan struct{}
+}
+
+// New returns a State on the clock now, swept every sweepEvery.
 func New(now func() time.Time, sweepEvery time.Duration) *State {
-	s := &State{now: now, seed: maphash.MakeSeed(), stop: make(chan struct{}), done: make(chan struct{})}
+	return NewJournaled(now, sweepEvery, nil)
+}
+
+// NewJournaled is New with the leases' changes recorded in j (nil: none).
+func NewJournaled(now func() time.Time, sweepEvery time.Duration, j Journal) *State {
+	s := &State{now: now, seed: maphash.MakeSeed(), journal: j, stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]memEntry)
 	}
@@ -47,33 +89,86 @@ func (s *State) shard(key string) *memShard {
 	return &s.shards[maphash.String(s.seed, key)%memShards]
 }
 
-// get returns the live entry of key; the caller holds the shard lock.
+// get returns the kept entry of key (live, or a mark); the caller holds
+// the shard lock. An entry past its time stays until the sweeper takes
+// it (or a write replaces it).
 func (s *State) get(sh *memShard, key string, now time.Time) (memEntry, bool) {
 	e, ok := sh.m[key]
-	if ok && !now.Before(e.expires) {
-		delete(sh.m, key)
+	if !ok || !e.kept(now) {
 		return memEntry{}, false
 	}
-	return e, ok
+	return e, true
 }
 
-// Claim returns what it found besides the result ("" if it claimed).
-func (s *State) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, string) {
+// setLease sets key to the lease val until expires, recorded first in
+// the journal; the caller holds the shard lock.
+func (s *State) setLease(sh *memShard, key, val string, expires time.Time) error {
+	if s.journal != nil {
+		if err := s.journal.Set(key, val, expires); err != nil {
+			return err
+		}
+	}
+	sh.m[key] = memEntry{val: val, expires: expires}
+	return nil
+}
+
+// drop deletes key's lease, recorded first in the journal; the caller
+// holds the shard lock.
+func (s *State) drop(sh *memShard, key string) error {
+	if s.journal != nil {
+		if err := s.journal.Delete(key); err != nil {
+			return err
+		}
+	}
+	delete(sh.m, key)
+	return nil
+}
+
+// sync makes a claim's or a renewal's journal entry durable.
+func (s *State) sync() error {
+	if s.journal == nil {
+		return nil
+	}
+	return s.journal.Sync()
+}
+
+// Claim returns what it found besides the result ("" if it claimed an
+// absent key; the mark it took over if Reclaimed). The lease is in the
+// journal, synced, when it returns.
+func (s *State) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	sh := s.shard(key)
 	now := s.now()
+	res, found := dedup.Claimed, ""
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	if e, ok := s.get(sh, key, now); ok {
-		if res := dedup.Classify(e.val, token); res != dedup.Claimed {
-			return res, e.val
+		live := now.Before(e.expires)
+		switch {
+		case live && dedup.IsLease(e.val, token):
+			sh.mu.Unlock()
+			return dedup.Claimed, "", nil // a retried claim: ours already
+		case live:
+			sh.mu.Unlock()
+			return dedup.Classify(e.val, token), e.val, nil
+		case !dedup.IsLease(e.val, token):
+			res, found = dedup.Reclaimed, e.val // another attempt's mark
 		}
-		return dedup.Claimed, ""
 	}
-	sh.m[key] = memEntry{val: dedup.LeaseValue(token), expires: now.Add(ttl)}
-	return dedup.Claimed, ""
+	val := dedup.LeaseValue(token)
+	if err := s.setLease(sh, key, val, now.Add(ttl)); err != nil {
+		sh.mu.Unlock()
+		return 0, "", err
+	}
+	sh.mu.Unlock()
+	if err := s.sync(); err != nil {
+		// Not durable: the claim failed, and its lease goes (unless
+		// it is another's by now).
+		_, _ = s.Release(key, token)
+		return 0, "", err
+	}
+	return res, found, nil
 }
 
-// Lookup returns key's live entry.
+// Lookup returns key's kept entry: live, or a mark.
 func (s *State) Lookup(key string) (dedup.Entry, bool) {
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -82,29 +177,58 @@ func (s *State) Lookup(key string) (dedup.Entry, bool) {
 	return dedup.Entry{Value: e.val, ExpiresAt: e.expires}, ok
 }
 
-// Forget deletes key if forgettable, and returns what it held.
-func (s *State) Forget(key string, force bool) (dedup.Entry, bool) {
+// Forget deletes key if forgettable (a lease or a mark only with force),
+// and returns what it held.
+func (s *State) Forget(key string, force bool) (dedup.Entry, bool, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, s.now())
 	if !ok {
-		return dedup.Entry{}, false
+		return dedup.Entry{}, false, nil
 	}
-	deleted := dedup.Forgettable(e.val, force)
-	if deleted {
+	entry := dedup.Entry{Value: e.val, ExpiresAt: e.expires}
+	if !dedup.Forgettable(e.val, force) {
+		return entry, false, nil
+	}
+	var err error
+	if e.lease() {
+		err = s.drop(sh, key)
+	} else {
 		delete(sh.m, key)
 	}
-	return dedup.Entry{Value: e.val, ExpiresAt: e.expires}, deleted
+	return entry, err == nil, err
 }
 
-func (s *State) Renew(key, token string, ttl time.Duration) bool {
+// Renew extends the live lease of token on key to ttl (a mark is not
+// renewed), synced in the journal when it returns true.
+func (s *State) Renew(key, token string, ttl time.Duration) (bool, error) {
+	sh := s.shard(key)
+	now := s.now()
+	sh.mu.Lock()
+	e, ok := s.get(sh, key, now)
+	if !ok || !now.Before(e.expires) || !dedup.IsLease(e.val, token) {
+		sh.mu.Unlock()
+		return false, nil
+	}
+	err := s.setLease(sh, key, e.val, now.Add(ttl))
+	sh.mu.Unlock()
+	if err == nil {
+		err = s.sync()
+	}
+	return err == nil, err
+}
+
+// Extend is Renew in memory only, not recorded in the journal: the file
+// store's commit holds its lease until its record is on disk, and the
+// record, not the lease, is what then survives a crash.
+func (s *State) Extend(key, token string, ttl time.Duration) bool {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
-	if !ok || !dedup.IsLease(e.val, token) {
+	if !ok || !now.Before(e.expires) || !dedup.IsLease(e.val, token) {
 		return false
 	}
 	e.expires = now.Add(ttl)
@@ -112,6 +236,9 @@ func (s *State) Renew(key, token string, ttl time.Duration) bool {
 	return true
 }
 
+// Commit sets key to the done record rec (memory store: no journal),
+// replacing whatever it held, a mark too, and reports whether it held
+// token's lease (live, or its mark: no other attempt took it over).
 func (s *State) Commit(key, token, rec string, retention time.Duration) bool {
 	sh := s.shard(key)
 	now := s.now()
@@ -123,31 +250,74 @@ func (s *State) Commit(key, token, rec string, retention time.Duration) bool {
 	return held
 }
 
-func (s *State) Release(key, token string) bool {
+// Settle drops key's lease once its done record is elsewhere (the file
+// store's disk): token's lease (live or its mark), or anyone's mark (a
+// commit replaces it); another token's live lease stays. It reports
+// whether key held token's lease.
+func (s *State) Settle(key, token string) (bool, error) {
+	sh := s.shard(key)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := s.get(sh, key, now)
+	if !ok || !e.lease() {
+		return false, nil
+	}
+	ours := dedup.IsLease(e.val, token)
+	if !ours && now.Before(e.expires) {
+		return false, nil
+	}
+	if err := s.drop(sh, key); err != nil {
+		return false, err
+	}
+	return ours, nil
+}
+
+// Release deletes token's lease on key, live or its mark (a release
+// leaves no mark: the attempt's fate is known), and reports whether it
+// did.
+func (s *State) Release(key, token string) (bool, error) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
 	if !ok || !dedup.IsLease(e.val, token) {
-		return false
+		return false, nil
 	}
-	delete(sh.m, key)
-	return true
+	if err := s.drop(sh, key); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
-// Sweep deletes every expired entry and returns how many it deleted.
+// Sweep deletes every entry past its time (a mark past MarkFor) and
+// returns how many it deleted. Leases it cannot delete from the journal
+// stay for the next sweep.
 func (s *State) Sweep() int {
 	n := 0
 	now := s.now()
+	var leases []string
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
+		leases = leases[:0]
 		for k, e := range sh.m {
-			if !now.Before(e.expires) {
-				delete(sh.m, k)
-				n++
+			if e.kept(now) {
+				continue
 			}
+			if e.lease() && s.journal != nil {
+				leases = append(leases, k)
+				continue
+			}
+			delete(sh.m, k)
+			n++
+		}
+		if len(leases) > 0 && s.journal.Delete(leases...) == nil {
+			for _, k := range leases {
+				delete(sh.m, k)
+			}
+			n += len(leases)
 		}
 		sh.mu.Unlock()
 	}
@@ -176,8 +346,8 @@ func (s *State) Destruct() error {
 	return nil
 }
 
-// Put sets key to val until expires, whatever it held (the file store
-// taking back the leases it parked).
+// Put sets key to val until expires, whatever it held, without telling
+// the journal (the file store taking back the leases it has on disk).
 func (s *State) Put(key, val string, expires time.Time) {
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -185,27 +355,7 @@ func (s *State) Put(key, val string, expires time.Time) {
 	sh.mu.Unlock()
 }
 
-// Range calls f for every live entry, one shard locked at a time, and
-// stops at f's first error.
-func (s *State) Range(f func(key, val string, expires time.Time) error) error {
-	now := s.now()
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for key, e := range sh.m {
-			if now.Before(e.expires) {
-				if err := f(key, e.val, e.expires); err != nil {
-					sh.mu.Unlock()
-					return err
-				}
-			}
-		}
-		sh.mu.Unlock()
-	}
-	return nil
-}
-
-// Len counts the entries, expired or not.
+// Len counts the entries, past their time or not.
 func (s *State) Len() int {
 	n := 0
 	for i := range s.shards {

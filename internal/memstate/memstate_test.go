@@ -1,9 +1,13 @@
 package memstate
 
 import (
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
 )
 
@@ -18,17 +22,25 @@ func TestSweeper(t *testing.T) {
 		t.Fatalf("size = %d", n)
 	}
 	clock.Advance(3 * time.Second)
-	if n := st.Sweep(); n != 2 {
-		t.Fatalf("swept %d, want 2", n)
+	if n := st.Sweep(); n != 1 {
+		t.Fatalf("swept %d, want 1 (the done record; the expired lease is a mark)", n)
+	}
+	if n := st.Len(); n != 2 {
+		t.Fatalf("size after sweep = %d, want 2", n)
+	}
+	// Marks are swept once MarkFor is over: memory stays bounded.
+	clock.Advance(dedup.MarkFor)
+	if n := st.Sweep(); n != 1 {
+		t.Fatalf("swept %d, want 1 (the mark past MarkFor)", n)
 	}
 	if n := st.Len(); n != 1 {
-		t.Fatalf("size after sweep = %d, want 1", n)
+		t.Fatalf("size after sweep = %d, want 1 (the live lease)", n)
 	}
 }
 
 func TestSweeperRunsAndStops(t *testing.T) {
 	st := New(time.Now, 10*time.Millisecond)
-	st.Claim("a", "t", time.Millisecond)
+	st.Commit("a", "t", "done:{}", time.Millisecond)
 	deadline := time.Now().Add(5 * time.Second)
 	for st.Len() != 0 {
 		if time.Now().After(deadline) {
@@ -41,5 +53,73 @@ func TestSweeperRunsAndStops(t *testing.T) {
 	case <-st.done:
 	default:
 		t.Fatal("sweeper still running after Destruct")
+	}
+}
+
+// failing is a journal whose writes fail while fail is set.
+type failing struct {
+	fail  bool
+	calls []string
+}
+
+func (j *failing) Set(key, val string, _ time.Time) error {
+	j.calls = append(j.calls, "set "+key+" "+val)
+	if j.fail {
+		return errors.New("disk full")
+	}
+	return nil
+}
+
+func (j *failing) Delete(keys ...string) error {
+	j.calls = append(j.calls, "delete "+strings.Join(keys, ","))
+	if j.fail {
+		return errors.New("disk full")
+	}
+	return nil
+}
+
+func (j *failing) Sync() error { j.calls = append(j.calls, "sync"); return nil }
+
+// TestJournal: every change to a lease goes to the journal first (a
+// claim's and a renewal's then synced); one the journal refuses is not
+// made, and its error is the caller's. Extend and the lookups write
+// nothing.
+func TestJournal(t *testing.T) {
+	clock := testclock.New()
+	j := &failing{}
+	st := NewJournaled(clock.Now, time.Hour, j)
+	defer st.Destruct()
+	if res, _, err := st.Claim("k", "t1", time.Second); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	if ok, err := st.Renew("k", "t1", time.Second); err != nil || !ok {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	st.Extend("k", "t1", time.Hour)
+	st.Lookup("k")
+	want := []string{"set k inflight:t1", "sync", "set k inflight:t1", "sync"}
+	if !slices.Equal(j.calls, want) {
+		t.Fatalf("journal = %q, want %q", j.calls, want)
+	}
+	j.fail = true
+	if ok, err := st.Release("k", "t1"); err == nil || ok {
+		t.Fatalf("release with the journal failing = %v, %v; want the error", ok, err)
+	}
+	if res, _, err := st.Claim("new", "t1", time.Second); err == nil {
+		t.Fatalf("claim with the journal failing = %v, nil; want the error", res)
+	}
+	if _, ok := st.Lookup("new"); ok {
+		t.Fatal("a claim the journal refused left a lease")
+	}
+	if e, ok := st.Lookup("k"); !ok || e.Value != "inflight:t1" {
+		t.Fatalf("a release the journal refused deleted the lease: %+v", e)
+	}
+	clock.Advance(2*time.Hour + dedup.MarkFor)
+	if n := st.Sweep(); n != 0 || st.Len() != 1 {
+		t.Fatalf("swept %d with the journal failing; want the mark kept for the next sweep", n)
+	}
+	j.fail = false
+	if n := st.Sweep(); n != 1 || st.Len() != 0 {
+		t.Fatalf("swept %d; want the mark past MarkFor", n)
 	}
 }

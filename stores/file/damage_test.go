@@ -323,3 +323,57 @@ func TestFileStoreFailedOpenKeepsNoLock(t *testing.T) {
 		t.Fatalf("after the repair: %v %v", ok, err)
 	}
 }
+
+// TestFileStoreRefusesDamagedLeases: a lease record the store cannot
+// read (damage, or a newer version's format) refuses the store at open,
+// with an error that names it and says what to do, as damaged done
+// records are errors; the store is never reset: the lease is still
+// there, as it was. (Before, a damaged lease was skipped and deleted:
+// the event it held read as absent.)
+func TestFileStoreRefusesDamagedLeases(t *testing.T) {
+	for name, raw := range map[string][]byte{
+		"cut short":     {recordV1, 0, 0},
+		"newer version": append([]byte{recordV1 + 1}, encodeRecord(unixNano(time.Now().Add(time.Hour)), "inflight:t")[1:]...),
+		"not a lease":   encodeRecord(unixNano(time.Now().Add(time.Hour)), `done:{}`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := testStore(t)
+			db, err := pebble.Open(StoreDir(path), pebbleOptions(path, zap.NewNop(), false))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Set(leaseKey("ev_damaged"), raw, pebble.Sync); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			if err == nil {
+				st.Destruct()
+				t.Fatal("opened a store with a damaged lease")
+			}
+			for _, want := range []string{path, StoreDir(path), "ev_damaged", "restore"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Fatalf("error = %v; want it to name %q", err, want)
+				}
+			}
+			db, err = pebble.Open(StoreDir(path), pebbleOptions(path, zap.NewNop(), true))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.Close()
+			v, closer, err := db.Get(leaseKey("ev_damaged"))
+			if err != nil {
+				t.Fatalf("the damaged lease is gone: %v", err)
+			}
+			defer closer.Close()
+			if string(v) != string(raw) {
+				t.Fatalf("the damaged lease was changed: %q, was %q", v, raw)
+			}
+			if n, err := (&fileState{db: db, path: path}).count(prefixDone); err != nil || n != 2000 {
+				t.Fatalf("%d done records, %v; want the 2,000 of the store", n, err)
+			}
+		})
+	}
+}

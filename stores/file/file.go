@@ -3,7 +3,8 @@
 // time (module http.sangho_dedup.stores.file).
 //
 // The files: file.go (the module, its path and config), ops.go (the
-// store's operations), open.go (opening, creating, closing), writer.go
+// store's operations), open.go (opening, creating, closing), lease.go
+// (the leases' writes to the database), writer.go
 // (the writer: group commit, the sweeper), encoding.go (keys and values
 // on disk), upgrade.go (taking over an earlier release's bbolt file).
 package file
@@ -42,9 +43,14 @@ func init() {
 // (group commit), so a burst does not cost one disk flush per event. A
 // duplicate is one lookup (bloom filters and a bounded block cache; no
 // per-record structure in memory, nothing read at open). Leases (events
-// in flight) are kept in memory, which is safe because the store is
-// locked by this one process: a crash loses them, exactly as if they had
-// expired, and a clean stop keeps them in the store for the next start.
+// in flight) are claimed in memory, atomically, since the store is
+// locked by this one process, and written to the database, synced
+// before the claim returns (renewals too): after a crash, a kill -9 or a
+// power cut, the next start knows which events were in flight, and a
+// redelivery gets 409 until the lease's time is over. A lease whose time
+// ran out is then kept for dedup.MarkFor (7 days) as the mark of an
+// attempt whose fate is unknown: Get says "unknown", and a claim over it
+// is dedup.Reclaimed. A release leaves no mark; a commit replaces it.
 //
 // The store is locked by the process that opens it: a second Caddy
 // pointed at the same path refuses to start. Config reloads share the

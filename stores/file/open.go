@@ -47,16 +47,16 @@ var errFileLocked = errors.New("in use by another process")
 // config of this process that uses the same path.
 //
 // Done records are written to the database, each on disk before its
-// commit returns. Leases are kept in memory: the store is locked by
-// this process, so every delivery that can compete for a key is served
-// here, and an in-memory lease is as atomic as a written one, at no disk
-// write. A crash loses the leases in flight, which is what their expiry
-// would do a little later: the connections of those deliveries died
-// with the process, Sangho retries them, and each retry is processed
-// once (the backends' work for the cut requests was not acknowledged).
-// A clean stop parks the live leases in the database, and the next
-// start takes them back, so that a hold (unknown fate) outlives a
-// restart.
+// commit returns. Leases (and marks, leases whose time ran out, kept
+// dedup.MarkFor) are kept in memory, where claims race atomically (the
+// store is locked by this process, so every delivery that can compete
+// for a key is served here), and written through to the database ('l'
+// keys, see leaseJournal): a claim's and a renewal's write is synced
+// before they return, so a lease outlives a kill -9 of Caddy and a
+// power cut; a release's, a commit's and a sweep's deletion is not
+// synced (lost in a crash, the lease comes back and ends at its time: a
+// redelivery waits, then is marked; never processed unmarked beside an
+// attempt). The next start takes the leases back from the database.
 type fileState struct {
 	path   string // the store's path, as errors name it
 	dir    string // its folder (StoreDir)
@@ -75,8 +75,14 @@ type fileState struct {
 
 	txns, writes atomic.Int64 // write batches, and the writes they carried
 
-	parkMu sync.Mutex // parking leases and closing
+	parkMu sync.Mutex // the exit hook's sync and closing
 	closed bool
+
+	// dbMu keeps the leases' writes (under their shard's lock, see
+	// leaseJournal) from a closed database: Destruct closes it under
+	// the write lock.
+	dbMu     sync.RWMutex
+	dbClosed bool
 }
 
 // pebbleOptions are the store's Pebble options. ErrorIfNotExists: a
@@ -156,12 +162,17 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 		db.Close()
 		return nil, err
 	}
-	st := &fileState{path: path, dir: dir, db: db, now: now, logger: logger, leases: memstate.New(now, sweepEvery),
+	st := &fileState{path: path, dir: dir, db: db, now: now, logger: logger,
 		ops: make(chan *fileOp), stop: make(chan struct{})}
-	if err := st.unparkLeases(); err != nil {
+	var journal memstate.Journal
+	if leaseWrites != leaseInMemory {
+		journal = leaseJournal{st}
+	}
+	st.leases = memstate.NewJournaled(now, sweepEvery, journal)
+	if err := st.loadLeases(); err != nil {
 		st.leases.Destruct()
 		db.Close()
-		return nil, fmt.Errorf("file store: reading the leases parked in %s (folder %s): %v", path, dir, err)
+		return nil, err
 	}
 	openFiles.Store(st, struct{}{})
 	st.wg.Add(2)
@@ -403,60 +414,79 @@ func (st *fileState) count(p byte) (int, error) {
 	return n, nil
 }
 
-// parkLeases writes the live leases to the database (at a clean stop).
-func (st *fileState) parkLeases() error {
+// loadLeases takes back the leases in the database (and the marks,
+// leases whose time ran out less than dedup.MarkFor ago), as the
+// previous run left them, by a clean stop or a crash; an earlier release
+// parked its live leases there at a clean stop, in the same format. It
+// deletes those past MarkFor, and those whose event has a live done
+// record (a lease whose commit landed before the process ended: taken
+// back, the event would read as in flight). A lease it cannot read
+// refuses the store, as damage does: the event it holds would read as
+// absent, and be processed beside the attempt it marks.
+func (st *fileState) loadLeases() error {
+	lo, hi := []byte{prefixLease}, []byte{prefixLease + 1}
+	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
+	if err != nil {
+		return st.leaseLoadErr(err)
+	}
+	now := st.now()
 	b := st.db.NewBatch()
 	defer b.Close()
-	if err := st.leases.Range(func(key, val string, expires time.Time) error {
-		return b.Set(leaseKey(key), encodeRecord(unixNano(expires), val), nil)
-	}); err != nil {
-		return err
+	for ok := it.First(); ok; ok = it.Next() {
+		key := string(it.Key()[1:])
+		exp, val, err := decodeRecord(it.Value())
+		if err == nil && !bytes.HasPrefix(val, []byte(dedup.InflightPrefix)) {
+			err = errBadRecord
+		}
+		if err != nil {
+			it.Close()
+			return fmt.Errorf("file store: %s (folder %s): the lease of key %q is damaged (%v): restore the folder from a backup, or move it away to start with an empty store (deliveries of already processed events would then be processed again)",
+				st.path, st.dir, key, err)
+		}
+		expires := unixTime(exp)
+		if !now.Before(expires.Add(dedup.MarkFor)) {
+			_ = b.Delete(it.Key(), nil) // a mark past its time
+			continue
+		}
+		if _, done, err := st.read(key); err != nil { // a live record: an expired one's event may be in flight again
+			it.Close()
+			return st.leaseLoadErr(err)
+		} else if done {
+			_ = b.Delete(it.Key(), nil)
+			continue
+		}
+		st.leases.Put(key, string(val), expires)
+	}
+	if err := it.Close(); err != nil {
+		return st.leaseLoadErr(err)
 	}
 	if b.Empty() {
 		return nil
 	}
-	return b.Commit(pebble.Sync)
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return st.leaseLoadErr(err)
+	}
+	return nil
 }
 
-// unparkLeases takes back the leases a clean stop parked, those that
-// have not expired since and whose event has no live done record, and deletes
-// them from the database. A lease parked at exit while its commit was
-// under way (renewed to DrainFor first) is stale once the record landed:
-// taken back, the event would read as in flight for minutes.
-func (st *fileState) unparkLeases() error {
-	lo, hi := []byte{prefixLease}, []byte{prefixLease + 1}
-	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return err
-	}
-	now := unixNano(st.now())
-	n := 0
-	for ok := it.First(); ok; ok = it.Next() {
-		n++
-		exp, val, err := decodeRecord(it.Value())
-		if err != nil || now >= exp {
-			continue
-		}
-		key := string(it.Key()[1:])
-		if _, done, err := st.read(key); err != nil { // a live record: an expired one's event may be in flight again
-			it.Close()
-			return err
-		} else if !done {
-			st.leases.Put(key, string(val), unixTime(exp))
-		}
-	}
-	if err := it.Close(); err != nil {
-		return err
-	}
-	if n == 0 {
+func (st *fileState) leaseLoadErr(err error) error {
+	return fmt.Errorf("file store: reading the leases in %s (folder %s): %v", st.path, st.dir, err)
+}
+
+// syncLeases makes every lease write so far durable (the deletions,
+// which are not synced when written): at exit.
+func (st *fileState) syncLeases() error {
+	st.dbMu.RLock()
+	defer st.dbMu.RUnlock()
+	if st.dbClosed {
 		return nil
 	}
-	return st.db.DeleteRange(lo, hi, pebble.Sync)
+	return st.db.LogData(nil, pebble.Sync)
 }
 
-// Destruct stops the writer and the sweeper, parks the live leases in
-// the database and closes it; the usage pool calls it when the last
-// config using the store is cleaned up.
+// Destruct stops the writer and the sweepers and closes the database
+// (which syncs its log: the leases are all in it already); the usage
+// pool calls it when the last config using the store is cleaned up.
 func (st *fileState) Destruct() error {
 	close(st.stop)
 	st.wg.Wait()
@@ -464,10 +494,10 @@ func (st *fileState) Destruct() error {
 	openFiles.Delete(st)
 	st.parkMu.Lock()
 	defer st.parkMu.Unlock()
-	err := st.parkLeases()
-	if cerr := st.db.Close(); err == nil {
-		err = cerr
-	}
+	st.dbMu.Lock()
+	defer st.dbMu.Unlock()
+	st.dbClosed = true
+	err := st.db.Close()
 	st.closed = true
 	return err
 }
@@ -475,18 +505,20 @@ func (st *fileState) Destruct() error {
 // openFiles are the stores open in this process, for the exit hook.
 var openFiles sync.Map // *fileState -> struct{}
 
-// parkOpenFiles parks the live leases of every store still open at
+// parkOpenFiles syncs the lease writes of every store still open at
 // process exit: one still in use then (a commit retry pending, an old
 // config draining after a reload, requests cut off by the grace period)
-// is never destructed before the process ends, and its holds would be
-// lost.
+// is never destructed before the process ends. Its leases are in the
+// database already (each claim's write is synced); the sync makes the
+// deletions of its releases durable too, so that none comes back as a
+// hold at the next start.
 func parkOpenFiles() {
 	openFiles.Range(func(k, _ any) bool {
 		st := k.(*fileState)
 		st.parkMu.Lock()
 		defer st.parkMu.Unlock()
 		if !st.closed {
-			if err := st.parkLeases(); err != nil {
+			if err := st.syncLeases(); err != nil {
 				st.logger.Error("parking leases at exit", zap.String("path", st.path), zap.Error(err))
 			}
 		}

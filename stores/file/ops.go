@@ -7,8 +7,9 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
-// Claim implements Store. The database holds done records; leases live
-// in memory (see fileState).
+// Claim implements Store. The database holds done records; leases are
+// claimed in memory and written through to the database, synced before
+// Claim returns (see fileState).
 func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	if s.users.Closed() {
 		// A delivery that reached a config already cleaned up, whose
@@ -25,26 +26,27 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	if val, done, err := st.read(key); err != nil || done {
 		return dedup.AlreadyDone, val, err
 	}
-	if res, val := st.leases.Claim(key, token, ttl); res != dedup.Claimed {
-		return res, val, nil
+	res, val, err := st.leases.Claim(key, token, ttl)
+	if err != nil || (res != dedup.Claimed && res != dedup.Reclaimed) {
+		return res, val, err
 	}
 	// A store closed meanwhile (its config cleaned up and its last
 	// delivery done) refuses the claim: its commit could not land, and
 	// an event processed without its record would be processed again.
 	if st.isClosed() {
-		st.leases.Release(key, token)
+		_, _ = st.leases.Release(key, token)
 		return 0, "", errFileClosed
 	}
 	// A commit puts its record in the database before it drops its
 	// lease: if one did both since the lookup above, it is there now.
 	if val, done, err := st.read(key); err != nil || done {
-		st.leases.Release(key, token)
+		_, _ = st.leases.Release(key, token)
 		if err != nil {
 			return 0, "", err
 		}
 		return dedup.AlreadyDone, val, nil
 	}
-	return dedup.Claimed, "", nil
+	return res, val, nil
 }
 
 // Renew implements Store.
@@ -53,7 +55,7 @@ func (s *Store) Renew(_ context.Context, key, token string, ttl time.Duration) (
 	if err != nil {
 		return false, err
 	}
-	return st.leases.Renew(key, token, ttl), nil
+	return st.leases.Renew(key, token, ttl)
 }
 
 // Commit implements Store: the done record is on disk when it returns;
@@ -68,7 +70,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// the disk takes (the lease is dropped once the record lands, or
 	// expires after the commit retries give up): a redelivery meanwhile
 	// gets 409, never a second processing.
-	st.leases.Renew(key, token, dedup.DrainFor)
+	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, released bool
 	err = st.writeThen(func(tx *fileTx) error {
 		var err error
@@ -78,7 +80,8 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 		// Dropped by the writer as soon as the record is on disk, in
 		// order with the other writes, even if this caller gave up
 		// waiting: a forget that follows finds the record, not a lease.
-		released = st.leases.Release(key, token)
+		// A mark there (an earlier attempt's) is replaced too.
+		released, _ = st.leases.Settle(key, token)
 	})
 	if err != nil {
 		return false, err
@@ -92,7 +95,7 @@ func (s *Store) Release(_ context.Context, key, token string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return st.leases.Release(key, token), nil
+	return st.leases.Release(key, token)
 }
 
 // Get implements Store: the lease in memory, else the record on disk.
@@ -108,8 +111,8 @@ func (s *Store) Get(_ context.Context, key string) (dedup.Entry, error) {
 }
 
 // Forget implements Store: a done record is deleted from the database
-// (on disk when Forget returns); a lease, with force, from memory, and
-// the record from the database too.
+// (on disk when Forget returns); a lease or a mark, with force, from
+// memory and the database (synced), and the record too.
 //
 // Both go through the writer, after every write queued before: the
 // write of a commit that a stalled disk holds (its caller gave up
@@ -129,15 +132,22 @@ func (s *Store) Forget(_ context.Context, key string, force bool) (dedup.Entry, 
 		}
 	}
 	var rec, lease dedup.Entry
+	var leaseErr error
 	err = st.writeThen(func(tx *fileTx) error {
 		var err error
 		rec, err = tx.forget(key)
 		return err
 	}, func() {
 		if force {
-			lease, _ = st.leases.Forget(key, true)
+			lease, _, leaseErr = st.leases.Forget(key, true)
 		}
 	})
+	if err == nil {
+		err = leaseErr
+	}
+	if err == nil && lease.Value != "" {
+		err = st.syncLeases() // an operator's forget is durable
+	}
 	switch {
 	case err != nil:
 		return dedup.Entry{}, false, err

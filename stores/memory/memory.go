@@ -23,7 +23,10 @@ func init() {
 // (a restart forgets every processed event) nor shared between Caddy
 // instances: use it for development and single-instance setups only.
 //
-// Expired entries are swept once a minute.
+// A lease whose time ran out is kept for dedup.MarkFor as the mark of an
+// attempt whose fate is unknown (a claim over it is dedup.Reclaimed; Get
+// says "unknown"); a release leaves none, a commit replaces it. Entries
+// past their time (marks past MarkFor) are swept once a minute.
 type Store struct {
 	state *memstate.State
 }
@@ -80,13 +83,12 @@ func (m *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 
 // Claim implements dedup.Store.
 func (m *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
-	res, val := m.state.Claim(key, token, ttl)
-	return res, val, nil
+	return m.state.Claim(key, token, ttl)
 }
 
 // Renew implements dedup.Store.
 func (m *Store) Renew(_ context.Context, key, token string, ttl time.Duration) (bool, error) {
-	return m.state.Renew(key, token, ttl), nil
+	return m.state.Renew(key, token, ttl)
 }
 
 // Commit implements dedup.Store.
@@ -96,7 +98,7 @@ func (m *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 
 // Release implements dedup.Store.
 func (m *Store) Release(_ context.Context, key, token string) (bool, error) {
-	return m.state.Release(key, token), nil
+	return m.state.Release(key, token)
 }
 
 // Get implements dedup.Store.
@@ -107,8 +109,7 @@ func (m *Store) Get(_ context.Context, key string) (dedup.Entry, error) {
 
 // Forget implements dedup.Store.
 func (m *Store) Forget(_ context.Context, key string, force bool) (dedup.Entry, bool, error) {
-	e, deleted := m.state.Forget(key, force)
-	return e, deleted, nil
+	return m.state.Forget(key, force)
 }
 
 // Interface guards
