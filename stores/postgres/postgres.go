@@ -423,6 +423,8 @@ type sharedDB struct {
 	stop  chan struct{}
 	done  chan struct{}
 
+	sweepAt atomic.Int64 // the block the next sweep batch starts at
+
 	noStartupTimeout atomic.Bool // a pooler refused statement_timeout as a startup parameter (pooler.go)
 
 	idMu     sync.Mutex
