@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,6 +98,11 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 			if upd > 0 {
 				b.ReportMetric(100*hot/upd, "HOT-%")
 			}
+			var size, n float64
+			if err := pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass), (SELECT count(*) FROM `+table+`)`, table).Scan(&size, &n); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(size/n, "table-B/row")
 		})
 		pool.Close()
 	}
@@ -134,4 +140,100 @@ func serverCPU(b *testing.B, srv *pgtest.Server) time.Duration {
 		}
 	}
 	return time.Duration(ticks * float64(time.Second) / 100) // USER_HZ
+}
+
+// One sweep pass over a table of SANGHO_PG_ROWS rows (default 1 M), one
+// in three an expired done record, with statistics that say the table
+// is empty (analyzed before the fill, autovacuum off), while 8 clients
+// claim new events: the p50, p99 and max of the sweep's batches and of
+// the claims during the pass, and beside it the claims' p99 without a
+// sweep.
+func BenchmarkPostgresSweep(b *testing.B) {
+	srv := pgtest.Start(b, "synchronous_commit=on", "autovacuum=off")
+	ctx := context.Background()
+	rows := 1_000_000
+	if v := os.Getenv("SANGHO_PG_ROWS"); v != "" {
+		rows, _ = strconv.Atoi(v)
+	}
+	table := uniqueTable()
+	s, _ := provision(b, storeJSON(srv.DSN, table, "max_conns", "16", "cleanup_interval", "1h"))
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	srv.Psql(b, `ANALYZE `+table)
+	srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id, processed_at, event_type, fingerprint, expires_at)
+  SELECT 'sangho_dedup:evt_old_' || g, now(), 'bench', md5(g::text),
+    CASE WHEN g %% 3 = 0 THEN now() - interval '1 hour' ELSE now() + interval '72 hours' END
+  FROM generate_series(1, %d) g`, table, rows))
+	claims := func(stop <-chan struct{}) []time.Duration {
+		var mu sync.Mutex
+		var lat []time.Duration
+		var wg sync.WaitGroup
+		var seq atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					t0 := time.Now()
+					key := fmt.Sprint("evt_new_", seq.Add(1), "_", t0.UnixNano())
+					if _, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil {
+						b.Error(err)
+						return
+					}
+					d := time.Since(t0)
+					mu.Lock()
+					lat = append(lat, d)
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond) // about 1,500 claims/s in all
+				}
+			})
+		}
+		<-stop
+		wg.Wait()
+		return lat
+	}
+	stop := make(chan struct{})
+	go func() { time.Sleep(5 * time.Second); close(stop) }()
+	quiet := claims(stop)
+	b.ResetTimer()
+	var batches []time.Duration
+	stop = make(chan struct{})
+	done := make(chan []time.Duration)
+	go func() { done <- claims(stop) }()
+	var end int64
+	if err := s.db.pool.QueryRow(ctx, s.db.sql.blocks).Scan(&end); err != nil {
+		b.Fatal(err)
+	}
+	var deleted int64
+	for from := int64(0); from < end; from += sweepBlocks {
+		t0 := time.Now()
+		n, _, err := s.db.sweepBatch(ctx, s.db.lockKey(), from, from+sweepBlocks)
+		if err != nil {
+			b.Fatal(err)
+		}
+		batches = append(batches, time.Since(t0))
+		deleted += n
+	}
+	close(stop)
+	during := <-done
+	b.StopTimer()
+	if want := int64(rows / 3); deleted != want {
+		b.Fatalf("deleted %d, want %d", deleted, want)
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"batch", batches}, {"claim-sweeping", during}, {"claim-quiet", quiet}} {
+		slices.Sort(m.d)
+		q := func(p float64) time.Duration { return m.d[int(p*float64(len(m.d)-1))] }
+		b.ReportMetric(ms(q(0.5)), m.name+"-p50-ms")
+		b.ReportMetric(ms(q(0.99)), m.name+"-p99-ms")
+		b.ReportMetric(ms(m.d[len(m.d)-1]), m.name+"-max-ms")
+	}
+	b.ReportMetric(float64(len(batches)), "batches")
 }
