@@ -237,6 +237,9 @@ func (c *tableCheck) run(ctx context.Context, logger *zap.Logger) error {
 			logger.Info("postgres table created", zap.String("table", qualified))
 		}
 	}
+	if exists {
+		c.upgrade(ctx, logger)
+	}
 	var sel, ins, upd, del bool
 	if err := c.db.pool.QueryRow(ctx, `SELECT has_table_privilege($1, 'SELECT'), has_table_privilege($1, 'INSERT'),
   has_table_privilege($1, 'UPDATE'), has_table_privilege($1, 'DELETE')`, qualified).Scan(&sel, &ins, &upd, &del); err != nil {
@@ -290,4 +293,40 @@ func (c *tableCheck) create(ctx context.Context) error {
 		}
 	}
 	return tx.Commit(ctx)
+}
+
+// upgrade brings a table of an earlier release to today's layout: its
+// index on expires_at goes (every commit wrote an entry in it and so
+// could not be a HOT update) and its pages keep room for the commits
+// (fillfactor, for the pages written from now on). Both are done
+// without a lock that holds deliveries (DROP INDEX CONCURRENTLY, and
+// ALTER TABLE SET takes a lock that writes do not wait for), by every
+// instance that finds the index, several at once included: the ones
+// that lose the race find it gone. A role that does not own the table
+// cannot do either; the store then works as before, its commits not
+// HOT, and says so once in the log.
+func (c *tableCheck) upgrade(ctx context.Context, logger *zap.Logger) {
+	q := c.db.opts.qualified()
+	idx := c.db.sql.oldIndex
+	var old bool
+	if err := c.db.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = to_regclass($1) AND indrelid = to_regclass($2))`, idx, q).Scan(&old); err != nil || !old {
+		return
+	}
+	_, err := c.db.pool.Exec(ctx, `DROP INDEX CONCURRENTLY IF EXISTS `+idx)
+	if err == nil {
+		_, err = c.db.pool.Exec(ctx, `ALTER TABLE `+q+` SET (fillfactor = `+fillfactor+`)`)
+	}
+	if err != nil {
+		if c.db.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NULL`, idx).Scan(&old); old {
+			return // another instance dropped it meanwhile
+		}
+		if logger != nil {
+			logger.Warn("postgres table kept as an earlier release made it: its commits are not HOT updates; as the table's owner, run the upgrade of docs/postgres.md",
+				zap.String("table", q), zap.Error(c.db.opts.scrub(err)))
+		}
+		return
+	}
+	if logger != nil {
+		logger.Info("postgres table upgraded: index on expires_at dropped, fillfactor "+fillfactor, zap.String("table", q))
+	}
 }

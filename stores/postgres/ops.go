@@ -19,7 +19,8 @@ type statements struct {
 	claim, renew, commit, release, get, forget string
 	channel                                    string // of forget notifications
 	ddl                                        []string
-	sweep                                      string
+	oldIndex                                   string // the index on expires_at of releases before HOT commits
+	sweep, blocks                              string
 }
 
 // present is the rows a key holds: a live row, or a lease whose time
@@ -41,7 +42,6 @@ func ttlExpr(n int) string {
 
 func newStatements(table string) statements {
 	r := strings.NewReplacer("{t}", table, "{cols}", cols, "{present}", present, "{mark}", markFor)
-	index := strings.Trim(table[strings.LastIndex(table, ".")+1:], `"`) + "_expires_at"
 	return statements{
 		// One statement, one round trip. cur reads the row as of the
 		// statement's start; when it holds no live row, ins inserts a
@@ -111,6 +111,11 @@ SELECT coalesce((SELECT held FROM prev), false)`),
 SELECT true, {cols} FROM d
 UNION ALL
 SELECT false, {cols} FROM {t} WHERE event_id = $1 AND {present} AND NOT EXISTS (SELECT 1 FROM d)`),
+		// No index but the primary key: the commit changes no indexed
+		// column, so PostgreSQL writes its new row version on the same
+		// page without touching an index (a HOT update), and fillfactor
+		// keeps room on every page for it. The sweep reads the table in
+		// ranges of blocks instead (see sweepBatch).
 		ddl: []string{
 			r.Replace(`CREATE TABLE IF NOT EXISTS {t} (
   event_id         text        PRIMARY KEY,
@@ -121,13 +126,36 @@ SELECT false, {cols} FROM {t} WHERE event_id = $1 AND {present} AND NOT EXISTS (
   lease_token      text,
   expires_at       timestamptz NOT NULL,
   CHECK ((lease_token IS NULL) = (processed_at IS NOT NULL))
-)`),
-			r.Replace(`CREATE INDEX IF NOT EXISTS ` + `"` + index + `"` + ` ON {t} (expires_at)`),
+) WITH (fillfactor = ` + fillfactor + `)`),
 		},
-		sweep: r.Replace(`DELETE FROM {t} WHERE event_id IN (
-  SELECT event_id FROM {t} WHERE expires_at <= now() AND NOT {present} LIMIT $1 FOR UPDATE SKIP LOCKED
-) AND expires_at <= now() AND NOT {present}`),
+		oldIndex: oldIndex(table),
+		// One batch: the expired rows of the blocks [$1, $2), found by a
+		// TID range scan (it reads those blocks and no others, whatever
+		// the table's statistics say), locked with SKIP LOCKED so that a
+		// claim holding one keeps it, and checked again when deleted.
+		sweep: r.Replace(`DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+  SELECT ctid FROM {t}
+  WHERE ctid >= format('(%s,0)', $1::bigint)::tid AND ctid < format('(%s,0)', $2::bigint)::tid
+    AND expires_at <= now() AND NOT {present}
+  FOR UPDATE SKIP LOCKED
+)) AND expires_at <= now() AND NOT {present}`),
+		blocks: r.Replace(`SELECT pg_relation_size('{t}') / current_setting('block_size')::bigint`),
 	}
+}
+
+// fillfactor leaves a fifth of every page to the commits' new row
+// versions, so that they stay on the lease's page (HOT).
+const fillfactor = "80"
+
+// oldIndex is the index on expires_at that releases before HOT commits
+// created, as SQL: it made every commit write a new index entry.
+func oldIndex(table string) string {
+	i := strings.LastIndex(table, ".")
+	name := strings.Trim(table[i+1:], `"`) + "_expires_at"
+	if i < 0 {
+		return `"` + name + `"`
+	}
+	return table[:i+1] + `"` + name + `"`
 }
 
 // row is a row as the statements return it.

@@ -166,7 +166,8 @@ func TestDocsGrantLeastPrivilege(t *testing.T) {
 		return appDB.Psql(t, `SELECT string_agg(column_name || ' ' || data_type || ' ' || is_nullable || ' ' || coalesce(column_default, ''), ', ' ORDER BY ordinal_position)
   FROM information_schema.columns WHERE table_name = '`+table+`'`) + " / " +
 			appDB.Psql(t, `SELECT string_agg(replace(indexdef, '`+table+`', 'T'), ', ' ORDER BY indexdef) FROM pg_indexes WHERE tablename = '`+table+`'`) + " / " +
-			appDB.Psql(t, `SELECT string_agg(pg_get_constraintdef(oid), ', ' ORDER BY 1) FROM pg_constraint WHERE conrelid = '`+table+`'::regclass`)
+			appDB.Psql(t, `SELECT string_agg(pg_get_constraintdef(oid), ', ' ORDER BY 1) FROM pg_constraint WHERE conrelid = '`+table+`'::regclass`) + " / " +
+			appDB.Psql(t, `SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = '`+table+`'::regclass`)
 	}
 	if a, b := shape("processed_webhook_events"), shape("own_ddl"); a != b {
 		t.Fatalf("the docs' DDL and the store's differ:\n docs:  %s\n store: %s", a, b)

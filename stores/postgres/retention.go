@@ -9,10 +9,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// sweepBatch is how many expired rows one DELETE removes: each batch is
-// its own short transaction, so a sweep never holds many row locks or
-// any lock on the table, and deliveries go on between batches.
-const sweepBatch = 1000
+// sweepBlocks is how many of the table's blocks (8 KiB each) one batch
+// reads, some 1,600 rows at most: each batch is its own short
+// transaction, so a sweep never holds many row locks or any lock on the
+// table, and deliveries go on between batches.
+const sweepBlocks = 64
 
 // sweepFor bounds one sweep; the next interval goes on where it stopped.
 const sweepFor = 30 * time.Second
@@ -63,40 +64,58 @@ func (db *sharedDB) sweeper(logger *zap.Logger) {
 	}
 }
 
-// sweep deletes expired rows in batches, each its own transaction that
-// first takes a transaction-scoped advisory lock (pg_try_advisory_xact_lock):
-// while another instance's batch holds it, this one stops, so one
-// instance at a time sweeps the table. The lock ends with the batch's
-// transaction, on the server connection that ran it: nothing to release,
-// and behind a transaction-mode pooler (which may hand every transaction
-// another server connection) no lock is left on an idle one. It reports
-// how many rows it deleted and whether it swept (false: another
-// instance held the lock at the first batch).
+// sweep deletes expired rows in one pass over the table, a range of
+// sweepBlocks blocks per batch from where the last sweep stopped, each
+// batch its own transaction that first takes a transaction-scoped
+// advisory lock (pg_try_advisory_xact_lock): while another instance's
+// batch holds it, this one stops, so one instance at a time sweeps the
+// table. The lock ends with the batch's transaction, on the server
+// connection that ran it: nothing to release, and behind a
+// transaction-mode pooler (which may hand every transaction another
+// server connection) no lock is left on an idle one. It reports how
+// many rows it deleted and whether it swept (false: another instance
+// held the lock at the first batch).
+//
+// There is no index on expires_at (it would make every commit write an
+// index entry, see statements.ddl): a batch reads its blocks by a TID
+// range scan, which costs the same whatever the table's size and
+// statistics, and a pass reads the whole table once.
 func (db *sharedDB) sweep(ctx context.Context) (deleted int64, swept bool, err error) {
 	key := db.lockKey()
+	var end int64
+	if err := db.pool.QueryRow(ctx, db.sql.blocks).Scan(&end); err != nil {
+		return 0, false, err
+	}
 	for {
-		n, got, err := db.sweepBatch(ctx, key)
+		from := db.sweepAt.Load()
+		if from >= end {
+			db.sweepAt.Store(0) // the next sweep starts a new pass
+			return deleted, swept, nil
+		}
+		n, got, err := db.sweepBatch(ctx, key, from, from+sweepBlocks)
 		swept = swept || got
 		if !got || err != nil {
 			return deleted, swept, err
 		}
 		deleted += n
-		if n < sweepBatch || ctx.Err() != nil {
+		db.sweepAt.Store(from + sweepBlocks)
+		if ctx.Err() != nil {
 			return deleted, true, ctx.Err()
 		}
 	}
 }
 
-// sweepBatch deletes one batch under the sweep's lock, in one
-// transaction; got is false when another instance holds the lock.
-func (db *sharedDB) sweepBatch(ctx context.Context, key int64) (n int64, got bool, err error) {
+// sweepBatch deletes the expired rows of the blocks [from, to) under
+// the sweep's lock, in one transaction; got is false when another
+// instance holds the lock.
+func (db *sharedDB) sweepBatch(ctx context.Context, key, from, to int64) (n int64, got bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, db.opts.timeout)
 	defer cancel()
 	err = pgx.BeginFunc(ctx, db.pool, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, key).Scan(&got); err != nil || !got {
 			return err
 		}
-		tag, err := tx.Exec(ctx, db.sql.sweep, sweepBatch)
+		tag, err := tx.Exec(ctx, db.sql.sweep, from, to)
 		n = tag.RowsAffected()
 		return err
 	})

@@ -1,0 +1,239 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+)
+
+// The store's PostgreSQL cost per new event (Claim then Commit) against
+// the seed's own recipe, one INSERT … ON CONFLICT DO NOTHING per event,
+// on one server in one run, 32 clients each, synchronous_commit on, with
+// the tables empty and holding 1 M rows (SANGHO_PG_ROWS sets the second
+// size). Reported per event: the server's CPU (postmaster and backends,
+// from /proc), WAL bytes, and for the store the share of HOT updates.
+func BenchmarkPostgresVsSeed(b *testing.B) {
+	srv := pgtest.Start(b, "synchronous_commit=on", "max_connections=100")
+	ctx := context.Background()
+	big := 1_000_000
+	if v := os.Getenv("SANGHO_PG_ROWS"); v != "" {
+		big, _ = strconv.Atoi(v)
+	}
+	for _, rows := range []int{0, big} {
+		table := uniqueTable()
+		s, _ := provision(b, storeJSON(srv.DSN, table, "max_conns", "32", "cleanup_interval", "1h"))
+		if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil { // creates the table
+			b.Fatal(err)
+		}
+		pool, err := pgxpool.New(ctx, srv.DSN+"&pool_max_conns=32")
+		if err != nil {
+			b.Fatal(err)
+		}
+		seed := table + "_seed"
+		srv.Psql(b, `CREATE TABLE `+seed+` (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`)
+		if rows > 0 {
+			srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id) SELECT 'evt_old_' || g FROM generate_series(1, %d) g`, seed, rows))
+			srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id, processed_at, event_type, fingerprint, expires_at)
+  SELECT 'sangho_dedup:evt_old_' || g, now(), 'bench', md5(g::text), now() + interval '72 hours' FROM generate_series(1, %d) g`, table, rows))
+			srv.Psql(b, `VACUUM ANALYZE `+seed)
+			srv.Psql(b, `VACUUM ANALYZE `+table)
+		}
+		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "bench", Fingerprint: "0123456789abcdef0123456789abcdef"}
+		var seq atomic.Int64
+		run := func(b *testing.B, one func(key string) error) {
+			lsn0 := walLSN(b, srv)
+			cpu0 := serverCPU(b, srv)
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			var next atomic.Int64
+			for range 32 {
+				wg.Go(func() {
+					for next.Add(1) <= int64(b.N) {
+						if err := one(fmt.Sprintf("evt_%d_%d", rows, seq.Add(1))); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(serverCPU(b, srv)-cpu0)/float64(time.Microsecond)/float64(b.N), "pg-µs/event")
+			b.ReportMetric(float64(walLSN(b, srv)-lsn0)/float64(b.N), "WAL-B/event")
+		}
+		b.Run(fmt.Sprintf("rows=%d/seed", rows), func(b *testing.B) {
+			run(b, func(key string) error {
+				_, err := pool.Exec(ctx, `INSERT INTO `+seed+` (event_id) VALUES ($1) ON CONFLICT DO NOTHING`, key)
+				return err
+			})
+		})
+		b.Run(fmt.Sprintf("rows=%d/store", rows), func(b *testing.B) {
+			srv.Psql(b, `SELECT pg_stat_reset()`)
+			run(b, func(key string) error {
+				key = "sangho_dedup:" + key
+				if res, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil || res != dedup.Claimed {
+					return fmt.Errorf("claim: %v, %v", res, err)
+				}
+				_, err := s.Commit(ctx, key, "tok", rec, 72*time.Hour)
+				return err
+			})
+			time.Sleep(600 * time.Millisecond) // the statistics collector's flush
+			var upd, hot float64
+			if err := pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1`, table).Scan(&upd, &hot); err != nil {
+				b.Fatal(err)
+			}
+			if upd > 0 {
+				b.ReportMetric(100*hot/upd, "HOT-%")
+			}
+			var size, n float64
+			if err := pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass), (SELECT count(*) FROM `+table+`)`, table).Scan(&size, &n); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(size/n, "table-B/row")
+		})
+		pool.Close()
+	}
+}
+
+func walLSN(b *testing.B, srv *pgtest.Server) int64 {
+	v, err := strconv.ParseInt(strings.TrimSpace(srv.Psql(b, `SELECT pg_current_wal_lsn() - '0/0'`)), 10, 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return v
+}
+
+// serverCPU is the user and system time of the postmaster and of every
+// process it forked (one per connection).
+func serverCPU(b *testing.B, srv *pgtest.Server) time.Duration {
+	raw, err := os.ReadFile(filepath.Join(srv.Dir, "data", "postmaster.pid"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	pm := strings.SplitN(string(raw), "\n", 2)[0]
+	var ticks float64
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, p := range procs {
+		st, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(st), ')')
+		f := strings.Fields(string(st[i+2:]))
+		if strings.TrimSuffix(filepath.Base(filepath.Dir(p)), "") == pm || f[1] == pm {
+			u, _ := strconv.ParseFloat(f[11], 64)
+			sy, _ := strconv.ParseFloat(f[12], 64)
+			ticks += u + sy
+		}
+	}
+	return time.Duration(ticks * float64(time.Second) / 100) // USER_HZ
+}
+
+// One sweep pass over a table of SANGHO_PG_ROWS rows (default 1 M), one
+// in three an expired done record, with statistics that say the table
+// is empty (analyzed before the fill, autovacuum off), while 8 clients
+// claim new events: the p50, p99 and max of the sweep's batches and of
+// the claims during the pass, and beside it the claims' p99 without a
+// sweep.
+func BenchmarkPostgresSweep(b *testing.B) {
+	srv := pgtest.Start(b, "synchronous_commit=on", "autovacuum=off")
+	ctx := context.Background()
+	rows := 1_000_000
+	if v := os.Getenv("SANGHO_PG_ROWS"); v != "" {
+		rows, _ = strconv.Atoi(v)
+	}
+	table := uniqueTable()
+	s, _ := provision(b, storeJSON(srv.DSN, table, "max_conns", "16", "cleanup_interval", "1h"))
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
+		b.Fatal(err)
+	}
+	srv.Psql(b, `ANALYZE `+table)
+	srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id, processed_at, event_type, fingerprint, expires_at)
+  SELECT 'sangho_dedup:evt_old_' || g, now(), 'bench', md5(g::text),
+    CASE WHEN g %% 3 = 0 THEN now() - interval '1 hour' ELSE now() + interval '72 hours' END
+  FROM generate_series(1, %d) g`, table, rows))
+	claims := func(stop <-chan struct{}) []time.Duration {
+		var mu sync.Mutex
+		var lat []time.Duration
+		var wg sync.WaitGroup
+		var seq atomic.Int64
+		for range 8 {
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					t0 := time.Now()
+					key := fmt.Sprint("evt_new_", seq.Add(1), "_", t0.UnixNano())
+					if _, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil {
+						b.Error(err)
+						return
+					}
+					d := time.Since(t0)
+					mu.Lock()
+					lat = append(lat, d)
+					mu.Unlock()
+					time.Sleep(5 * time.Millisecond) // about 1,500 claims/s in all
+				}
+			})
+		}
+		<-stop
+		wg.Wait()
+		return lat
+	}
+	stop := make(chan struct{})
+	go func() { time.Sleep(5 * time.Second); close(stop) }()
+	quiet := claims(stop)
+	b.ResetTimer()
+	var batches []time.Duration
+	stop = make(chan struct{})
+	done := make(chan []time.Duration)
+	go func() { done <- claims(stop) }()
+	var end int64
+	if err := s.db.pool.QueryRow(ctx, s.db.sql.blocks).Scan(&end); err != nil {
+		b.Fatal(err)
+	}
+	var deleted int64
+	for from := int64(0); from < end; from += sweepBlocks {
+		t0 := time.Now()
+		n, _, err := s.db.sweepBatch(ctx, s.db.lockKey(), from, from+sweepBlocks)
+		if err != nil {
+			b.Fatal(err)
+		}
+		batches = append(batches, time.Since(t0))
+		deleted += n
+	}
+	close(stop)
+	during := <-done
+	b.StopTimer()
+	if want := int64(rows / 3); deleted != want {
+		b.Fatalf("deleted %d, want %d", deleted, want)
+	}
+	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	for _, m := range []struct {
+		name string
+		d    []time.Duration
+	}{{"batch", batches}, {"claim-sweeping", during}, {"claim-quiet", quiet}} {
+		slices.Sort(m.d)
+		q := func(p float64) time.Duration { return m.d[int(p*float64(len(m.d)-1))] }
+		b.ReportMetric(ms(q(0.5)), m.name+"-p50-ms")
+		b.ReportMetric(ms(q(0.99)), m.name+"-p99-ms")
+		b.ReportMetric(ms(m.d[len(m.d)-1]), m.name+"-max-ms")
+	}
+	b.ReportMetric(float64(len(batches)), "batches")
+}
