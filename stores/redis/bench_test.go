@@ -231,7 +231,8 @@ func BenchmarkRedisRealisticRedelivery(b *testing.B) {
 // MEMORY USAGE of one key. json: the done record as the store wrote it
 // before compact records (the same SET with dedup.DoneRecord.Encode);
 // compact: the store's Commit; each with a 24- and a 12-character event
-// type. The database is emptied before each, so each starts equal.
+// type; whatif: what would reach 150 B. The database is emptied before
+// each, so each starts equal.
 //
 //	go test -run XXX -bench RedisBytesPerRecord -benchtime 1x ./stores/redis/
 func BenchmarkRedisBytesPerRecord(b *testing.B) {
@@ -265,51 +266,62 @@ func BenchmarkRedisBytesPerRecord(b *testing.B) {
 	for _, v := range []struct {
 		name, typ string
 		compact   bool
+		key       string // the key's format, of the event's number
 	}{
-		{"json/type24", "payment_intent.succeeded", false},
-		{"compact/type24", "payment_intent.succeeded", true},
-		{"json/type12", "invoice.paid", false},
-		{"compact/type12", "invoice.paid", true},
+		{"json/type24", "payment_intent.succeeded", false, key41},
+		{"compact/type24", "payment_intent.succeeded", true, key41},
+		{"json/type12", "invoice.paid", false, key41},
+		{"compact/type12", "invoice.paid", true, key41},
+		// what would reach 150 B: no event type (28-byte values) and
+		// 12-byte keys (say 12 bytes of a hash of key_prefix + ID)
+		{"whatif/notype", "", true, key41},
+		{"whatif/notype-key12", "", true, "%012d"},
 	} {
-		if err := c.FlushAll(ctx).Err(); err != nil {
-			b.Fatal(err)
-		}
-		before := used()
-		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: v.typ, Fingerprint: fp}
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		for range 32 {
-			wg.Go(func() {
-				for i := next.Add(1); i <= int64(n); i = next.Add(1) {
-					key := fmt.Sprintf("%sevt_1QZ%021d", testKeyPrefix, i) // 41 bytes
-					tok := newToken() + "." + fp
-					if res, _, err := s.Claim(ctx, key, tok, 30*time.Second); err != nil || res != dedup.Claimed {
-						b.Errorf("claim: %v %v", res, err)
-						return
+		b.Run(v.name, func(b *testing.B) {
+			if err := c.FlushAll(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			before := used()
+			rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: v.typ, Fingerprint: fp}
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			for range 32 {
+				wg.Go(func() {
+					for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+						key := fmt.Sprintf(v.key, i)
+						tok := newToken() + "." + fp
+						if res, _, err := s.Claim(ctx, key, tok, 30*time.Second); err != nil || res != dedup.Claimed {
+							b.Errorf("claim: %v %v", res, err)
+							return
+						}
+						var err error
+						if v.compact {
+							_, err = s.Commit(ctx, key, tok, rec, retention)
+						} else {
+							_, _, err = s.set(ctx, key, "", rec.Encode(), "", retention, false)
+						}
+						if err != nil {
+							b.Errorf("commit: %v", err)
+							return
+						}
 					}
-					var err error
-					if v.compact {
-						_, err = s.Commit(ctx, key, tok, rec, retention)
-					} else {
-						_, _, err = s.set(ctx, key, "", rec.Encode(), "", retention, false)
-					}
-					if err != nil {
-						b.Errorf("commit: %v", err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		if b.Failed() {
-			return
-		}
-		one := fmt.Sprintf("%sevt_1QZ%021d", testKeyPrefix, 1)
-		val, _ := c.Get(ctx, one).Result()
-		mu, _ := c.MemoryUsage(ctx, one).Result()
-		perRecord := float64(used()-before) / float64(n)
-		b.ReportMetric(perRecord, v.name+"-B/record")
-		b.Logf("%s: %d records, key %d B, value %d B, used_memory +%.1f B/record, MEMORY USAGE %d B",
-			v.name, n, len(one), len(val), perRecord, mu)
+				})
+			}
+			wg.Wait()
+			if b.Failed() {
+				return
+			}
+			one := fmt.Sprintf(v.key, 1)
+			val, _ := c.Get(ctx, one).Result()
+			mu, _ := c.MemoryUsage(ctx, one).Result()
+			perRecord := float64(used()-before) / float64(n)
+			b.ReportMetric(perRecord, "B/record")
+			b.Logf("%d records, key %d B, value %d B, used_memory +%.1f B/record, MEMORY USAGE %d B",
+				n, len(one), len(val), perRecord, mu)
+		})
 	}
 }
+
+// key41 is a 41-byte key: key_prefix sangho_dedup: and a Stripe-length
+// event ID (28 characters).
+const key41 = testKeyPrefix + "evt_1QZ%021d"
