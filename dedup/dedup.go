@@ -11,6 +11,8 @@ package dedup
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"strings"
 	"time"
@@ -177,8 +179,8 @@ func (c ClaimResult) String() string {
 }
 
 // Stored values. An in-flight lease is "inflight:<token>"; a done record
-// is "done:" followed by a small JSON object, readable with redis-cli or
-// psql.
+// is "done:" followed by a small JSON object (Encode), readable with
+// redis-cli or psql, or by a compact binary record (EncodeCompact).
 const (
 	InflightPrefix = "inflight:"
 	DonePrefix     = "done:"
@@ -240,12 +242,63 @@ func (r DoneRecord) Encode() string {
 	return DonePrefix + string(b)
 }
 
+// CompactV1 is the byte after DonePrefix in a compact done record
+// (EncodeCompact); a JSON record has '{' there.
+const CompactV1 = 0x01
+
+// compactFixed is the size of a compact record before its event type:
+// "done:", the version byte, processed_at, the fingerprint.
+const compactFixed = len(DonePrefix) + 1 + 6 + 16
+
+// EncodeCompact renders the record in the compact binary form, for a
+// store that pays for every byte (Redis keeps values of at most 44 bytes
+// inside its key's object: a 16-character event type fits):
+//
+//	"done:" 0x01 <processed_at: Unix milliseconds, 6 bytes big-endian>
+//	<fingerprint: 16 bytes> <event type: the rest>
+//
+// The record keeps the "done:" prefix, so that a store's scripts, and
+// the versions before this one, still tell it from a lease. processed_at
+// keeps milliseconds. A record the form cannot hold exactly (no
+// fingerprint or one that is not 32 lowercase hex characters, an
+// EventID, a time before 1970 or past year 10889) is rendered by Encode.
+// DecodeDone and Fingerprint read both forms.
+func (r DoneRecord) EncodeCompact() string {
+	ms := r.ProcessedAt.UnixMilli()
+	if r.EventID != "" || len(r.Fingerprint) != 32 || ms < 0 || ms >= 1<<48 {
+		return r.Encode()
+	}
+	b := make([]byte, compactFixed, compactFixed+len(r.EventType))
+	copy(b, DonePrefix)
+	b[len(DonePrefix)] = CompactV1
+	var t [8]byte
+	binary.BigEndian.PutUint64(t[:], uint64(ms))
+	copy(b[len(DonePrefix)+1:], t[2:])
+	if n, err := hex.Decode(b[len(DonePrefix)+7:], []byte(r.Fingerprint)); err != nil || n != 16 ||
+		hex.EncodeToString(b[len(DonePrefix)+7:compactFixed]) != r.Fingerprint {
+		return r.Encode() // upper case or not hex: kept as it is
+	}
+	return string(append(b, r.EventType...))
+}
+
 // DecodeDone parses a done record written by Encode (or by an older
-// version, without a fingerprint).
+// version, without a fingerprint) or by EncodeCompact.
 func DecodeDone(val string) (DoneRecord, bool) {
 	raw, ok := strings.CutPrefix(val, DonePrefix)
 	if !ok {
 		return DoneRecord{}, false
+	}
+	if raw != "" && raw[0] == CompactV1 {
+		if len(val) < compactFixed {
+			return DoneRecord{}, false
+		}
+		var t [8]byte
+		copy(t[2:], raw[1:7])
+		return DoneRecord{
+			ProcessedAt: time.UnixMilli(int64(binary.BigEndian.Uint64(t[:]))).UTC(),
+			EventType:   val[compactFixed:],
+			Fingerprint: hex.EncodeToString([]byte(raw[7:23])),
+		}, true
 	}
 	var r DoneRecord
 	if err := json.Unmarshal([]byte(raw), &r); err != nil {
@@ -258,7 +311,13 @@ func DecodeDone(val string) (DoneRecord, bool) {
 // record, or of a lease whose token carries one (token "<x>.<fp>").
 // Empty when it has none. Cheap: no JSON decoding on the hot path.
 func Fingerprint(val string) string {
-	if strings.HasPrefix(val, DonePrefix) {
+	if raw, ok := strings.CutPrefix(val, DonePrefix); ok {
+		if raw != "" && raw[0] == CompactV1 {
+			if len(val) < compactFixed {
+				return ""
+			}
+			return hex.EncodeToString([]byte(raw[7:23]))
+		}
 		const k = `"fingerprint":"`
 		i := strings.LastIndex(val, k)
 		if i < 0 {

@@ -25,7 +25,7 @@ func TestRedisClusterGetForget(t *testing.T) {
 		if _, err := s.Commit(ctx, key, "tok", rec, time.Hour); err != nil {
 			t.Fatal(err)
 		}
-		if e, err := s.Get(ctx, key); err != nil || e.State() != "done" || e.Value != rec.Encode() || time.Until(e.ExpiresAt) < 59*time.Minute {
+		if e, err := s.Get(ctx, key); err != nil || e.State() != "done" || e.Value != rec.EncodeCompact() || time.Until(e.ExpiresAt) < 59*time.Minute {
 			t.Fatalf("get %s = %+v, %v", key, e, err)
 		}
 		if e, deleted, err := s.Forget(ctx, key, false); err != nil || !deleted || e.State() != "done" {

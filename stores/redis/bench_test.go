@@ -2,8 +2,12 @@ package redis
 
 import (
 	"context"
+	"fmt"
+	"os"
 	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -217,3 +221,107 @@ func BenchmarkRedisRealisticRedelivery(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRedisBytesPerRecord reports what a processed event costs in
+// Redis's memory (issue 27 item 1): the growth of used_memory per
+// record, written by the store's own two commands per event (Claim's
+// SET NX GET PX, then Commit's SET GET PX retention) for 1,000,000
+// events (SANGHO_RECORDS to change it) with 41-byte keys (key_prefix
+// sangho_dedup: and a Stripe-length ID) and 72 h retention, and
+// MEMORY USAGE of one key. json: the done record as the store wrote it
+// before compact records (the same SET with dedup.DoneRecord.Encode);
+// compact: the store's Commit; each with a 24- and a 12-character event
+// type; whatif: what would reach 150 B. The database is emptied before
+// each, so each starts equal.
+//
+//	go test -run XXX -bench RedisBytesPerRecord -benchtime 1x ./stores/redis/
+func BenchmarkRedisBytesPerRecord(b *testing.B) {
+	n := 1_000_000
+	if v, err := strconv.Atoi(os.Getenv("SANGHO_RECORDS")); err == nil && v > 0 {
+		n = v
+	}
+	srv := startRedis(b)
+	c := srv.Client(b)
+	off := 0
+	s := &Store{Address: []string{srv.Addr}, LocalCache: &off}
+	s.logger = zap.NewNop()
+	s = provisionRedisStore(b, s)
+	ctx := context.Background()
+	used := func() int64 {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for line := range strings.SplitSeq(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		b.Fatal("no used_memory")
+		return 0
+	}
+	const retention = 72 * time.Hour
+	fp := "0123456789abcdef0123456789abcdef" // as the handler's: 16 bytes of SHA-256 in hex
+	for _, v := range []struct {
+		name, typ string
+		compact   bool
+		key       string // the key's format, of the event's number
+	}{
+		{"json/type24", "payment_intent.succeeded", false, key41},
+		{"compact/type24", "payment_intent.succeeded", true, key41},
+		{"json/type12", "invoice.paid", false, key41},
+		{"compact/type12", "invoice.paid", true, key41},
+		// what would reach 150 B: no event type (28-byte values) and
+		// 12-byte keys (say 12 bytes of a hash of key_prefix + ID)
+		{"whatif/notype", "", true, key41},
+		{"whatif/notype-key12", "", true, "%012d"},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			if err := c.FlushAll(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			before := used()
+			rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: v.typ, Fingerprint: fp}
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			for range 32 {
+				wg.Go(func() {
+					for i := next.Add(1); i <= int64(n); i = next.Add(1) {
+						key := fmt.Sprintf(v.key, i)
+						tok := newToken() + "." + fp
+						if res, _, err := s.Claim(ctx, key, tok, 30*time.Second); err != nil || res != dedup.Claimed {
+							b.Errorf("claim: %v %v", res, err)
+							return
+						}
+						var err error
+						if v.compact {
+							_, err = s.Commit(ctx, key, tok, rec, retention)
+						} else {
+							_, _, err = s.set(ctx, key, "", rec.Encode(), "", retention, false)
+						}
+						if err != nil {
+							b.Errorf("commit: %v", err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if b.Failed() {
+				return
+			}
+			one := fmt.Sprintf(v.key, 1)
+			val, _ := c.Get(ctx, one).Result()
+			mu, _ := c.MemoryUsage(ctx, one).Result()
+			perRecord := float64(used()-before) / float64(n)
+			b.ReportMetric(perRecord, "B/record")
+			b.Logf("%d records, key %d B, value %d B, used_memory +%.1f B/record, MEMORY USAGE %d B",
+				n, len(one), len(val), perRecord, mu)
+		})
+	}
+}
+
+// key41 is a 41-byte key: key_prefix sangho_dedup: and a Stripe-length
+// event ID (28 characters).
+const key41 = testKeyPrefix + "evt_1QZ%021d"

@@ -167,14 +167,16 @@ func (s *Store) Renew(ctx context.Context, key, token string, ttl time.Duration)
 }
 
 // Commit implements Store with `SET key record GET PX retention`: the
-// old value tells whether our lease was still there. With WaitReplicas,
+// old value tells whether our lease was still there. The record is the
+// compact one (dedup.DoneRecord.EncodeCompact): Redis holds it in RAM
+// for every event within retention. With WaitReplicas,
 // `WAIT n timeout` follows on the same connection, to the master that
 // owns the key.
 func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRecord, retention time.Duration) (bool, error) {
 	var old string
 	var null bool
 	var err error
-	val := rec.Encode()
+	val := rec.EncodeCompact()
 	if s.WaitReplicas > 0 {
 		old, err = s.commitAndWait(ctx, key, val, retention)
 		if errors.Is(err, goredis.Nil) {
