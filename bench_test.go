@@ -184,3 +184,24 @@ func benchFloor(b *testing.B, configure func(*Handler), eventBody func(id string
 		buf.done()
 	}
 }
+
+// BenchmarkFingerprint: the body's fingerprint as this version computes
+// it (xxh64) beside the SHA-256 one of older versions, computed only to
+// compare with a record or lease they wrote.
+func BenchmarkFingerprint(b *testing.B) {
+	for _, s := range benchShapes {
+		body := []byte(s.body("evt_fp"))
+		b.Run(s.name+"/xxh64", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				fingerprint(body)
+			}
+		})
+		b.Run(s.name+"/sha256", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				sha256Fingerprint(body)
+			}
+		})
+	}
+}
