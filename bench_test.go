@@ -21,7 +21,8 @@ import (
 func BenchmarkExtractEvent(b *testing.B) {
 	big := `{"data":{"object":{"items":[` + strings.Repeat(`{"id":"pi_1","note":"a \"quoted\" string"},`, 22000) + `{}]}},"id":"evt_big","type":"x"}`
 	long := `{"id":"evt_long","type":"x","data":{"object":{"pad":"` + strings.Repeat("x", 64<<10) + `"}}}`
-	for name, body := range map[string]string{"small": bodyA, "1MiB-tokens": big, "64KiB-string": long} {
+	nested := nestedBody("evt_nested", 185) // the push of BenchmarkServeBodies
+	for name, body := range map[string]string{"small": bodyA, "1MiB-tokens": big, "64KiB-string": long, "64KiB-nested": nested} {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
