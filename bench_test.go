@@ -21,7 +21,8 @@ import (
 func BenchmarkExtractEvent(b *testing.B) {
 	big := `{"data":{"object":{"items":[` + strings.Repeat(`{"id":"pi_1","note":"a \"quoted\" string"},`, 22000) + `{}]}},"id":"evt_big","type":"x"}`
 	long := `{"id":"evt_long","type":"x","data":{"object":{"pad":"` + strings.Repeat("x", 64<<10) + `"}}}`
-	for name, body := range map[string]string{"small": bodyA, "1MiB-tokens": big, "64KiB-string": long} {
+	nested := nestedBody("evt_nested", 185) // the push of BenchmarkServeBodies
+	for name, body := range map[string]string{"small": bodyA, "1MiB-tokens": big, "64KiB-string": long, "64KiB-nested": nested} {
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(len(body)))
@@ -105,4 +106,103 @@ func BenchmarkServeHTTP(b *testing.B) {
 	}
 	b.Run("redis/new", func(b *testing.B) { benchServe(b, withRedis, false) })
 	b.Run("redis/duplicate", func(b *testing.B) { benchServe(b, withRedis, true) })
+}
+
+// Body shapes of issue 27 item 2, each made from the event ID.
+var benchShapes = []struct {
+	name string
+	body func(id string) string
+}{
+	// 1 KiB: a typical small event.
+	{"1KiB", func(id string) string {
+		return `{"id":"` + id + `","type":"x","data":{"object":{"pad":"` + strings.Repeat("x", 1<<10-70) + `"}}}`
+	}},
+	// 64 KiB, most of it one string: the ID scanner's best case.
+	{"64KiB-string", func(id string) string {
+		return `{"id":"` + id + `","type":"x","data":{"object":{"pad":"` + strings.Repeat("x", 64<<10) + `"}}}`
+	}},
+	// 64 KiB of many small nested values, like a GitHub push with 185
+	// commits: the scanner's worst case.
+	{"64KiB-nested", func(id string) string { return nestedBody(id, 185) }},
+}
+
+// nestedBody is an event whose data is a push of n commits, each a
+// small object of strings, numbers, booleans and arrays (about 350
+// bytes each: 185 of them make about 64 KiB).
+func nestedBody(id string, n int) string {
+	var sb strings.Builder
+	sb.WriteString(`{"id":"` + id + `","type":"push","data":{"object":{"ref":"refs/heads/main","forced":false,"commits":[`)
+	for i := range n {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		c := strconv.Itoa(i)
+		sb.WriteString(`{"id":"4b1c` + c + `e0f","tree_id":"9a8f` + c + `","distinct":true,"message":"Fix \"parser\" edge ` + c +
+			`","timestamp":"2026-12-05T07:55:37Z","author":{"name":"A. Dev","email":"a@example.com","username":"adev"},` +
+			`"committer":{"name":"A. Dev","email":"a@example.com","date":null},"added":["src/a` + c + `.go"],` +
+			`"removed":[],"modified":["README.md","go.mod","internal/x/y.go"],"stats":{"n":` + c + `,"ok":1.5e3}}`)
+	}
+	sb.WriteString(`]}}}`)
+	return sb.String()
+}
+
+// BenchmarkServeBodies measures ServeHTTP per body shape on the memory
+// store, for new events and for a duplicate, beside the floor: only
+// buffering the body and checking its signature, which any handler in
+// front of the backend has to do.
+func BenchmarkServeBodies(b *testing.B) {
+	memory := func(h *Handler) { h.StoreRaw = []byte(`{"type":"memory"}`) }
+	for _, s := range benchShapes {
+		b.Run(s.name+"/floor", func(b *testing.B) { benchFloor(b, memory, s.body) })
+		b.Run(s.name+"/new", func(b *testing.B) { benchServeBody(b, memory, false, s.body) })
+		b.Run(s.name+"/duplicate", func(b *testing.B) { benchServeBody(b, memory, true, s.body) })
+	}
+}
+
+// benchFloor buffers and verifies each request the way ServeHTTP does,
+// and nothing else.
+func benchFloor(b *testing.B, configure func(*Handler), eventBody func(id string) string) {
+	h, _ := newTestHandler(b, configure)
+	body := eventBody("evt_floor")
+	sig := sangho.Sign(testNow, []byte(body), secret1)
+	webhookURL, _ := url.Parse("/webhook")
+	b.ReportAllocs()
+	for b.Loop() {
+		r := &http.Request{
+			Method: http.MethodPost, URL: webhookURL, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+			Header:        http.Header{"Sangho-Signature": {sig}},
+			Body:          io.NopCloser(strings.NewReader(body)),
+			ContentLength: int64(len(body)),
+		}
+		buf, _, err := h.readBody(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := h.provider.Verify(r, buf.bytes()); err != nil {
+			b.Fatal(err)
+		}
+		r.Body.Close() // what the next handler would hold
+		buf.done()
+	}
+}
+
+// BenchmarkFingerprint: the body's fingerprint as this version computes
+// it (xxh64) beside the SHA-256 one of older versions, computed only to
+// compare with a record or lease they wrote.
+func BenchmarkFingerprint(b *testing.B) {
+	for _, s := range benchShapes {
+		body := []byte(s.body("evt_fp"))
+		b.Run(s.name+"/xxh64", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				fingerprint(body)
+			}
+		})
+		b.Run(s.name+"/sha256", func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				sha256Fingerprint(body)
+			}
+		})
+	}
 }

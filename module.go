@@ -234,8 +234,8 @@ type Handler struct {
 	Name string `json:"name,omitempty"`
 
 	// What to answer when an event that was processed is delivered again
-	// with another body (its fingerprint, the first 16 bytes of the
-	// body's SHA-256, is kept with the done record): "reject" answers 422
+	// with another body (its fingerprint, the body's xxh64, is kept with
+	// the done record; see docs/how-it-works.md): "reject" answers 422
 	// with Sangho-Dedup: payload_mismatch and never reaches the backend;
 	// "log" answers the usual 200 duplicate and logs a warning. Both
 	// count as the outcome payload_mismatch. Default: reject with the

@@ -225,8 +225,10 @@ type DoneRecord struct {
 	// signed message whose event ID is not signed): the ID the message
 	// came with. Empty in an event's own record, whose key is its ID.
 	EventID string `json:"event_id,omitempty"`
-	// Fingerprint is the hex of the first 16 bytes of the body's
-	// SHA-256; empty in records written before fingerprints existed.
+	// Fingerprint tells the body apart: "x" and the hex of the body's
+	// xxh64; the hex of the first 16 bytes of its SHA-256 in records
+	// written by earlier versions; empty in records written before
+	// fingerprints existed.
 	Fingerprint string `json:"fingerprint,omitempty"`
 }
 

@@ -139,7 +139,7 @@ func TestServerPostgres(t *testing.T) {
 	}
 	row := srv.Psql(t, `SELECT event_type, processed_at IS NOT NULL, length(fingerprint), lease_token IS NULL, expires_at > now() + interval '71 hours'
   FROM processed_webhook_events WHERE event_id = 'sangho_dedup:evt_pg_1'`)
-	if row != "payment_intent.succeeded|t|32|t|t" {
+	if row != "payment_intent.succeeded|t|17|t|t" { // "x" and 16 hex digits: the xxh64 fingerprint
 		t.Fatalf("row = %q", row)
 	}
 	if a := send(t, url, `{"id":"evt_pg_1","type":"payment_intent.succeeded","data":{"amount":999}}`); a.status != 422 || a.dedup != "payload_mismatch" {
