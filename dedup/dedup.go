@@ -244,43 +244,102 @@ func (r DoneRecord) Encode() string {
 	return DonePrefix + string(b)
 }
 
-// CompactV1 is the byte after DonePrefix in a compact done record
-// (EncodeCompact); a JSON record has '{' there.
-const CompactV1 = 0x01
+// The byte after DonePrefix in a compact done record (EncodeCompact),
+// which says the fingerprint's form; a JSON record has '{' there.
+const (
+	// CompactV1: the fingerprint of versions before xxh64, the first 16
+	// bytes of the body's SHA-256 (32 hex characters), as 16 bytes.
+	CompactV1 = 0x01
+	// CompactV2: the xxh64 fingerprint ("x" and 16 hex characters), as
+	// 8 bytes.
+	CompactV2 = 0x02
+)
 
-// compactFixed is the size of a compact record before its event type:
-// "done:", the version byte, processed_at, the fingerprint.
-const compactFixed = len(DonePrefix) + 1 + 6 + 16
+// compactHead is the size of a compact record before its fingerprint:
+// "done:", the version byte, processed_at.
+const compactHead = len(DonePrefix) + 1 + 6
+
+// compactFingerprint is the size of a compact record's fingerprint and
+// the prefix its text form has, by version; ok false for another byte.
+func compactFingerprint(version byte) (size int, prefix string, ok bool) {
+	switch version {
+	case CompactV1:
+		return 16, "", true
+	case CompactV2:
+		return 8, "x", true
+	}
+	return 0, "", false
+}
 
 // EncodeCompact renders the record in the compact binary form, for a
 // store that pays for every byte (Redis keeps values of at most 44 bytes
-// inside its key's object: a 16-character event type fits):
+// inside its key's object):
 //
-//	"done:" 0x01 <processed_at: Unix milliseconds, 6 bytes big-endian>
-//	<fingerprint: 16 bytes> <event type: the rest>
+//	"done:" <version> <processed_at: Unix milliseconds, 6 bytes big-endian>
+//	<fingerprint: 8 bytes (CompactV2) or 16 (CompactV1)> <event type: the rest>
 //
 // The record keeps the "done:" prefix, so that a store's scripts, and
 // the versions before this one, still tell it from a lease. processed_at
 // keeps milliseconds. A record the form cannot hold exactly (no
-// fingerprint or one that is not 32 lowercase hex characters, an
-// EventID, a time before 1970 or past year 10889) is rendered by Encode.
-// DecodeDone and Fingerprint read both forms.
+// fingerprint or one of neither form in lower-case hex, an EventID, a
+// time before 1970 or past year 10889) is rendered by Encode.
+// DecodeDone and Fingerprint read every form.
 func (r DoneRecord) EncodeCompact() string {
 	ms := r.ProcessedAt.UnixMilli()
-	if r.EventID != "" || len(r.Fingerprint) != 32 || ms < 0 || ms >= 1<<48 {
+	if r.EventID != "" || ms < 0 || ms >= 1<<48 {
 		return r.Encode()
 	}
-	b := make([]byte, compactFixed, compactFixed+len(r.EventType))
+	version := byte(CompactV1)
+	if strings.HasPrefix(r.Fingerprint, "x") {
+		version = CompactV2
+	}
+	size, prefix, _ := compactFingerprint(version)
+	fp := r.Fingerprint[len(prefix):]
+	if len(fp) != 2*size {
+		return r.Encode()
+	}
+	b := make([]byte, compactHead+size, compactHead+size+len(r.EventType))
 	copy(b, DonePrefix)
-	b[len(DonePrefix)] = CompactV1
+	b[len(DonePrefix)] = version
 	var t [8]byte
 	binary.BigEndian.PutUint64(t[:], uint64(ms))
 	copy(b[len(DonePrefix)+1:], t[2:])
-	if n, err := hex.Decode(b[len(DonePrefix)+7:], []byte(r.Fingerprint)); err != nil || n != 16 ||
-		hex.EncodeToString(b[len(DonePrefix)+7:compactFixed]) != r.Fingerprint {
+	if n, err := hex.Decode(b[compactHead:], []byte(fp)); err != nil || n != size ||
+		hex.EncodeToString(b[compactHead:]) != fp {
 		return r.Encode() // upper case or not hex: kept as it is
 	}
 	return string(append(b, r.EventType...))
+}
+
+// compactParts splits a compact record (val, "done:" included) into its
+// processed_at, fingerprint (text form) and event type; ok false if val
+// is not one.
+func compactParts(val string) (ms int64, fp, typ string, ok bool) {
+	if len(val) <= len(DonePrefix) {
+		return 0, "", "", false
+	}
+	size, prefix, known := compactFingerprint(val[len(DonePrefix)])
+	if !known || len(val) < compactHead+size {
+		return 0, "", "", false
+	}
+	var t [8]byte
+	copy(t[2:], val[len(DonePrefix)+1:compactHead])
+	fp = prefix + hex.EncodeToString([]byte(val[compactHead:compactHead+size]))
+	return int64(binary.BigEndian.Uint64(t[:])), fp, val[compactHead+size:], true
+}
+
+// isCompact reports whether a done record's text after "done:" is in
+// the compact form (a version byte, not JSON's '{').
+func isCompact(raw string) bool {
+	_, _, ok := compactFingerprint(firstByte(raw))
+	return ok
+}
+
+func firstByte(s string) byte {
+	if s == "" {
+		return 0
+	}
+	return s[0]
 }
 
 // DecodeDone parses a done record written by Encode (or by an older
@@ -290,17 +349,12 @@ func DecodeDone(val string) (DoneRecord, bool) {
 	if !ok {
 		return DoneRecord{}, false
 	}
-	if raw != "" && raw[0] == CompactV1 {
-		if len(val) < compactFixed {
+	if isCompact(raw) {
+		ms, fp, typ, ok := compactParts(val)
+		if !ok {
 			return DoneRecord{}, false
 		}
-		var t [8]byte
-		copy(t[2:], raw[1:7])
-		return DoneRecord{
-			ProcessedAt: time.UnixMilli(int64(binary.BigEndian.Uint64(t[:]))).UTC(),
-			EventType:   val[compactFixed:],
-			Fingerprint: hex.EncodeToString([]byte(raw[7:23])),
-		}, true
+		return DoneRecord{ProcessedAt: time.UnixMilli(ms).UTC(), EventType: typ, Fingerprint: fp}, true
 	}
 	var r DoneRecord
 	if err := json.Unmarshal([]byte(raw), &r); err != nil {
@@ -314,11 +368,9 @@ func DecodeDone(val string) (DoneRecord, bool) {
 // Empty when it has none. Cheap: no JSON decoding on the hot path.
 func Fingerprint(val string) string {
 	if raw, ok := strings.CutPrefix(val, DonePrefix); ok {
-		if raw != "" && raw[0] == CompactV1 {
-			if len(val) < compactFixed {
-				return ""
-			}
-			return hex.EncodeToString([]byte(raw[7:23]))
+		if isCompact(raw) {
+			_, fp, _, _ := compactParts(val)
+			return fp
 		}
 		const k = `"fingerprint":"`
 		i := strings.LastIndex(val, k)

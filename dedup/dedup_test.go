@@ -86,6 +86,41 @@ func TestCompactRecord(t *testing.T) {
 	}
 }
 
+// TestCompactRecordXXH64: the fingerprint the handler writes since
+// xxh64 ("x" and 16 hex characters) is kept as 8 raw bytes (CompactV2)
+// and read back exactly, so that a compact record stays compact and
+// compares as its JSON form does; a malformed one stays JSON.
+func TestCompactRecordXXH64(t *testing.T) {
+	at := time.UnixMilli(1733140801123).UTC()
+	rec := DoneRecord{ProcessedAt: at, EventType: "payment_intent.succeeded", Fingerprint: "x0123456789abcdef"}
+	val := rec.EncodeCompact()
+	if len(val) != 20+len(rec.EventType) || val[:6] != DonePrefix+"\x02" {
+		t.Fatalf("compact record %q (%d bytes): not the compact form with an 8-byte fingerprint", val, len(val))
+	}
+	got, ok := DecodeDone(val)
+	if !ok || got != rec {
+		t.Fatalf("compact %q decoded as %+v, %v; want %+v", val, got, ok, rec)
+	}
+	if Fingerprint(val) != rec.Fingerprint || Fingerprint(rec.Encode()) != rec.Fingerprint {
+		t.Fatalf("fingerprints: compact %q, JSON %q; want %q", Fingerprint(val), Fingerprint(rec.Encode()), rec.Fingerprint)
+	}
+	if Classify(val, "tok") != AlreadyDone {
+		t.Fatal("a compact record is not a done record")
+	}
+	if short := (DoneRecord{ProcessedAt: at, EventType: "payment_intent.succeeded", Fingerprint: rec.Fingerprint}).EncodeCompact(); len(short) > 44 {
+		t.Fatalf("a 24-character type makes %d bytes, more than Redis's 44 of an embedded string", len(short))
+	}
+	for _, fp := range []string{"x0123", "x0123456789ABCDEF", "x0123456789abcdeg", "x0123456789abcdef0", "y0123456789abcdef"} {
+		r := DoneRecord{ProcessedAt: at, EventType: "t", Fingerprint: fp}
+		if got := r.EncodeCompact(); got != r.Encode() {
+			t.Errorf("fingerprint %q: compact %q, want the JSON form", fp, got)
+		}
+	}
+	if _, ok := DecodeDone(val[:19]); ok || Fingerprint(val[:19]) != "" {
+		t.Fatal("a truncated compact record decoded")
+	}
+}
+
 // FuzzDoneRecordEncodings: for any record, the compact form decodes to
 // what the JSON form does (processed_at to the millisecond) and gives
 // the same fingerprint, so the handler's payload comparison cannot tell
@@ -93,6 +128,7 @@ func TestCompactRecord(t *testing.T) {
 func FuzzDoneRecordEncodings(f *testing.F) {
 	f.Add(int64(1733140801123456789), "payment_intent.succeeded", "0123456789abcdef0123456789abcdef", "")
 	f.Add(int64(0), "", "", "evt_1")
+	f.Add(int64(1733140801123456789), "invoice.paid", "x0123456789abcdef", "")
 	f.Fuzz(func(t *testing.T, ns int64, typ, fp, id string) {
 		rec := DoneRecord{ProcessedAt: time.Unix(0, ns).UTC(), EventType: typ, Fingerprint: fp, EventID: id}
 		c, j := rec.EncodeCompact(), rec.Encode()

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
@@ -31,18 +32,32 @@ import (
 //	          expiry minus processed_at (Unix nanoseconds); a uvarint of
 //	          the event type's length times 2, plus 1 if a fingerprint
 //	          follows; the fingerprint, 16 raw bytes; the event type; the
-//	          event ID's length (uvarint) and the event ID
+//	          event ID's length (uvarint) and the event ID; the
+//	          fingerprint of versions before xxh64 (32 hex characters of
+//	          SHA-256)
+//	recordV3: the same with the xxh64 fingerprint ("x" and 16 hex
+//	          characters) as 8 raw bytes
 //
 // Both are read back as the same "done:{...}" string (dedup.DoneRecord's
-// Encode): a record is written as recordV2 only when that reading gives
-// back its exact string.
+// Encode): a record is written as recordV2 or recordV3 only when that
+// reading gives back its exact string.
 const (
 	prefixDone   = 'd'
 	prefixExpiry = 'x'
 	prefixLease  = 'l'
 	recordV1     = 1
 	recordV2     = 2
+	recordV3     = 3
 )
+
+// fingerprintForm is the size of a compact record's raw fingerprint and
+// the prefix of its text form, by version.
+func fingerprintForm(version byte) (size int, prefix string) {
+	if version == recordV3 {
+		return 8, "x"
+	}
+	return 16, ""
+}
 
 var (
 	keyFormat   = []byte("\x00sangho_dedup")
@@ -77,7 +92,8 @@ func encodeRecord(exp uint64, val string) []byte {
 type doneValue struct {
 	val  string // the record as the store gives it back: "done:{...}"
 	at   int64  // processed_at, Unix nanoseconds (with body)
-	body []byte // recordV2's fields after processed_at; nil: recordV1
+	body []byte // recordV2's or V3's fields after processed_at; nil: recordV1
+	v    byte   // recordV2 or recordV3, with body
 }
 
 // newDoneValue prepares rec: compact when the compact form reads back
@@ -88,12 +104,17 @@ func newDoneValue(rec dedup.DoneRecord) doneValue {
 	if at < 0 || !time.Unix(0, at).Equal(rec.ProcessedAt) {
 		return d // before 1970 or past 2262: not from a clock
 	}
-	fp, err := hex.DecodeString(rec.Fingerprint)
-	if err != nil || (len(fp) != 16 && len(fp) != 0) {
+	v := byte(recordV2)
+	if strings.HasPrefix(rec.Fingerprint, "x") {
+		v = recordV3
+	}
+	size, prefix := fingerprintForm(v)
+	fp, err := hex.DecodeString(rec.Fingerprint[len(prefix):])
+	if err != nil || (len(fp) != size && len(rec.Fingerprint) != 0) {
 		return d
 	}
 	body := make([]byte, 0, 2*binary.MaxVarintLen64+len(rec.EventType)+len(rec.EventID)+len(fp))
-	body = binary.AppendUvarint(body, uint64(len(rec.EventType))<<1|uint64(len(fp)/16))
+	body = binary.AppendUvarint(body, uint64(len(rec.EventType))<<1|uint64(min(len(fp), 1)))
 	body = append(body, fp...)
 	body = append(body, rec.EventType...)
 	body = binary.AppendUvarint(body, uint64(len(rec.EventID)))
@@ -101,10 +122,10 @@ func newDoneValue(rec dedup.DoneRecord) doneValue {
 	// Whatever the compact form would lose or change (an upper-case
 	// fingerprint, a field DoneRecord gains later) keeps the record in
 	// recordV1: the other layers compare the string it reads back.
-	if back, err := decodeBody(at, body); err != nil || back.Encode() != d.val {
+	if back, err := decodeBody(v, at, body); err != nil || back.Encode() != d.val {
 		return d
 	}
-	d.at, d.body = at, body
+	d.at, d.body, d.v = at, body, v
 	return d
 }
 
@@ -125,14 +146,16 @@ func (d doneValue) encode(exp uint64) []byte {
 		return encodeRecord(exp, d.val)
 	}
 	rec := make([]byte, 9, 9+binary.MaxVarintLen64+len(d.body))
-	rec[0] = recordV2
+	rec[0] = d.v
 	binary.BigEndian.PutUint64(rec[1:], exp)
 	rec = binary.AppendVarint(rec, int64(exp)-d.at)
 	return append(rec, d.body...)
 }
 
-// decodeBody reads recordV2's fields after processed_at.
-func decodeBody(at int64, b []byte) (dedup.DoneRecord, error) {
+// decodeBody reads the fields after processed_at of a record of
+// version v (recordV2 or recordV3).
+func decodeBody(v byte, at int64, b []byte) (dedup.DoneRecord, error) {
+	size, prefix := fingerprintForm(v)
 	rec := dedup.DoneRecord{ProcessedAt: time.Unix(0, at).UTC()}
 	n, k := binary.Uvarint(b)
 	if k <= 0 {
@@ -140,10 +163,10 @@ func decodeBody(at int64, b []byte) (dedup.DoneRecord, error) {
 	}
 	b = b[k:]
 	if n&1 == 1 {
-		if len(b) < 16 {
+		if len(b) < size {
 			return dedup.DoneRecord{}, errBadRecord
 		}
-		rec.Fingerprint, b = hex.EncodeToString(b[:16]), b[16:]
+		rec.Fingerprint, b = prefix+hex.EncodeToString(b[:size]), b[size:]
 	}
 	var ok bool
 	if rec.EventType, b, ok = cutBytes(b, n>>1); !ok {
@@ -168,7 +191,7 @@ func cutBytes(b []byte, n uint64) (s string, rest []byte, ok bool) {
 
 // decodeExpiry reads only the expiry of a value on disk.
 func decodeExpiry(raw []byte) (uint64, error) {
-	if len(raw) < 9 || (raw[0] != recordV1 && raw[0] != recordV2) {
+	if len(raw) < 9 || (raw[0] != recordV1 && raw[0] != recordV2 && raw[0] != recordV3) {
 		return 0, errBadRecord
 	}
 	return binary.BigEndian.Uint64(raw[1:]), nil
@@ -188,7 +211,7 @@ func decodeRecord(raw []byte) (exp uint64, val string, err error) {
 	if k <= 0 || exp > math.MaxInt64 || at < 0 || (d < 0 && at < int64(exp)) {
 		return 0, "", errBadRecord
 	}
-	rec, err := decodeBody(at, raw[9+k:])
+	rec, err := decodeBody(raw[0], at, raw[9+k:])
 	if err != nil {
 		return 0, "", err
 	}

@@ -42,8 +42,8 @@ func checkRoundTrip(t *testing.T, rec dedup.DoneRecord, exp uint64) []byte {
 
 // TestDoneRecordEncoding: every done record reads back as exactly the
 // string the other stores hold; those from a clock, with a fingerprint
-// as the handler writes it, in the compact recordV2, the others in
-// recordV1.
+// as the handler writes it, in the compact recordV3 (recordV2 with the
+// SHA-256 fingerprint of earlier versions), the others in recordV1.
 func TestDoneRecordEncoding(t *testing.T) {
 	exp := unixNano(encodingAt.Add(72 * time.Hour))
 	for _, tc := range []struct {
@@ -51,7 +51,12 @@ func TestDoneRecordEncoding(t *testing.T) {
 		rec     dedup.DoneRecord
 		version byte
 	}{
-		{"as the handler writes it", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "payment_intent.succeeded", Fingerprint: encodingFP}, recordV2},
+		{"as the handler writes it (xxh64)", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "payment_intent.succeeded", Fingerprint: "x0123456789abcdef"}, recordV3},
+		{"xxh64, replay record with event ID", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "push", EventID: "evt_1", Fingerprint: "x0123456789abcdef"}, recordV3},
+		{"xxh64 in upper case", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "t", Fingerprint: "x0123456789ABCDEF"}, recordV1},
+		{"xxh64 cut short", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "t", Fingerprint: "x0123"}, recordV1},
+		{"an x alone", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "t", Fingerprint: "x"}, recordV1},
+		{"SHA-256, as earlier versions wrote it", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "payment_intent.succeeded", Fingerprint: encodingFP}, recordV2},
 		{"replay record with event ID", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "push", EventID: "evt_1", Fingerprint: encodingFP}, recordV2},
 		{"no fingerprint", dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "payment_intent.succeeded"}, recordV2},
 		{"empty type", dedup.DoneRecord{ProcessedAt: encodingAt, Fingerprint: encodingFP}, recordV2},
@@ -196,12 +201,13 @@ func TestDecodeRecordDamaged(t *testing.T) {
 func FuzzDecodeRecord(f *testing.F) {
 	exp := unixNano(encodingAt.Add(72 * time.Hour))
 	f.Add(newDoneValue(dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "payment_intent.succeeded", Fingerprint: encodingFP}).encode(exp))
+	f.Add(newDoneValue(dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "invoice.paid", Fingerprint: "x0123456789abcdef"}).encode(exp))
 	f.Add(encodeRecord(exp, "inflight:tok"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		_, v, err := decodeRecord(raw)
-		if err == nil && len(raw) > 0 && raw[0] == recordV2 {
+		if err == nil && len(raw) > 0 && (raw[0] == recordV2 || raw[0] == recordV3) {
 			if _, ok := dedup.DecodeDone(v); !ok {
-				t.Fatalf("recordV2 read as %q", v)
+				t.Fatalf("record version %d read as %q", raw[0], v)
 			}
 		}
 	})

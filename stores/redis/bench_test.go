@@ -262,21 +262,25 @@ func BenchmarkRedisBytesPerRecord(b *testing.B) {
 		return 0
 	}
 	const retention = 72 * time.Hour
-	fp := "0123456789abcdef0123456789abcdef" // as the handler's: 16 bytes of SHA-256 in hex
+	// the fingerprint as the handler writes it (xxh64), and as versions
+	// before it did (16 bytes of SHA-256 in hex: their JSON records)
+	const xxh, sha = "x0123456789abcdef", "0123456789abcdef0123456789abcdef"
 	for _, v := range []struct {
-		name, typ string
-		compact   bool
-		key       string // the key's format, of the event's number
+		name, typ, fp string
+		compact       bool
+		key           string // the key's format, of the event's number
 	}{
-		{"json/type24", "payment_intent.succeeded", false, key41},
-		{"compact/type24", "payment_intent.succeeded", true, key41},
-		{"json/type12", "invoice.paid", false, key41},
-		{"compact/type12", "invoice.paid", true, key41},
-		// what would reach 150 B: no event type (28-byte values) and
-		// 12-byte keys (say 12 bytes of a hash of key_prefix + ID)
-		{"whatif/notype", "", true, key41},
-		{"whatif/notype-key12", "", true, "%012d"},
+		{"json-sha256/type24", "payment_intent.succeeded", sha, false, key41},
+		{"compact-sha256/type24", "payment_intent.succeeded", sha, true, key41},
+		{"compact/type24", "payment_intent.succeeded", xxh, true, key41},
+		{"json-sha256/type12", "invoice.paid", sha, false, key41},
+		{"compact/type12", "invoice.paid", xxh, true, key41},
+		// what would reach 150 B: no event type and 12-byte keys (say
+		// 12 bytes of a hash of key_prefix + ID)
+		{"whatif/notype", "", xxh, true, key41},
+		{"whatif/notype-key12", "", xxh, true, "%012d"},
 	} {
+		fp := v.fp
 		b.Run(v.name, func(b *testing.B) {
 			if err := c.FlushAll(ctx).Err(); err != nil {
 				b.Fatal(err)
