@@ -327,6 +327,6 @@ func (c *tableCheck) upgrade(ctx context.Context, logger *zap.Logger) {
 		return
 	}
 	if logger != nil {
-		logger.Info("postgres table upgraded: index on expires_at dropped, fillfactor "+fillfactor, zap.String("table", q))
+		logger.Info("postgres table upgraded", zap.String("table", q), zap.String("dropped_index", idx), zap.String("fillfactor", fillfactor))
 	}
 }
