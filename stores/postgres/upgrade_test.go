@@ -82,11 +82,16 @@ func assertHOT(t *testing.T, srv *pgtest.Server, s *Store, table string) {
 		}
 	}
 	var got string
-	for range 50 { // the statistics arrive within a second
-		if got = srv.Psql(t, `SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = '`+table+`'`); strings.HasPrefix(got, "20") {
+	// A backend reports its statistics at a transaction's end at most
+	// once a second, and an idle one within 10 s (PostgreSQL 15's
+	// PGSTAT_IDLE_INTERVAL): the pool's connections go idle after the
+	// last commit, so wait up to 25 s. (Seen short of 200 at 5 s.)
+	for deadline := time.Now().Add(25 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		got = srv.Psql(t, `SELECT n_tup_upd || ' ' || n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = '`+table+`'`)
+		var u int
+		if fmt.Sscan(got, &u); u >= 200 || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	var upd, hot int
 	fmt.Sscan(got, &upd, &hot)
