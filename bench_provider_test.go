@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
 )
 
@@ -98,20 +99,7 @@ func BenchmarkRedisRecordBytes(b *testing.B) {
 		h.KeyPrefix = "sangho_dedup:"
 	})
 	ctx := context.Background()
-	used := func() int64 {
-		info, err := c.Info(ctx, "memory").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				return n
-			}
-		}
-		b.Fatal("no used_memory")
-		return 0
-	}
+	used := func() int64 { return redistest.UsedMemory(b, c) }
 	const n = 100_000
 	for _, kind := range []string{"event", "signature"} {
 		before := used()

@@ -273,3 +273,24 @@ func StartReplica(t testing.TB, master *Server) *Server {
 	})
 	return s
 }
+
+// UsedMemory is the server's used_memory (INFO memory), in bytes: what
+// a benchmark of bytes per record compares before and after.
+func UsedMemory(t testing.TB, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatalf("used_memory %q: %v", v, err)
+			}
+			return n
+		}
+	}
+	t.Fatal("INFO memory has no used_memory")
+	return 0
+}

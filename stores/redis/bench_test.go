@@ -6,7 +6,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 )
 
 // BenchmarkRedisStore measures the store alone under concurrency (32
@@ -247,20 +247,7 @@ func BenchmarkRedisBytesPerRecord(b *testing.B) {
 	s.logger = zap.NewNop()
 	s = provisionRedisStore(b, s)
 	ctx := context.Background()
-	used := func() int64 {
-		info, err := c.Info(ctx, "memory").Result()
-		if err != nil {
-			b.Fatal(err)
-		}
-		for line := range strings.SplitSeq(info, "\r\n") {
-			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				return n
-			}
-		}
-		b.Fatal("no used_memory")
-		return 0
-	}
+	used := func() int64 { return redistest.UsedMemory(b, c) }
 	const retention = 72 * time.Hour
 	// the fingerprint as the handler writes it (xxh64), and as versions
 	// before it did (16 bytes of SHA-256 in hex: their JSON records)
