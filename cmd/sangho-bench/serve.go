@@ -266,6 +266,8 @@ func fileScaleServe(cfg serveConfig) (serveReport, error) {
 	rep.firstAnswer = time.Since(t0)
 	pid := cmd.Process.Pid
 	rep.rssOpen, rep.hwmOpen = memKB(pid)
+	fmt.Fprintf(os.Stderr, "listening after %v, the first event answered after %v, RSS %d MiB; now %.0f events/s for %v\n",
+		rep.listen.Round(time.Millisecond), rep.firstAnswer.Round(time.Millisecond), rep.rssOpen/1024, cfg.rate, cfg.duration)
 
 	// the traffic, Caddy's memory sampled meanwhile
 	stop := make(chan struct{})
