@@ -356,6 +356,9 @@ func dirSize(dir string) (int64, int) {
 // fileScaleCacheMiB is -filescale-cache-mib.
 var fileScaleCacheMiB int
 
+// fileScaleServeConfig is what the flags give -filescale serve.
+var fileScaleServeConfig serveConfig
+
 // fileScaleMain runs -filescale.
 func fileScaleMain(mode, path string, live int, warm bool, dur time.Duration) error {
 	if path == "" {
@@ -369,6 +372,17 @@ func fileScaleMain(mode, path string, live int, warm bool, dur time.Duration) er
 		return fileScaleFill(path, live)
 	case "measure":
 		return fileScaleMeasure(path, warm, dur)
+	case "serve":
+		cfg := fileScaleServeConfig
+		if cfg.rate <= 0 || cfg.resend < 0 || cfg.resend > 1 || cfg.sample <= 0 {
+			return fmt.Errorf("-filescale serve needs -filescale-rate > 0, -filescale-resend in 0..1 and -filescale-sample > 0")
+		}
+		rep, err := fileScaleServe(cfg)
+		if err != nil {
+			return err
+		}
+		fmt.Print(rep)
+		return nil
 	}
-	return fmt.Errorf("-filescale must be fill or measure, not %q", mode)
+	return fmt.Errorf("-filescale must be fill, measure or serve, not %q", mode)
 }

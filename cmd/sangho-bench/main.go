@@ -90,15 +90,20 @@ func main() {
 	growthOnly := flag.Bool("file-growth-only", false, "run only the file store's size measurement")
 	flag.StringVar(&profileDir, "cpuprofile", "", "write a CPU profile of Caddy during each throughput scenario's first round into this directory (Caddy's admin API is then on a loopback port; the profiled round's figures include the profiler's cost)")
 	generator := flag.String("generator", "auto", "load generator of the throughput runs: wrk, go, or auto (wrk if on PATH, else go); the fixed-rate latency runs always use the Go generator (wrk has no fixed rate)")
-	fileScale := flag.String("filescale", "", "file store at scale (bench only): fill (a store of -filescale-records live records after 108 simulated hours kept 72 h, written by a bulk loader straight to the engine: a load in key order, then 36 h of churn) or measure (in this fresh process: open cold, first claim, RSS, claim p99, commits with and without the sweep, size on disk)")
+	fileScale := flag.String("filescale", "", "file store at scale (bench only): fill (a store of -filescale-records live records after 108 simulated hours kept 72 h, written by a bulk loader straight to the engine: a load in key order, then 36 h of churn), measure (in this fresh process: open cold, first claim, RSS, claim p99, commits with and without the sweep, size on disk) or serve (--caddy run on the store, cold: the time until it listens and answers a first event, then -filescale-rate signed events a second for -filescale-duration with Caddy's RSS sampled)")
 	fileScalePath := flag.String("filescale-path", "", "the store's path for -filescale (its data goes in the folder beside it, .db replaced by .pebble)")
 	fileScaleRecords := flag.Int("filescale-records", 0, "live records for -filescale fill (measure reads them from the note the fill leaves beside the store)")
 	fileScaleWarm := flag.Bool("filescale-warm", false, "-filescale measure: leave the store's files in the page cache (open warm)")
 	fileScaleCache := flag.Int("filescale-cache-mib", 0, "-filescale measure: the block cache in MiB (0: the store's default)")
-	fileScaleDur := flag.Duration("filescale-duration", 5*time.Second, "-filescale measure: length of each latency and commit run")
+	fileScaleDur := flag.Duration("filescale-duration", 5*time.Second, "-filescale measure: length of each latency and commit run; serve: length of the traffic")
+	fileScaleRate := flag.Float64("filescale-rate", 100, "-filescale serve: events a second")
+	fileScaleResend := flag.Float64("filescale-resend", 0.1, "-filescale serve: share of the events that resend an event answered earlier in the run (0..1)")
+	fileScaleSample := flag.Duration("filescale-sample", 5*time.Second, "-filescale serve: interval of the RSS samples")
 	flag.Parse()
 	if *fileScale != "" {
 		fileScaleCacheMiB = *fileScaleCache
+		fileScaleServeConfig = serveConfig{caddy: *caddyBin, path: *fileScalePath, warm: *fileScaleWarm, duration: *fileScaleDur,
+			rate: *fileScaleRate, resend: *fileScaleResend, sample: *fileScaleSample}
 		if err := fileScaleMain(*fileScale, *fileScalePath, *fileScaleRecords, *fileScaleWarm, *fileScaleDur); err != nil {
 			fmt.Fprintln(os.Stderr, "sangho-bench:", err)
 			os.Exit(1)
