@@ -375,19 +375,24 @@ func (st *fileState) get(k []byte) (v []byte, ok bool, err error) {
 	return v, true, nil
 }
 
-// read returns the live done record of key.
+// read returns the live done record of key as a claim answers with it
+// (decodeAnswer: no JSON built for a duplicate).
 func (st *fileState) read(key string) (string, bool, error) {
-	e, err := st.entry(key)
+	e, err := st.entryAs(key, decodeAnswer)
 	return e.Value, e.Value != "", err
 }
 
 // entry returns key's live done record and its expiry.
 func (st *fileState) entry(key string) (dedup.Entry, error) {
+	return st.entryAs(key, decodeRecord)
+}
+
+func (st *fileState) entryAs(key string, decode func([]byte) (uint64, string, error)) (dedup.Entry, error) {
 	raw, ok, err := st.get(doneKey(key))
 	if err != nil || !ok {
 		return dedup.Entry{}, err
 	}
-	exp, val, err := decodeRecord(raw)
+	exp, val, err := decode(raw)
 	if err != nil {
 		return dedup.Entry{}, fmt.Errorf("file store: reading %s: key %q: %v", st.path, key, err)
 	}
