@@ -144,6 +144,7 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("file store: creating the folder of %s: %v", path, err)
 	}
+	limitMallocArenas()
 	dir := StoreDir(path)
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		if err := createStore(path, dir, logger); err != nil {
