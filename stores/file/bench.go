@@ -96,9 +96,26 @@ func (s *Store) BenchMemory() string {
 	m := s.state.db.Metrics()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return fmt.Sprintf("block cache %.0f MiB in use (%d hits, %d misses), memtables %.0f MiB, Go heap in use %.0f MiB (from the OS %.0f MiB)",
-		float64(m.BlockCache.Size)/(1<<20), m.BlockCache.Hits, m.BlockCache.Misses, float64(m.MemTable.Size)/(1<<20),
-		float64(ms.HeapInuse)/(1<<20), float64(ms.Sys)/(1<<20))
+	return fmt.Sprintf("block cache %.0f MiB in use (%d hits, %d misses), memtables %.0f MiB (%d), open tables %d, Go heap in use %.0f MiB (from the OS %.0f MiB), %s",
+		float64(m.BlockCache.Size)/(1<<20), m.BlockCache.Hits, m.BlockCache.Misses, float64(m.MemTable.Size)/(1<<20), m.MemTable.Count,
+		m.FileCache.TableCount, float64(ms.HeapInuse)/(1<<20), float64(ms.Sys)/(1<<20), procRSS())
+}
+
+// procRSS is the process's resident memory by kind (Linux): anonymous
+// (heaps: Go's and C's, where Pebble's cache and memtables are) and
+// file-backed (the binary).
+func procRSS() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return ""
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(l, "RssAnon:") || strings.HasPrefix(l, "RssFile:") {
+			out = append(out, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // BenchTables is the number of Pebble's tables and the bytes of their

@@ -218,6 +218,45 @@ func decodeRecord(raw []byte) (exp uint64, val string, err error) {
 	return exp, rec.Encode(), nil
 }
 
+// decodeAnswer reads a value on disk as a claim answers with it: a
+// compact done record (recordV2, recordV3) with a fingerprint and no
+// event ID straight into dedup's compact form (DoneRecord.EncodeCompact:
+// the "done:" prefix, the fingerprint's raw bytes, processed_at in
+// milliseconds, the event type), with no JSON to build; what that form
+// cannot hold as it is, and every other value, as decodeRecord reads it.
+// A duplicate's claim is the store's hot read, and its caller reads
+// only the fingerprint (dedup.Fingerprint) and, in a replay record, the
+// event ID (kept: such records stay JSON); Get gives the record back
+// exactly, processed_at to the nanosecond.
+func decodeAnswer(raw []byte) (exp uint64, val string, err error) {
+	if len(raw) < 9 || (raw[0] != recordV2 && raw[0] != recordV3) {
+		return decodeRecord(raw)
+	}
+	exp = binary.BigEndian.Uint64(raw[1:])
+	d, k := binary.Varint(raw[9:])
+	at := int64(exp) - d
+	if k <= 0 || exp > math.MaxInt64 || at < 0 || (d < 0 && at < int64(exp)) {
+		return 0, "", errBadRecord
+	}
+	b := raw[9+k:]
+	n, k := binary.Uvarint(b)
+	size, _ := fingerprintForm(raw[0])
+	ms := at / 1e6
+	if k <= 0 || n&1 == 0 || ms >= 1<<48 || uint64(len(b)-k) < uint64(size)+n>>1+1 || b[k+size+int(n>>1)] != 0 || len(b) != k+size+int(n>>1)+1 {
+		return decodeRecord(raw) // no fingerprint, an event ID, or damage (which decodeRecord reports)
+	}
+	version := byte(dedup.CompactV1)
+	if raw[0] == recordV3 {
+		version = dedup.CompactV2
+	}
+	var out strings.Builder // one allocation
+	out.Grow(len(dedup.DonePrefix) + 1 + 6 + size + int(n>>1))
+	out.WriteString(dedup.DonePrefix)
+	out.Write([]byte{version, byte(ms >> 40), byte(ms >> 32), byte(ms >> 24), byte(ms >> 16), byte(ms >> 8), byte(ms)})
+	out.Write(b[k : k+size+int(n>>1)]) // the fingerprint's bytes, then the event type
+	return exp, out.String(), nil
+}
+
 // unixNano is t in Unix nanoseconds as the store keeps expiries,
 // saturated: a time past the last that int64 nanoseconds can hold (in
 // the year 2262) is that last one, never wrapped into the past, so a

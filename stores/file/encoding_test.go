@@ -37,7 +37,37 @@ func checkRoundTrip(t *testing.T, rec dedup.DoneRecord, exp uint64) []byte {
 	if e, err := decodeExpiry(raw); err != nil || e != exp {
 		t.Fatalf("%#v: expiry %d, %v; want %d", rec, e, err, exp)
 	}
+	checkAnswer(t, raw, exp, rec)
 	return raw
+}
+
+// checkAnswer: a claim's answer (decodeAnswer) is rec, in dedup's
+// compact form, without JSON, when it has a fingerprint and no event ID
+// and its value on disk is compact (processed_at then to the
+// millisecond, as that form keeps it); else exactly decodeRecord's.
+func checkAnswer(t *testing.T, raw []byte, exp uint64, rec dedup.DoneRecord) {
+	t.Helper()
+	gotExp, got, err := decodeAnswer(raw)
+	_, exact, _ := decodeRecord(raw)
+	if err != nil || gotExp != exp {
+		t.Fatalf("%#v: answer %q, %d, %v; want expiry %d", rec, got, gotExp, err, exp)
+	}
+	compact := (raw[0] == recordV2 || raw[0] == recordV3) && rec.Fingerprint != "" && rec.EventID == ""
+	if !compact {
+		if got != exact {
+			t.Fatalf("%#v: answer %q, want %q", rec, got, exact)
+		}
+		return
+	}
+	if got != rec.EncodeCompact() || strings.HasPrefix(got, dedup.DonePrefix+"{") {
+		t.Fatalf("%#v: answer %q, want the compact form %q", rec, got, rec.EncodeCompact())
+	}
+	back, ok := dedup.DecodeDone(got)
+	want := rec
+	want.ProcessedAt = rec.ProcessedAt.Truncate(time.Millisecond).UTC()
+	if !ok || back != want || dedup.Fingerprint(got) != rec.Fingerprint {
+		t.Fatalf("%#v: answer %q reads as %#v, %v; want %#v", rec, got, back, ok, want)
+	}
 }
 
 // TestDoneRecordEncoding: every done record reads back as exactly the
@@ -183,6 +213,9 @@ func TestDecodeRecordDamaged(t *testing.T) {
 		if _, v, err := decodeRecord(raw[:i]); err == nil {
 			t.Errorf("truncated to %d bytes: read %q", i, v)
 		}
+		if _, v, err := decodeAnswer(raw[:i]); err == nil {
+			t.Errorf("truncated to %d bytes: answered %q", i, v)
+		}
 	}
 	bad := append([]byte(nil), raw...)
 	bad[0] = 3
@@ -204,7 +237,22 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(newDoneValue(dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "invoice.paid", Fingerprint: "x0123456789abcdef"}).encode(exp))
 	f.Add(encodeRecord(exp, "inflight:tok"))
 	f.Fuzz(func(t *testing.T, raw []byte) {
+		_, a, aerr := decodeAnswer(raw)
 		_, v, err := decodeRecord(raw)
+		if (aerr == nil) != (err == nil) {
+			t.Fatalf("decodeAnswer %q, %v; decodeRecord %q, %v", a, aerr, v, err)
+		}
+		if r1, ok1 := dedup.DecodeDone(a); err == nil && ok1 {
+			r2, _ := dedup.DecodeDone(v)
+			r2.ProcessedAt = r2.ProcessedAt.Truncate(time.Millisecond)
+			r1.ProcessedAt = r1.ProcessedAt.Truncate(time.Millisecond)
+			// (compared as JSON: it writes invalid UTF-8 as U+FFFD, the
+			// compact form keeps the bytes as written)
+			r1, _ = dedup.DecodeDone(r1.Encode())
+			if r1 != r2 {
+				t.Fatalf("answer %q (%#v) is not the record %q (%#v)", a, r1, v, r2)
+			}
+		}
 		if err == nil && len(raw) > 0 && (raw[0] == recordV2 || raw[0] == recordV3) {
 			if _, ok := dedup.DecodeDone(v); !ok {
 				t.Fatalf("record version %d read as %q", raw[0], v)
@@ -215,7 +263,8 @@ func FuzzDecodeRecord(f *testing.F) {
 
 // TestFileStoreReadsBothRecordVersions: through the store's API, a done
 // record written in recordV1 (by the layout before recordV2) and one
-// committed now (recordV2) give the same answers: the claim's value, Get,
+// committed now (recordV2) give the same answers: the claim's value (the
+// same record, in dedup's compact form for recordV2), Get,
 // Forget, a retried commit, and the sweeper deletes both when they expire.
 func TestFileStoreReadsBothRecordVersions(t *testing.T) {
 	ctx := context.Background()
@@ -256,9 +305,12 @@ func TestFileStoreReadsBothRecordVersions(t *testing.T) {
 			if wantVer := map[string]byte{"v1": recordV1, "v2": recordV2}[v]; raw[0] != wantVer {
 				t.Errorf("%s%s on disk as version %d, want %d", v, k, raw[0], wantVer)
 			}
+			// A claim answers a compact record (recordV2) in dedup's
+			// compact form, without JSON; the JSON one (recordV1) as it is.
+			claimWant := map[string]string{"v1": want, "v2": rec.EncodeCompact()}[v]
 			res, val, err := s.Claim(ctx, v+k, "other", time.Minute)
-			if err != nil || res != dedup.AlreadyDone || val != want || dedup.Fingerprint(val) != encodingFP {
-				t.Errorf("claim %s%s: %v %q %v; want done %q", v, k, res, val, err, want)
+			if err != nil || res != dedup.AlreadyDone || val != claimWant || dedup.Fingerprint(val) != encodingFP {
+				t.Errorf("claim %s%s: %v %q %v; want done %q", v, k, res, val, err, claimWant)
 			}
 			if e, err := s.Get(ctx, v+k); err != nil || e.Value != want {
 				t.Errorf("get %s%s: %q %v", v, k, e.Value, err)
@@ -288,12 +340,15 @@ func TestFileStoreReadsBothRecordVersions(t *testing.T) {
 // BenchmarkDoneRecord: the CPU a commit spends on its done record's
 // value (JSON: rec.Encode() behind the version and expiry, recordV1;
 // compact: the same string, the recordV2 body and its round-trip check,
-// recordV2), and what a duplicate's claim spends reading it back as the
-// "done:{...}" string.
+// recordV2), and what reading it back costs: as the "done:{...}" string
+// (read: Get), and as a duplicate's claim answers (claim: decodeAnswer,
+// dedup's compact form for the handler's own records, which have no
+// event ID; JSON for the others, such as BenchRecord's with an event ID).
 //
 //	go test -run '^$' -bench BenchmarkDoneRecord -benchmem -count 5 ./stores/file
 func BenchmarkDoneRecord(b *testing.B) {
 	rec := BenchRecord("sangho_dedup:evt_3MtwBwLkdIwHu7ix28a3tqPa", encodingAt)
+	handlerRec := dedup.DoneRecord{ProcessedAt: encodingAt, EventType: "payment_intent.succeeded", Fingerprint: "x0123456789abcdef"}
 	exp := unixNano(encodingAt.Add(72 * time.Hour))
 	b.Run("commit/json", func(b *testing.B) {
 		b.ReportAllocs()
@@ -310,12 +365,23 @@ func BenchmarkDoneRecord(b *testing.B) {
 	for _, f := range []struct {
 		name string
 		raw  []byte
-	}{{"json", encodeRecord(exp, rec.Encode())}, {"compact", newDoneValue(rec).encode(exp)}} {
+	}{{"json", encodeRecord(exp, rec.Encode())}, {"compact", newDoneValue(rec).encode(exp)},
+		// the handler's own record of an event: no event ID, xxh64
+		{"compact-handler", newDoneValue(handlerRec).encode(exp)}} {
 		b.Run("read/"+f.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.ReportMetric(float64(len(f.raw)), "value-bytes")
 			for b.Loop() {
 				if _, _, err := decodeRecord(f.raw); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		// a duplicate's claim: decodeAnswer
+		b.Run("claim/"+f.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, _, err := decodeAnswer(f.raw); err != nil {
 					b.Fatal(err)
 				}
 			}

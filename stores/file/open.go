@@ -144,6 +144,7 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("file store: creating the folder of %s: %v", path, err)
 	}
+	limitMallocArenas()
 	dir := StoreDir(path)
 	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		if err := createStore(path, dir, logger); err != nil {
@@ -375,19 +376,24 @@ func (st *fileState) get(k []byte) (v []byte, ok bool, err error) {
 	return v, true, nil
 }
 
-// read returns the live done record of key.
+// read returns the live done record of key as a claim answers with it
+// (decodeAnswer: no JSON built for a duplicate).
 func (st *fileState) read(key string) (string, bool, error) {
-	e, err := st.entry(key)
+	e, err := st.entryAs(key, decodeAnswer)
 	return e.Value, e.Value != "", err
 }
 
 // entry returns key's live done record and its expiry.
 func (st *fileState) entry(key string) (dedup.Entry, error) {
+	return st.entryAs(key, decodeRecord)
+}
+
+func (st *fileState) entryAs(key string, decode func([]byte) (uint64, string, error)) (dedup.Entry, error) {
 	raw, ok, err := st.get(doneKey(key))
 	if err != nil || !ok {
 		return dedup.Entry{}, err
 	}
-	exp, val, err := decodeRecord(raw)
+	exp, val, err := decode(raw)
 	if err != nil {
 		return dedup.Entry{}, fmt.Errorf("file store: reading %s: key %q: %v", st.path, key, err)
 	}
