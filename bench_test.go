@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -204,5 +205,35 @@ func BenchmarkFingerprint(b *testing.B) {
 				sha256Fingerprint(body)
 			}
 		})
+	}
+}
+
+// BenchmarkScanner: the ID scanner on each body shape beside the
+// scanner as it was before it was made faster (the reference of
+// TestScanMatchesReference) and beside what encoding/json offers for
+// the same job: json.Valid alone (a lower bound for any design that
+// validates with it, before finding the ID) and its tokenizer reading
+// the top-level keys (which validates too).
+func BenchmarkScanner(b *testing.B) {
+	for _, s := range benchShapes {
+		body := []byte(s.body("evt_scan"))
+		for _, impl := range []struct {
+			name string
+			scan func([]byte) bool
+		}{
+			{"scanner", func(b []byte) bool { _, err := scanTopLevelKey(b, "id"); return err == nil }},
+			{"before", func(b []byte) bool { _, err := refScanTopLevelKey(b, "id"); return err == nil }},
+			{"json.Valid", json.Valid},
+			{"json.Decoder", func(b []byte) bool { _, _, ok := topLevelIDKeys(string(b)); return ok }},
+		} {
+			b.Run(s.name+"/"+impl.name, func(b *testing.B) {
+				b.SetBytes(int64(len(body)))
+				for b.Loop() {
+					if !impl.scan(body) {
+						b.Fatal("refused")
+					}
+				}
+			})
+		}
 	}
 }

@@ -253,15 +253,15 @@ func (s *jsonScanner) peek() byte {
 	return 0
 }
 
-func (s *jsonScanner) ws() {
-	for s.i < len(s.b) {
-		switch s.b[s.i] {
-		case ' ', '\t', '\n', '\r':
-			s.i++
-		default:
-			return
-		}
+func (s *jsonScanner) ws() { s.i = skipWS(s.b, s.i) }
+
+// skipWS returns the index of the first byte at or after i that is not
+// JSON whitespace.
+func skipWS(b []byte, i int) int {
+	for i < len(b) && b[i] <= ' ' && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
 	}
+	return i
 }
 
 // end accepts only trailing whitespace after the object.
@@ -271,6 +271,21 @@ func (s *jsonScanner) end() error {
 		return errBodyJSON
 	}
 	return nil
+}
+
+// str reads a string at s.i, validating it (no control characters,
+// only JSON's escapes), and returns its raw content (between the quotes)
+// and whether it holds escapes.
+func (s *jsonScanner) str() (raw []byte, escaped, ok bool) {
+	if s.peek() != '"' {
+		return nil, false, false
+	}
+	end, escaped, ok := skipStr(s.b, s.i+1)
+	if !ok {
+		return nil, false, false
+	}
+	raw, s.i = s.b[s.i+1:end-1], end
+	return raw, escaped, true
 }
 
 // strStop marks the bytes that end the fast run through a string: the
@@ -283,212 +298,265 @@ var strStop = func() (t [256]bool) {
 	return t
 }()
 
-// str reads a string at s.i, validating it (no control characters,
-// only JSON's escapes), and returns its raw content (between the quotes)
-// and whether it holds escapes.
-func (s *jsonScanner) str() (raw []byte, escaped, ok bool) {
-	if s.peek() != '"' {
-		return nil, false, false
-	}
-	start := s.i + 1
-	b := s.b
-	i := start
-	for {
-		// 8 bytes at a time while none of them can end the run, and 32
-		// at a time once the string proves long. Kept by measurement:
-		// BenchmarkServeHTTP/memory/new-64KiB takes 107-110 us with it,
-		// 117-124 us byte by byte (1 KiB bodies: no difference).
-		for n := 0; i+8 <= len(b) && stops(binary.LittleEndian.Uint64(b[i:])) == 0; n++ {
-			i += 8
-			if n == 3 {
-				for i+32 <= len(b) && stops(binary.LittleEndian.Uint64(b[i:]))|
-					stops(binary.LittleEndian.Uint64(b[i+8:]))|
-					stops(binary.LittleEndian.Uint64(b[i+16:]))|
-					stops(binary.LittleEndian.Uint64(b[i+24:])) == 0 {
-					i += 32
-				}
-			}
-		}
-		for i < len(b) && !strStop[b[i]] {
-			i++
-		}
+// skipStr validates the string whose content starts at i (after its
+// opening quote) and returns the index after its closing quote and
+// whether it holds escapes. Short strings (keys, most values) are
+// walked byte by byte; past 16 bytes the closing quote is found with
+// bytes.IndexByte (vectorised), the run before it is checked for
+// control characters 8 bytes at a time and for escapes with
+// bytes.IndexByte again, so a long string costs a few passes at memory
+// speed instead of a branch per byte.
+func skipStr(b []byte, i int) (end int, escaped, ok bool) {
+	for n := 0; n < 16; n++ {
 		if i >= len(b) {
-			return nil, false, false
+			return 0, false, false
 		}
-		switch c := b[i]; {
+		c := b[i]
+		if !strStop[c] {
+			i++
+			continue
+		}
+		switch {
 		case c == '"':
-			s.i = i + 1
-			return b[start:i], escaped, true
+			return i + 1, escaped, true
 		case c == '\\':
+			if i = skipEscape(b, i); i < 0 {
+				return 0, false, false
+			}
 			escaped = true
-			if i+1 >= len(b) {
-				return nil, false, false
-			}
-			switch b[i+1] {
-			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
-				i += 2
-			case 'u':
-				if i+6 > len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
-					return nil, false, false
-				}
-				i += 6
-			default:
-				return nil, false, false
-			}
-		case c < 0x20:
-			return nil, false, false
-		default:
-			i++ // a byte the word test flagged but that does not stop the run
+		default: // a control character
+			return 0, false, false
 		}
+	}
+	q := -1 // the next quote at or after i, once looked for
+	for {
+		if i > q {
+			// A new run up to the next quote: it must hold no control
+			// character, whether that quote ends the string or is escaped.
+			n := bytes.IndexByte(b[i:], '"')
+			if n < 0 {
+				return 0, false, false
+			}
+			if hasCtrl(b[i : i+n]) {
+				return 0, false, false
+			}
+			q = i + n
+		}
+		e := bytes.IndexByte(b[i:q], '\\')
+		if e < 0 {
+			return q + 1, escaped, true
+		}
+		if i = skipEscape(b, i+e); i < 0 {
+			return 0, false, false
+		}
+		escaped = true
 	}
 }
 
-// stops reports (non-zero) whether one of the 8 bytes in w ends a run
-// through a string (see strStop).
-func stops(w uint64) uint64 { return hasLess(w, 0x20) | hasByte(w, '"') | hasByte(w, '\\') }
+// skipEscape validates the escape at b[i] == '\\' and returns the
+// index after it, or -1.
+func skipEscape(b []byte, i int) int {
+	if i+1 >= len(b) {
+		return -1
+	}
+	switch b[i+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return i + 2
+	case 'u':
+		if i+6 > len(b) || !isHex(b[i+2]) || !isHex(b[i+3]) || !isHex(b[i+4]) || !isHex(b[i+5]) {
+			return -1
+		}
+		return i + 6
+	}
+	return -1
+}
 
-// hasLess reports (non-zero) whether a byte of w is below n (n <= 128);
-// hasByte whether one equals c. Classic SWAR bit tricks.
+// hasCtrl reports whether b holds a byte below 0x20, 32 then 8 bytes at
+// a time (hasLess is exact for "some byte is below n", n <= 128).
+func hasCtrl(b []byte) bool {
+	for len(b) >= 32 {
+		if hasLess(binary.LittleEndian.Uint64(b), 0x20)|hasLess(binary.LittleEndian.Uint64(b[8:]), 0x20)|
+			hasLess(binary.LittleEndian.Uint64(b[16:]), 0x20)|hasLess(binary.LittleEndian.Uint64(b[24:]), 0x20) != 0 {
+			return true
+		}
+		b = b[32:]
+	}
+	for len(b) >= 8 {
+		if hasLess(binary.LittleEndian.Uint64(b), 0x20) != 0 {
+			return true
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c < 0x20 {
+			return true
+		}
+	}
+	return false
+}
+
+// hasLess reports (non-zero) whether a byte of w is below n (n <= 128).
+// A classic SWAR bit trick.
 func hasLess(w uint64, n byte) uint64 {
 	return (w - 0x0101010101010101*uint64(n)) & ^w & 0x8080808080808080
-}
-
-func hasByte(w uint64, c byte) uint64 {
-	x := w ^ (0x0101010101010101 * uint64(c))
-	return (x - 0x0101010101010101) & ^x & 0x8080808080808080
 }
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
-// skipValue skips and validates one value of any kind at s.i. Nested
-// objects and arrays are walked with an explicit stack, so a deep body
-// costs no recursion; with the top-level object, nesting may not exceed
-// maxNesting.
+// skipValue skips and validates one value of any kind at s.i.
 func (s *jsonScanner) skipValue() bool {
+	i, ok := skipValue(s.b, s.i)
+	s.i = i
+	return ok
+}
+
+// skipValue skips and validates one value of any kind at i and returns
+// the index after it. Nested objects and arrays are walked with an
+// explicit stack, so a deep body costs no recursion; with the top-level
+// object, nesting may not exceed maxNesting. One loop over local
+// indexes, with no call per byte: the cost of a body of many small
+// values (a push of 185 commits) is the number of its tokens.
+func skipValue(b []byte, i int) (int, bool) {
 	var stackBuf [64]byte
 	stack := stackBuf[:0]
 	for {
-		// A value is expected at s.i.
-		s.ws()
-		switch c := s.peek(); c {
+		// A value is expected at i.
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return i, false
+		}
+		switch c := b[i]; c {
 		case '{', '[':
 			if len(stack)+1 >= maxNesting { // +1: the top-level object
-				return false
+				return i, false
 			}
-			s.i++
-			s.ws()
-			if end := c + 2; s.peek() == end { // '{'+2 is '}', '['+2 is ']'
-				s.i++
+			i = skipWS(b, i+1)
+			if i < len(b) && b[i] == c+2 { // '{'+2 is '}', '['+2 is ']'
+				i++
 				break
 			}
 			stack = append(stack, c)
-			if c == '{' && !s.member() {
-				return false
+			if c == '{' {
+				var ok bool
+				if i, ok = member(b, i); !ok {
+					return i, false
+				}
 			}
 			continue
 		case '"':
-			if _, _, ok := s.str(); !ok {
-				return false
+			end, _, ok := skipStr(b, i+1)
+			if !ok {
+				return i, false
 			}
+			i = end
 		case 't':
-			if !s.literal("true") {
-				return false
+			if len(b)-i < 4 || string(b[i:i+4]) != "true" {
+				return i, false
 			}
+			i += 4
 		case 'f':
-			if !s.literal("false") {
-				return false
+			if len(b)-i < 5 || string(b[i:i+5]) != "false" {
+				return i, false
 			}
+			i += 5
 		case 'n':
-			if !s.literal("null") {
-				return false
+			if len(b)-i < 4 || string(b[i:i+4]) != "null" {
+				return i, false
 			}
+			i += 4
 		default:
-			if !s.number() {
-				return false
+			var ok bool
+			if i, ok = number(b, i); !ok {
+				return i, false
 			}
 		}
 		// A value ended: close what it ends, or go on to the next one.
 		for {
 			if len(stack) == 0 {
-				return true
+				return i, true
 			}
-			s.ws()
-			open := stack[len(stack)-1]
-			c := s.peek()
+			i = skipWS(b, i)
+			if i >= len(b) {
+				return i, false
+			}
+			open, c := stack[len(stack)-1], b[i]
 			if c == ',' {
-				s.i++
-				if open == '{' && !s.member() {
-					return false
+				i++
+				if open == '{' {
+					var ok bool
+					if i, ok = member(b, i); !ok {
+						return i, false
+					}
 				}
 				break
 			}
 			if c != open+2 {
-				return false
+				return i, false
 			}
-			s.i++
+			i++
 			stack = stack[:len(stack)-1]
 		}
 	}
 }
 
-// member reads the key and colon of an object member, up to its value.
-func (s *jsonScanner) member() bool {
-	s.ws()
-	if _, _, ok := s.str(); !ok {
-		return false
+// member reads the key and colon of an object member at i, up to its
+// value.
+func member(b []byte, i int) (int, bool) {
+	i = skipWS(b, i)
+	if i >= len(b) || b[i] != '"' {
+		return i, false
 	}
-	s.ws()
-	if s.peek() != ':' {
-		return false
+	i, _, ok := skipStr(b, i+1)
+	if !ok {
+		return i, false
 	}
-	s.i++
-	return true
+	i = skipWS(b, i)
+	if i >= len(b) || b[i] != ':' {
+		return i, false
+	}
+	return i + 1, true
 }
 
-func (s *jsonScanner) literal(lit string) bool {
-	if !bytes.HasPrefix(s.b[s.i:], []byte(lit)) {
-		return false
-	}
-	s.i += len(lit)
-	return true
-}
-
-// number reads -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-func (s *jsonScanner) number() bool {
-	b, i := s.b, s.i
-	digits := func() bool {
-		start := i
-		for i < len(b) && '0' <= b[i] && b[i] <= '9' {
-			i++
-		}
-		return i > start
-	}
+// number reads -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? at i.
+func number(b []byte, i int) (int, bool) {
 	if i < len(b) && b[i] == '-' {
 		i++
 	}
 	switch {
 	case i < len(b) && b[i] == '0':
 		i++
-	case !digits():
-		return false
+	case i < len(b) && '1' <= b[i] && b[i] <= '9':
+		i = digits(b, i+1)
+	default:
+		return i, false
 	}
 	if i < len(b) && b[i] == '.' {
-		i++
-		if !digits() {
-			return false
+		j := digits(b, i+1)
+		if j == i+1 {
+			return i, false
 		}
+		i = j
 	}
 	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
 		i++
 		if i < len(b) && (b[i] == '+' || b[i] == '-') {
 			i++
 		}
-		if !digits() {
-			return false
+		j := digits(b, i)
+		if j == i {
+			return i, false
 		}
+		i = j
 	}
-	s.i = i
-	return true
+	return i, true
+}
+
+// digits returns the index after the run of digits at i.
+func digits(b []byte, i int) int {
+	for i < len(b) && '0' <= b[i] && b[i] <= '9' {
+		i++
+	}
+	return i
 }
