@@ -48,7 +48,8 @@ const (
 // instance that uses the same table. Each claim is one INSERT … ON
 // CONFLICT statement (one round trip) that takes an absent or expired
 // row and otherwise returns the row it found; commit, renew and release
-// are one statement each and check the lease token. A done record is as
+// are one statement each and check the lease token (a commit whose
+// lease was lost takes a second one to write its record anyway). A done record is as
 // durable as the server's commit (synchronous_commit).
 //
 // Caddy starts while PostgreSQL is down, and deliveries are answered as
@@ -63,7 +64,8 @@ const (
 // checked again at most once a second until it is granted.
 //
 // Expired rows are invisible to the store at once and deleted in the
-// background, in batches of 64 blocks of the table, by one Caddy instance at a time
+// background, in batches of a range of the table's blocks sized to take some 20ms
+// each, by one Caddy instance at a time
 // (pg_try_advisory_xact_lock in each batch's transaction).
 type Store struct {
 	// DSN is the connection string, a postgres:// URL or key=value
@@ -423,7 +425,8 @@ type sharedDB struct {
 	stop  chan struct{}
 	done  chan struct{}
 
-	sweepAt atomic.Int64 // the block the next sweep batch starts at
+	sweepAt   atomic.Int64 // the block the next sweep batch starts at
+	sweepSize atomic.Int64 // its range of blocks, 0: sweepBlocks
 
 	noStartupTimeout atomic.Bool // a pooler refused statement_timeout as a startup parameter (pooler.go)
 

@@ -209,14 +209,19 @@ func BenchmarkPostgresSweep(b *testing.B) {
 		b.Fatal(err)
 	}
 	var deleted int64
-	for from := int64(0); from < end; from += sweepBlocks {
+	size := int64(sweepBlocks)
+	var sizes []float64
+	for from := int64(0); from < end; from += size {
 		t0 := time.Now()
-		n, _, err := s.db.sweepBatch(ctx, s.db.lockKey(), from, from+sweepBlocks)
+		n, _, err := s.db.sweepBatch(ctx, s.db.lockKey(), from, from+size)
 		if err != nil {
 			b.Fatal(err)
 		}
-		batches = append(batches, time.Since(t0))
+		d := time.Since(t0)
+		batches = append(batches, d)
+		sizes = append(sizes, float64(size))
 		deleted += n
+		size = nextSweepBlocks(size, d) // as sweep does
 	}
 	close(stop)
 	during := <-done
@@ -236,4 +241,6 @@ func BenchmarkPostgresSweep(b *testing.B) {
 		b.ReportMetric(ms(m.d[len(m.d)-1]), m.name+"-max-ms")
 	}
 	b.ReportMetric(float64(len(batches)), "batches")
+	slices.Sort(sizes)
+	b.ReportMetric(sizes[len(sizes)/2], "blocks-p50")
 }
