@@ -64,8 +64,7 @@ const (
 // checked again at most once a second until it is granted.
 //
 // Expired rows are invisible to the store at once and deleted in the
-// background, in batches of a range of the table's blocks sized to take some 20ms
-// each, by one Caddy instance at a time
+// background, in batches of 64 blocks of the table, by one Caddy instance at a time
 // (pg_try_advisory_xact_lock in each batch's transaction).
 type Store struct {
 	// DSN is the connection string, a postgres:// URL or key=value
@@ -425,8 +424,7 @@ type sharedDB struct {
 	stop  chan struct{}
 	done  chan struct{}
 
-	sweepAt   atomic.Int64 // the block the next sweep batch starts at
-	sweepSize atomic.Int64 // its range of blocks, 0: sweepBlocks
+	sweepAt atomic.Int64 // the block the next sweep batch starts at
 
 	noStartupTimeout atomic.Bool // a pooler refused statement_timeout as a startup parameter (pooler.go)
 

@@ -9,34 +9,11 @@ import (
 	"go.uber.org/zap"
 )
 
-// A batch reads a range of the table's blocks (8 KiB each, some 25
-// rows at most): each batch is its own short transaction, so a sweep
-// never holds many row locks or any lock on the table, and deliveries
-// go on between batches. The range starts at sweepBlocks and follows
-// what the batches take (nextSweepBlocks): a batch's time depends on
-// more than its rows (pages read from disk, full-page images after a
-// checkpoint, the WAL flush of its commit, the machine's load), so the
-// range shrinks when batches run long and grows back when they are
-// quick, between minSweepBlocks and maxSweepBlocks.
-const (
-	sweepBlocks    = 64
-	minSweepBlocks = 4
-	maxSweepBlocks = 256
-	sweepBudget    = 20 * time.Millisecond // what one batch should take
-)
-
-// nextSweepBlocks is the range of the batch after one of size blocks
-// that took d: half when it took over sweepBudget, twice when under a
-// quarter of it.
-func nextSweepBlocks(size int64, d time.Duration) int64 {
-	switch {
-	case d > sweepBudget:
-		size /= 2
-	case d < sweepBudget/4:
-		size *= 2
-	}
-	return min(max(size, minSweepBlocks), maxSweepBlocks)
-}
+// sweepBlocks is how many of the table's blocks (8 KiB each) one batch
+// reads, some 1,600 rows at most: each batch is its own short
+// transaction, so a sweep never holds many row locks or any lock on the
+// table, and deliveries go on between batches.
+const sweepBlocks = 64
 
 // sweepFor bounds one sweep; the next interval goes on where it stopped.
 const sweepFor = 30 * time.Second
@@ -88,8 +65,7 @@ func (db *sharedDB) sweeper(logger *zap.Logger) {
 }
 
 // sweep deletes expired rows in one pass over the table, a range of
-// blocks per batch (see nextSweepBlocks) from where the last sweep
-// stopped, each
+// sweepBlocks blocks per batch from where the last sweep stopped, each
 // batch its own transaction that first takes a transaction-scoped
 // advisory lock (pg_try_advisory_xact_lock): while another instance's
 // batch holds it, this one stops, so one instance at a time sweeps the
@@ -116,19 +92,13 @@ func (db *sharedDB) sweep(ctx context.Context) (deleted int64, swept bool, err e
 			db.sweepAt.Store(0) // the next sweep starts a new pass
 			return deleted, swept, nil
 		}
-		size := db.sweepSize.Load()
-		if size == 0 {
-			size = sweepBlocks
-		}
-		t0 := time.Now()
-		n, got, err := db.sweepBatch(ctx, key, from, from+size)
+		n, got, err := db.sweepBatch(ctx, key, from, from+sweepBlocks)
 		swept = swept || got
 		if !got || err != nil {
 			return deleted, swept, err
 		}
 		deleted += n
-		db.sweepSize.Store(nextSweepBlocks(size, time.Since(t0)))
-		db.sweepAt.Store(from + size)
+		db.sweepAt.Store(from + sweepBlocks)
 		if ctx.Err() != nil {
 			return deleted, true, ctx.Err()
 		}

@@ -217,9 +217,6 @@ func TestSweepBatchesOneInstanceAtATime(t *testing.T) {
 	if err != nil || !swept || n != 2501 {
 		t.Fatalf("sweep = %d, %v, %v; want 2501 deleted", n, swept, err)
 	}
-	if got := s.db.sweepSize.Load(); got < minSweepBlocks || got > maxSweepBlocks {
-		t.Fatalf("next batch's range %d blocks: the sweep did not size it", got)
-	}
 	if got := srv.Psql(t, `SELECT string_agg(event_id, ',' ORDER BY event_id) FROM `+table); got != "live,mark" {
 		t.Fatalf("rows left = %q, want live,mark", got)
 	}
@@ -364,34 +361,5 @@ func TestTableNameTakenByAType(t *testing.T) {
 	_, _, err := s.Claim(context.Background(), "evt_1", "tok", time.Minute)
 	if err == nil || !strings.Contains(err.Error(), "creating table") || !strings.Contains(err.Error(), "42710") {
 		t.Fatalf("claim with the table's name taken by a type: %v; want the creation's error (42710)", err)
-	}
-}
-
-// A sweep batch's range of blocks follows its time: halved after a
-// batch over sweepBudget, down to minSweepBlocks, so that a slow table
-// (pages from disk, full-page images, a loaded server) keeps each batch
-// short; doubled after a quick one, up to maxSweepBlocks.
-func TestSweepBatchFollowsItsTime(t *testing.T) {
-	for _, c := range []struct {
-		size int64
-		d    time.Duration
-		want int64
-	}{
-		{64, 3 * sweepBudget, 32},
-		{minSweepBlocks, time.Second, minSweepBlocks},
-		{64, sweepBudget / 2, 64},
-		{64, sweepBudget / 8, 128},
-		{maxSweepBlocks, 0, maxSweepBlocks},
-	} {
-		if got := nextSweepBlocks(c.size, c.d); got != c.want {
-			t.Errorf("nextSweepBlocks(%d, %v) = %d, want %d", c.size, c.d, got, c.want)
-		}
-	}
-	size := int64(sweepBlocks)
-	for range 10 {
-		size = nextSweepBlocks(size, 100*time.Millisecond)
-	}
-	if size != minSweepBlocks {
-		t.Errorf("after 10 slow batches: %d blocks, want %d", size, minSweepBlocks)
 	}
 }
