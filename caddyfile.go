@@ -49,8 +49,11 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		on_payload_mismatch reject|log # default reject
 //		store file [<path>]         # the default
 //		store memory
+//		store postgres {
+//			...                     # see postgres.Store.UnmarshalCaddyfile
+//		}
 //		store redis {
-//			...                     # see RedisStore.UnmarshalCaddyfile
+//			...                     # see redis.Store.UnmarshalCaddyfile
 //		}
 //	}
 //

@@ -6,10 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 // Errors of event ID extraction; each is answered 400. Two event ID
-// headers are errIDHeaders, beside the other header errors (verifier.go).
+// headers are errIDHeaders, with the other header errors below.
 var (
 	errIDMissing   = errors.New("no event ID: the body has no top-level \"id\" and the event ID header is absent")
 	errIDNotInBody = errors.New("the body has no top-level \"id\" (require_body_id is on: the event ID header is not signed)")
@@ -42,6 +46,65 @@ func validID(id string) bool {
 type event struct {
 	id, typ    string
 	fromHeader bool // the ID came from the (unsigned) header, not the body
+}
+
+// Errors of the headers a delivery is read from. A header sent more
+// than once is refused (which value would a backend read?): the
+// signature's is answered 401, the event ID's 400.
+var (
+	errIDHeaders       = errors.New("more than one event ID header")
+	errIDHeaderMissing = errors.New("no event ID: the event ID header is absent")
+)
+
+// eventOf returns the event ID and type of a verified delivery, from
+// where the provider says.
+func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified) (event, error) {
+	s := &h.provider
+	switch s.idSource {
+	case dedup.IDFromSignedHeader:
+		if !validID(vd.ID) {
+			return event{}, errIDInvalid
+		}
+		return event{id: vd.ID, typ: s.typeOf(r, body)}, nil
+	case dedup.IDFromHeader:
+		for _, name := range s.idHeaders {
+			vs := r.Header[name]
+			switch {
+			case len(vs) == 0:
+				continue
+			case len(vs) > 1:
+				return event{}, fmt.Errorf("%w: %s", errIDHeaders, name)
+			case !validID(vs[0]):
+				return event{}, errIDInvalid
+			}
+			return event{id: vs[0], typ: s.typeOf(r, body), fromHeader: true}, nil
+		}
+		return event{}, fmt.Errorf("%w (%s)", errIDHeaderMissing, strings.Join(s.idHeaders, ", "))
+	}
+	var headerIDs []string
+	if len(s.idHeaders) > 0 {
+		headerIDs = r.Header[s.idHeaders[0]]
+	}
+	ev, err := extractEventField(body, headerIDs, h.requireBodyID, s.idField)
+	if s.typeHeader != "" {
+		ev.typ = r.Header.Get(s.typeHeader)
+	}
+	return ev, err
+}
+
+// typeOf is the event type of a delivery whose ID does not come from
+// the body: the provider's type header, else the body's top-level "type"
+// when the body is a well-formed JSON object (best effort: a body the
+// scanner refuses just has no type here).
+func (s *provider) typeOf(r *http.Request, body []byte) string {
+	if s.typeHeader != "" {
+		return r.Header.Get(s.typeHeader)
+	}
+	f, err := scanTopLevelKey(body, "id")
+	if err != nil {
+		return ""
+	}
+	return f.typ
 }
 
 // extractEvent returns the event ID and type of a delivery. The ID is

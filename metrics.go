@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -147,4 +148,12 @@ func allCollectors() []prometheus.Collector {
 // collector already there (a reload) is fine.
 func registerMetrics(reg prometheus.Registerer) error {
 	return promreg.Register(reg, allCollectors()...)
+}
+
+func observe(op string, start time.Time, err error) {
+	i := 0
+	if err != nil {
+		i = 1
+	}
+	observers[op][i].Observe(time.Since(start).Seconds())
 }

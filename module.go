@@ -3,10 +3,10 @@
 // (bounded), verifies the sender's signature (Sangho's by default;
 // Stripe, Standard Webhooks, GitHub, Shopify, a generic HMAC, or a provider
 // another plugin adds), claims the event ID atomically in a store (a
-// file, Redis or memory), answers duplicates itself, passes new events to
-// the next handler, and records an event as done only once the backend
-// has answered 2xx. A failed attempt is released so that the sender's
-// retry is processed.
+// file, Redis, PostgreSQL or memory), answers duplicates itself, passes
+// new events to the next handler, and records an event as done only
+// once the backend has answered 2xx. A failed attempt is released so
+// that the sender's retry is processed.
 package sanghodedup
 
 import (
@@ -268,7 +268,7 @@ type Handler struct {
 
 	// The store module (http.sangho_dedup.stores). Default: file, a
 	// durable database file in Caddy's data directory, for one instance;
-	// redis for several instances; memory for tests.
+	// redis or postgres for several instances; memory for tests.
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      dedup.Store

@@ -3,11 +3,7 @@ package sanghodedup
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"maps"
-	"reflect"
-	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
@@ -41,32 +37,5 @@ func (h *Handler) enter() {
 func (h *Handler) leave() {
 	if u, ok := h.store.(dedup.Drainer); ok {
 		u.Leave()
-	}
-}
-
-// exitParkers holds, by type, a store of each type this process loaded
-// that has something to do at exit (dedup.ExitParker): ParkAtExit acts
-// on every resource of its type still open, so one of each type is
-// enough, and the set stays bounded however many reloads there are.
-var exitParkers = struct {
-	sync.Mutex
-	m map[reflect.Type]dedup.ExitParker
-}{m: map[reflect.Type]dedup.ExitParker{}}
-
-func noteExitParker(s dedup.Store) {
-	if p, ok := s.(dedup.ExitParker); ok {
-		exitParkers.Lock()
-		exitParkers.m[reflect.TypeOf(p)] = p
-		exitParkers.Unlock()
-	}
-}
-
-// parkAtExit runs every ExitParker, once the commit retries are done.
-func parkAtExit() {
-	exitParkers.Lock()
-	ps := slices.Collect(maps.Values(exitParkers.m))
-	exitParkers.Unlock()
-	for _, p := range ps {
-		p.ParkAtExit()
 	}
 }

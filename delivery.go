@@ -1,0 +1,337 @@
+package sanghodedup
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+)
+
+// delivery is one delivery past its claim: which event it is, the lease
+// it holds on it, and what the next handler answered. It is settled once:
+// committed, released or held (see settle).
+type delivery struct {
+	h    *Handler
+	ctx  context.Context // the request's, detached from the client: store operations run to completion
+	repl *caddy.Replacer
+
+	key         string          // the event's store key, key_prefix + id
+	token       string          // the lease token: unique, then "." and the fingerprint
+	id, typ     string          // the event ID and type
+	fingerprint string          // of the body (see fingerprint)
+	claimed     time.Time       // when the claim was sent: the lease runs from then
+	reqCtx      context.Context // the request's own: canceled when the client goes away
+	sigKey      string          // the signature record, when the ID is not signed (see bindSignature)
+	marked      bool            // reclaimed: passed on with Sangho-Dedup-Prior-Attempt: unknown
+
+	lease lease        // renewed while the next handler runs
+	sw    statusWriter // records the status line the next handler wrote
+}
+
+// process runs the next handler while holding the lease, then settles
+// the event: commit, release or hold (see settle).
+func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	metrics.inFlight.Inc()
+	defer metrics.inFlight.Dec()
+	d.reqCtx = r.Context()
+	d.startLease()
+	d.sw.ResponseWriter = w
+	finished := false
+	defer func() {
+		if finished {
+			return
+		}
+		// The next handler panicked: settle the event (a panic is an
+		// unknown fate), then let the panic go on to Caddy's recovery.
+		d.lease.stop()
+		d.settle(errPanic)
+	}()
+	err := next.ServeHTTP(&d.sw, r)
+	finished = true
+	d.lease.stop()
+	d.settle(err)
+	return err
+}
+
+var errPanic = errors.New("the next handler panicked")
+
+// statusClientClosedRequest is the status reverse_proxy writes when the
+// client goes away mid-request (nginx's 499).
+const statusClientClosedRequest = 499
+
+// errClientGone is the cause logged for a 499 written because the
+// client went away (see judge).
+var errClientGone = errors.New("the client went away mid-request (status 499)")
+
+// verdict is how a delivery that reached the next handler ends.
+type verdict int
+
+const (
+	toCommit  verdict = iota // the backend answered 2xx: processed
+	toRelease                // the backend answered non-2xx, or was never reached: retry now
+	toHold                   // unknown whether the backend got it: let the lease expire
+)
+
+// judge decides from the status line the next handler wrote and the
+// error it returned.
+//
+// The status line is the verdict: once the backend has said 2xx it has
+// done the work, even if the body is cut short later (client gone), so
+// the event must not be processed again; a handler that returned nil
+// without writing anything answers 200 (net/http's default). A non-2xx
+// status is the backend saying it failed: release. An error without any
+// status tells nothing of the backend, except when the request provably
+// never left Caddy (a dial error, no upstream available): release.
+// Otherwise — a timeout, a connection lost mid-request, the client gone
+// while the backend worked, a panic — the backend may still be working
+// on the event or may have finished it, and releasing would let Sangho's
+// next attempt run concurrently or twice: hold the lease until it
+// expires (lock_ttl), so the retry is processed after that.
+//
+// 499 with the request's context canceled (clientGone) is such an
+// unknown outcome, not the backend's answer: Caddy's reverse_proxy
+// writes 499 itself, and returns no error, when the client goes away
+// mid-request, while the backend may go on to finish the work.
+func judge(status int, err error, clientGone bool) verdict {
+	switch {
+	case status == 0 && err == nil:
+		return toCommit
+	case status >= 200 && status <= 299:
+		return toCommit
+	case status == statusClientClosedRequest && clientGone:
+		return toHold
+	case status != 0:
+		return toRelease
+	case neverForwarded(err):
+		return toRelease
+	}
+	return toHold
+}
+
+// neverForwarded reports whether err shows that the request did not
+// reach the backend: reverse_proxy's (and php_fastcgi's) dial errors and
+// its "no upstreams available".
+func neverForwarded(err error) bool {
+	var de reverseproxy.DialError
+	if errors.As(err, &de) {
+		return true
+	}
+	var he caddyhttp.HandlerError
+	return errors.As(err, &he) && he.StatusCode == http.StatusServiceUnavailable &&
+		he.Err != nil && he.Err.Error() == "no upstreams available"
+}
+
+// settle commits, releases or holds the event, given the error the next
+// handler returned and the status it wrote (see judge).
+func (d *delivery) settle(err error) {
+	h := d.h
+	status := int(d.sw.status.Load())
+	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
+	v := judge(status, err, gone)
+	if v == toHold && err == nil && status == statusClientClosedRequest {
+		err = errClientGone
+	}
+	switch v {
+	case toCommit:
+		if d.marked {
+			h.outcome(d.repl, outcomeProcessedMarked)
+		} else {
+			h.outcome(d.repl, outcomeProcessed)
+		}
+		rec := dedup.DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
+		// Registered before the first try, so that a forget meanwhile
+		// waits for it and stops what follows (see Handler.forget).
+		cr := commitRetries.add(h.storeState, d.key)
+		var held bool
+		stopped, cerr := cr.attempt(func() (err error) {
+			held, err = d.commitAll(d.ctx, rec)
+			return err
+		})
+		if stopped || cerr == nil {
+			commitRetries.remove(cr) // nothing left to retry
+		}
+		switch {
+		case stopped:
+			h.logger.Info("commit stopped", zap.String("event_id", d.id), zap.String("cause", "event forgotten"))
+		case cerr != nil:
+			h.logger.Warn("commit failed", zap.String("event_id", d.id), zap.Int("status", status), zap.Error(cerr))
+			h.enter()
+			pendingCommits.add(h.logger, 1)
+			go func() {
+				defer h.leave()
+				defer pendingCommits.add(h.logger, -1)
+				defer commitRetries.remove(cr)
+				d.retryCommit(rec, cr)
+			}()
+		case !held:
+			metrics.leaseLost.Inc()
+			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "commit"), zap.Int("status", status))
+		default:
+			h.debug("event processed", d.id, d.typ)
+		}
+	case toRelease:
+		released, rerr := d.release(d.ctx)
+		h.outcome(d.repl, outcomeReleased)
+		spanEvent(d.ctx, spanEventReleased, status, err, 0)
+		switch {
+		case rerr != nil:
+			h.logger.Error("release failed", zap.String("event_id", d.id), zap.Int("status", status),
+				zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.Error(rerr))
+		case !released:
+			metrics.leaseLost.Inc()
+			h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "release"), zap.Int("status", status))
+		default:
+			h.logger.Info("event released", zap.String("event_id", d.id), zap.Int("status", status), zap.NamedError("cause", err))
+		}
+	case toHold:
+		h.outcome(d.repl, outcomeHeld)
+		spanEvent(d.ctx, spanEventHeld, status, err, time.Duration(h.LockTTL))
+		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
+	}
+}
+
+// commit turns the lease into the done record rec.
+func (d *delivery) commit(ctx context.Context, rec dedup.DoneRecord) (bool, error) {
+	start := time.Now()
+	held, err := d.h.store.Commit(ctx, d.key, d.token, rec, time.Duration(d.h.Retention))
+	observe(opCommit, start, err)
+	return held, err
+}
+
+// commitAll commits, and then writes the signature record when the ID
+// is not signed (see bindSignature).
+func (d *delivery) commitAll(ctx context.Context, rec dedup.DoneRecord) (bool, error) {
+	held, err := d.commit(ctx, rec)
+	if err == nil && d.sigKey != "" {
+		d.commitSignature(ctx, rec)
+	}
+	return held, err
+}
+
+// release deletes the lease, so that the next delivery of the event is
+// processed.
+func (d *delivery) release(ctx context.Context) (bool, error) {
+	start := time.Now()
+	released, err := d.h.store.Release(ctx, d.key, d.token)
+	observe(opRelease, start, err)
+	return released, err
+}
+
+// statusWriter records the final (non-1xx) status line the next handler
+// writes. Flush, Hijack and the like reach the real writer through
+// Unwrap (http.ResponseController).
+type statusWriter struct {
+	caddyhttp.ResponseWriterWrapper // by value: one allocation for both
+	status                          atomic.Int32
+}
+
+func (sw *statusWriter) WriteHeader(code int) {
+	if code >= 200 {
+		sw.status.CompareAndSwap(0, int32(code))
+	}
+	sw.ResponseWriterWrapper.WriteHeader(code)
+}
+
+func (sw *statusWriter) Write(b []byte) (int, error) {
+	sw.status.CompareAndSwap(0, http.StatusOK)
+	return sw.ResponseWriterWrapper.Write(b)
+}
+
+func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
+	sw.status.CompareAndSwap(0, http.StatusOK)
+	return io.Copy(&sw.ResponseWriterWrapper, r)
+}
+
+// errSigReplayed refuses a signed message already accepted with another
+// event ID (see bindSignature).
+var errSigReplayed = errors.New("this signature was already accepted with another event ID (replay through the unsigned event ID header)")
+
+// signatureKey names the store record of a signed message: the SHA-256
+// of what the signature covers (for Sangho t + "." + body, for GitHub
+// the body), so that it does not depend on which secret or which
+// signature matched. The ":" keeps it apart from event keys (an event ID
+// has none).
+func signatureKey(prefix string, before, body, after []byte) string {
+	hash := sha256.New()
+	hash.Write(before)
+	hash.Write(body)
+	hash.Write(after)
+	var sum [sha256.Size]byte
+	return prefix + "sig:" + hex.EncodeToString(hash.Sum(sum[:0]))
+}
+
+// bindSignature binds a signed message to the event ID it came with,
+// when the signature does not cover the ID, so that a captured delivery
+// replayed under another ID is refused (errSigReplayed, 401) instead of
+// processed as a new event. It runs once this delivery holds the lease
+// on its own event key, so a resent delivery of a processed event is a
+// duplicate before it gets here. The record, key_prefix + "sig:" +
+// SHA-256 of the signed message, is claimed as a lease whose token is
+// the event ID: the same ID claims it again (a retry after a failure),
+// another does not. It lives sigMemory: while the signature is valid
+// (2×tolerance+1s), or retention when the provider signs no timestamp, and
+// it becomes a durable done record when the event is processed (see
+// commitSignature). On a refusal or a store error the event's own lease
+// is released before returning.
+func (d *delivery) bindSignature() error {
+	h := d.h
+	start := time.Now()
+	res, found, err := h.store.Claim(d.ctx, d.sigKey, d.id, h.sigMemory)
+	observe(opClaim, start, err)
+	// Reclaimed: the binding's time (sigMemory) ran out without a commit,
+	// and the store keeps it as a mark; a binding lasts sigMemory, no
+	// more, so the message is bound to this ID now.
+	if err == nil && (res == dedup.Claimed || res == dedup.Reclaimed) {
+		return nil
+	}
+	// A done record of this same ID: the event was processed, then
+	// forgotten by an operator (GitHub's manual redelivery reuses the
+	// delivery ID), and is let through again.
+	if rec, ok := dedup.DecodeDone(found); err == nil && res == dedup.AlreadyDone && ok && replayRecordOf(rec) == d.id {
+		return nil
+	}
+	if err == nil {
+		err = errSigReplayed
+	}
+	if _, rerr := d.release(d.ctx); rerr != nil {
+		h.logger.Warn("release failed", zap.String("event_id", d.id), zap.NamedError("cause", err),
+			zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.Error(rerr))
+	}
+	return err
+}
+
+// commitSignature turns the signature record of a processed event into
+// a done record, owned by the event ID, for sigMemory. A failure leaves
+// the lease, which keeps refusing replays until it expires, and is
+// logged.
+func (d *delivery) commitSignature(ctx context.Context, rec dedup.DoneRecord) {
+	// The record names the event ID that owns the signature.
+	rec.EventID = d.id
+	start := time.Now()
+	_, err := d.h.store.Commit(ctx, d.sigKey, d.id, rec, d.h.sigMemory)
+	observe(opCommit, start, err)
+	if err != nil {
+		d.h.logger.Warn("signature record commit failed", zap.String("event_id", d.id), zap.Error(err))
+	}
+}
+
+// replayRecordOf is the event ID a signature's replay record names:
+// its event_id, or, in a record written before v0.3, its event_type
+// (which held the ID there).
+func replayRecordOf(rec dedup.DoneRecord) string {
+	if rec.EventID != "" {
+		return rec.EventID
+	}
+	return rec.EventType
+}
