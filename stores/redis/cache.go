@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/sat"
 )
 
 // doneCache holds done records that this process has seen in Redis, so
@@ -442,7 +443,7 @@ func (t *tracker) write(ctx context.Context, nc net.Conn, mu *sync.Mutex, calls 
 			b = appendCommand(b, "CLIENT", "TRACKING", "ON")
 			*calls = append(*calls, trackedCall{op: 'p'})
 		}
-		_ = nc.SetReadDeadline(time.Now().Add(satAdd(t.pingEvery, t.cs.readTimeout)))
+		_ = nc.SetReadDeadline(time.Now().Add(sat.Add(t.pingEvery, t.cs.readTimeout)))
 		mu.Unlock()
 		_ = nc.SetWriteDeadline(time.Now().Add(t.cs.writeTimeout))
 		if _, err := nc.Write(b); err != nil {
