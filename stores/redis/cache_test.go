@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // cachedStores provisions n Redis stores on srv as n Caddy instances
