@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/mono"
 	"github.com/sangho/caddy-sangho-dedup/internal/sat"
 )
 
@@ -60,12 +61,8 @@ type cacheEntry struct {
 	ref     atomic.Bool
 }
 
-var monoBase = time.Now()
-
-func monoNow() int64 { return int64(time.Since(monoBase)) }
-
 func newDoneCache(max int) *doneCache {
-	return &doneCache{max: max, now: monoNow, staleness: int64(3 * time.Second), m: map[string]*cacheEntry{}}
+	return &doneCache{max: max, now: mono.Now, staleness: int64(3 * time.Second), m: map[string]*cacheEntry{}}
 }
 
 // get returns the done record cached for key.
