@@ -19,7 +19,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
 
 // adminServer is an in-process Caddy with its admin API on a free

@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // BenchmarkServeHTTPProviders measures ServeHTTP for new events of

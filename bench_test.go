@@ -16,7 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 func BenchmarkExtractEvent(b *testing.B) {

@@ -410,8 +410,8 @@ func TestReadmeStaysAManual(t *testing.T) {
 // TestReadmeImportGraph: the import graph drawn in the README's Layout
 // section is the one `go list` reports, package by package (imports
 // within the module), and it covers every package of the module but
-// cmd/, reliability/, monitoring/ and bench/ and the test helpers of
-// internal/. So the drawing cannot drift, and a package that starts
+// cmd/, reliability/, monitoring/ and bench/ and the test kits of
+// internal/testkit/. So the drawing cannot drift, and a package that starts
 // importing the root or a store shows up in review.
 func TestReadmeImportGraph(t *testing.T) {
 	layout := readmeLayout(t)
@@ -432,8 +432,6 @@ func TestReadmeImportGraph(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list: %v", err)
 	}
-	testHelpers := map[string]bool{"internal/faultproxy": true, "internal/ledger": true, "internal/load": true,
-		"internal/pgtest": true, "internal/redistest": true, "internal/sangho": true, "internal/testclock": true}
 	actual := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		path, imports, _ := strings.Cut(l, "|")
@@ -441,7 +439,7 @@ func TestReadmeImportGraph(t *testing.T) {
 		if pkg == "" {
 			pkg = "(root)"
 		}
-		if testHelpers[pkg] || strings.HasPrefix(pkg, "cmd/") || strings.HasPrefix(pkg, "bench") ||
+		if strings.HasPrefix(pkg, "internal/testkit/") || strings.HasPrefix(pkg, "cmd/") || strings.HasPrefix(pkg, "bench") ||
 			pkg == "reliability" || pkg == "monitoring" {
 			continue
 		}

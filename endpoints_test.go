@@ -12,7 +12,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
 
 // The registry of endpoints spans the whole loaded config: every server

@@ -1,6 +1,6 @@
 package sanghodedup
 
-import "github.com/sangho/caddy-sangho-dedup/internal/sangho"
+import "github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 
 // The known-answer vectors of ../shared/sangho-webhooks.md.
 const (

@@ -13,7 +13,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
 
 // The documented multi-sender sites guard what they proxy: Caddy's path

@@ -25,7 +25,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // testNow is the clock of the handler tests: the time of the contract's

@@ -17,8 +17,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // TestHostileRequests sends what an attacker or a broken client would,

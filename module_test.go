@@ -15,7 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // TestMain keeps the tests away from the user's Caddy data directory:

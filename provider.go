@@ -2,13 +2,13 @@ package sanghodedup
 
 import (
 	"fmt"
-	"math"
 	"net/http"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/sat"
 )
 
 // provider is the handler's view of its signature provider, settled at
@@ -65,7 +65,7 @@ func (h *Handler) setupProvider(v dedup.Provider, name string, secrets []string)
 	// expires, so it is remembered as long as the event is. Validate
 	// bounds tolerance; the sum saturates anyway, since a negative one
 	// would switch the binding off.
-	h.sigMemory = satAdd(satAdd(time.Duration(h.Tolerance), time.Duration(h.Tolerance)), time.Second)
+	h.sigMemory = sat.Add(sat.Add(time.Duration(h.Tolerance), time.Duration(h.Tolerance)), time.Second)
 	if !s.timestamp {
 		h.sigMemory = time.Duration(h.Retention)
 	}
@@ -77,15 +77,6 @@ func (h *Handler) setupProvider(v dedup.Provider, name string, secrets []string)
 		SignedContent:   unsignedID,
 		Now:             h.now,
 	})
-}
-
-// satAdd is a + b for non-negative durations, saturating at the
-// largest duration instead of wrapping negative.
-func satAdd(a, b time.Duration) time.Duration {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
 }
 
 // validateProvider checks the options that depend on the provider.

@@ -19,7 +19,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
 
 // Per provider, through a real Caddy (in this process) in front of

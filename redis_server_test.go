@@ -12,8 +12,8 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testhooks"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 	redisstore "github.com/sangho/caddy-sangho-dedup/stores/redis"
 )
 

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // TestServerReloadDuringBodyReadKeepsStore: deliveries are reading their

@@ -17,13 +17,13 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // Whole-server tests: a real Caddy (in this process) with sangho_dedup
 // in front of reverse_proxy, and a backend that keeps a ledger of what it
-// receives (internal/ledger). Everything listens on 127.0.0.1.
+// receives (internal/testkit/ledger). Everything listens on 127.0.0.1.
 
 // caddyServer runs one Caddy config in this process.
 type caddyServer struct {

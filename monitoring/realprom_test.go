@@ -21,10 +21,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/faultproxy"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // The real-Prometheus test: one Caddy built from ./cmd/caddy, with
@@ -53,7 +54,7 @@ type fleet struct {
 	be                  *backend
 }
 
-func freePort(t *testing.T) int { return redistest.FreePort(t) }
+func freePort(t *testing.T) int { return netkit.FreePort(t) }
 
 // recipe returns the code block that follows the marker
 // <!-- test: NAME --> in a Markdown file (docs/observability.md, or

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // Benchmarks of the hot path. Compare side by side in one run:

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // The known-answer vectors of ../shared/sangho-webhooks.md.

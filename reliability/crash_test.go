@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // killSpan is one SIGKILL of Caddy: from just before the signal to the

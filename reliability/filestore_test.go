@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 )
 
 // TestDefaultStoreKilledAndRestarted: one Caddy on the default config
@@ -71,8 +71,8 @@ func TestFileStoreOneProcessPerFile(t *testing.T) {
 	// The second Caddy's config sits beside the first's: the folder is
 	// its home and data directory too.
 	dataDir := filepath.Dir(first.cfg)
-	second := &caddyProc{port: redistest.FreePort(t), cfg: filepath.Join(dataDir, "Caddyfile.second"), log: filepath.Join(dataDir, "caddy.second.log")}
-	if err := os.WriteFile(second.cfg, []byte(caddyfile(second.port, redistest.FreePort(t), site)), 0o600); err != nil {
+	second := &caddyProc{port: netkit.FreePort(t), cfg: filepath.Join(dataDir, "Caddyfile.second"), log: filepath.Join(dataDir, "caddy.second.log")}
+	if err := os.WriteFile(second.cfg, []byte(caddyfile(second.port, netkit.FreePort(t), site)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(second.kill)

@@ -28,10 +28,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/faultproxy"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 const secret = "whsec_reliability"
@@ -158,8 +158,8 @@ func startCaddyGlobal(t *testing.T, global, site string) *caddyProc {
 
 func tryStartCaddy(t *testing.T, global, site string) (*caddyProc, bool) {
 	t.Helper()
-	p := &caddyProc{port: redistest.FreePort(t), global: global}
-	admin := redistest.FreePort(t)
+	p := &caddyProc{port: netkit.FreePort(t), global: global}
+	admin := netkit.FreePort(t)
 	p.url = "http://127.0.0.1:" + strconv.Itoa(p.port) + "/webhook"
 	p.admin = "127.0.0.1:" + strconv.Itoa(admin)
 	dir := t.TempDir()

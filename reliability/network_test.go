@@ -12,14 +12,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/faultproxy"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // A bad network between Caddy and Redis. Each of three Caddy instances
 // reaches one standalone Redis through its own fault proxy
-// (internal/faultproxy); Sangho delivers every event three times at
+// (internal/testkit/faultproxy); Sangho delivers every event three times at
 // once to random instances and retries, at a steady pace, while a fault
 // hits the proxies, lasts, and heals. Redis settings as everywhere in
 // this suite: dial_timeout and read_timeout 300ms, lock_ttl 2s unless

@@ -15,8 +15,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // readmeRecipe returns the README's backend recipe (the SQL block marked

@@ -14,9 +14,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // leases returns the keys that hold an in-flight lease in the Redis at

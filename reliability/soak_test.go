@@ -24,8 +24,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // soakTarget is one Caddy under soak, with its store and ledger.

@@ -33,7 +33,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 

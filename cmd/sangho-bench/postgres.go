@@ -9,7 +9,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // pgServer is the benchmark's PostgreSQL: initdb and pg_ctl of the
@@ -17,7 +17,7 @@ import (
 // in a temporary directory, on a loopback port, with fsync and
 // synchronous_commit on (a done record as durable as PostgreSQL makes
 // it). As root (initdb refuses root) it runs as the user "postgres" or
-// "nobody", as internal/pgtest does for the tests.
+// "nobody", as internal/testkit/pgtest does for the tests.
 type pgServer struct {
 	dir, pgctl string
 	port       int

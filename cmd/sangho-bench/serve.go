@@ -17,8 +17,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/load"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/load"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // parseWrk reads wrk.lua's summary line: the figures land in the right

@@ -21,8 +21,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/load"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 const usage = `usage:

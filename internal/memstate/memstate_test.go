@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
 func TestSweeper(t *testing.T) {

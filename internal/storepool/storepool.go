@@ -63,8 +63,9 @@ func (p *UsagePool) Delete(key any) (deleted bool, err error) {
 }
 
 // Users counts the deliveries and commit retries that may still need a
-// resource shared through Pool; a store embeds it to implement
-// dedup.Drainer. On a reload Caddy starts the new config, then cleans
+// resource shared through Pool; a store embeds a *Users (set in
+// Provision, tagged json:"-") to implement dedup.Drainer with its
+// Enter and Leave. On a reload Caddy starts the new config, then cleans
 // the old one up without waiting for its requests in flight: Release
 // keeps the resource until they are done, for at most dedup.DrainFor.
 type Users struct {
@@ -81,11 +82,21 @@ type Users struct {
 
 const releasedAtOnce = 1 << 62
 
-// Enter marks the resource as in use (dedup.Drainer).
-func (u *Users) Enter() { u.n.Add(1) }
+// Enter marks the resource as in use (dedup.Drainer). On a nil Users
+// (a store that shares nothing, e.g. one provisioned for caddy
+// validate) it does nothing.
+func (u *Users) Enter() {
+	if u != nil {
+		u.n.Add(1)
+	}
+}
 
-// Leave undoes one Enter (dedup.Drainer).
-func (u *Users) Leave() { u.n.Add(-1) }
+// Leave undoes one Enter (dedup.Drainer); on a nil Users it does nothing.
+func (u *Users) Leave() {
+	if u != nil {
+		u.n.Add(-1)
+	}
+}
 
 // Closed reports whether Release closed the resource before the use
 // that asks entered: one that enters before Release keeps the resource

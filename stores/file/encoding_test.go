@@ -13,7 +13,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
 var encodingAt = time.Date(2026, 12, 5, 5, 20, 1, 123456789, time.UTC)

@@ -77,8 +77,17 @@ type Store struct {
 	dir    string // the resolved folder of the data: the store's identity
 	logger *zap.Logger
 	pooled bool
-	users  *storepool.Users // deliveries and commit retries that may still need the file
+
+	// users counts the deliveries and commit retries that may still need
+	// the file: its Enter and Leave implement dedup.Drainer. Nil while
+	// the store shares no file (caddy validate).
+	*users
 }
+
+// users is storepool.Users under a name of this package, so that Store
+// embeds it as an unexported field: its Enter and Leave are Store's
+// (dedup.Drainer).
+type users = storepool.Users
 
 // CaddyModule returns the Caddy module information.
 func (Store) CaddyModule() caddy.ModuleInfo {
@@ -132,7 +141,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return err
 	}
 	s.pooled = true
-	s.users = new(storepool.Users)
+	s.users = new(users)
 	s.state = v.(*fileState)
 	return nil
 }
@@ -144,20 +153,6 @@ func (s *Store) Cleanup() error {
 		return nil
 	}
 	return s.users.Release(filePoolKey(s.dir), s.logger)
-}
-
-// Enter implements dedup.Drainer.
-func (s *Store) Enter() {
-	if s.users != nil {
-		s.users.Enter()
-	}
-}
-
-// Leave implements dedup.Drainer.
-func (s *Store) Leave() {
-	if s.users != nil {
-		s.users.Leave()
-	}
 }
 
 // ParkAtExit implements dedup.ExitParker: it parks the live leases of

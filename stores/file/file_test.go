@@ -26,8 +26,8 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
-	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
 	"github.com/sangho/caddy-sangho-dedup/internal/testhooks"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
 func openTestFileState(t testing.TB, path string, now func() time.Time) *fileState {

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
 // oldExpiryKey is the index entry by expiry that the layout before the

@@ -10,7 +10,7 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
 	"github.com/sangho/caddy-sangho-dedup/internal/memstate"
-	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
 func harness(t *testing.T) dedupstoretest.Harness {

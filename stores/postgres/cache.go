@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/mono"
 )
 
 // forgetChannel is the channel on which Forget announces, with
@@ -44,7 +46,7 @@ type doneCache struct {
 	staleness time.Duration
 
 	live  atomic.Bool
-	heard atomic.Int64 // mono() of the listener's last answer
+	heard atomic.Int64 // mono.Now() of the listener's last answer
 
 	mu sync.RWMutex
 	m  map[string]cacheEntry
@@ -60,18 +62,13 @@ type cacheEntry struct {
 	expires time.Time
 }
 
-var monoBase = time.Now()
-
-// mono is a monotonic clock in nanoseconds (immune to wall-clock steps).
-func mono() int64 { return int64(time.Since(monoBase)) }
-
 func newDoneCache(max int) *doneCache {
 	return &doneCache{max: max, staleness: 3 * time.Second, m: map[string]cacheEntry{}}
 }
 
 // get returns the done record cached under ck.
 func (c *doneCache) get(ck string) (string, bool) {
-	if !c.live.Load() || time.Duration(mono()-c.heard.Load()) > c.staleness {
+	if !c.live.Load() || time.Duration(mono.Now()-c.heard.Load()) > c.staleness {
 		return "", false
 	}
 	c.mu.RLock()
@@ -213,7 +210,7 @@ func (l *listener) session() error {
 	}
 	l.conns.Add(1)
 	l.cache.invalidate("*") // entries learned before LISTEN may have missed one
-	l.cache.heard.Store(mono())
+	l.cache.heard.Store(mono.Now())
 	l.cache.live.Store(true)
 	if l.conns.Load() > 1 {
 		l.logger.Info("postgres local_cache on")
@@ -242,6 +239,6 @@ func (l *listener) session() error {
 		if err != nil {
 			return err
 		}
-		l.cache.heard.Store(mono())
+		l.cache.heard.Store(mono.Now())
 	}
 }

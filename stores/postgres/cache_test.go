@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // waitFor polls cond for at most 5s.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/firstcheck"
 	"github.com/sangho/caddy-sangho-dedup/internal/promreg"
 )
 
@@ -52,14 +52,9 @@ func registerMetrics(reg prometheus.Registerer) error {
 // privilege or of the table (a grant revoked, the table dropped) makes
 // the next request check again.
 type tableCheck struct {
-	db *sharedDB
-	ok atomic.Bool
-
-	mu      sync.Mutex
-	running chan struct{}
-	last    error
-	refused error
-	at      time.Time
+	db     *sharedDB
+	ok     atomic.Bool // the table and privileges are known to be there
+	flight firstcheck.Flight
 }
 
 func newTableCheck(db *sharedDB) *tableCheck { return &tableCheck{db: db} }
@@ -87,56 +82,17 @@ func (e *problemError) Error() string {
 func (e *problemError) Unwrap() error { return e.err }
 
 func (c *tableCheck) ensure(ctx context.Context, logger *zap.Logger) error {
-	if c.ok.Load() {
-		return nil
-	}
-	c.mu.Lock()
-	if c.ok.Load() {
-		c.mu.Unlock()
-		return nil
-	}
-	if c.refused != nil && time.Since(c.at) < checkRetryEvery {
-		err := c.refused
-		c.mu.Unlock()
-		return err
-	}
-	if ch := c.running; ch != nil {
-		c.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
+	return c.flight.Ensure(ctx, &c.ok, checkRetryEvery, func(ctx context.Context) (bool, error) {
+		err := c.run(ctx, logger)
+		if err != nil && c.db.startupTimeoutRefused(err, logger) {
+			err = c.run(ctx, logger) // the first connection, without statement_timeout
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.last
-	}
-	ch := make(chan struct{})
-	c.running = ch
-	c.mu.Unlock()
-
-	err := c.run(ctx, logger)
-	if err != nil && c.db.startupTimeoutRefused(err, logger) {
-		err = c.run(ctx, logger) // the first connection, without statement_timeout
-	}
-	var pe *problemError
-	if errors.As(err, &pe) {
-		c.log(pe, logger)
-	}
-	err = c.db.opts.scrub(err)
-
-	c.mu.Lock()
-	c.running, c.last = nil, err
-	switch {
-	case err == nil:
-		c.refused = nil
-		c.ok.Store(true)
-	case pe != nil:
-		c.refused, c.at = err, time.Now()
-	}
-	c.mu.Unlock()
-	close(ch)
-	return err
+		var pe *problemError
+		if errors.As(err, &pe) {
+			c.log(pe, logger)
+		}
+		return pe != nil, c.db.opts.scrub(err)
+	})
 }
 
 func (c *tableCheck) log(pe *problemError, logger *zap.Logger) {

@@ -11,9 +11,9 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	loadgen "github.com/sangho/caddy-sangho-dedup/internal/load"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	loadgen "github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // twoSites is a Caddyfile of two site blocks, shop and billing, with

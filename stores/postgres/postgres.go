@@ -114,8 +114,16 @@ type Store struct {
 	poolKey string
 	state   string
 	logger  *zap.Logger
-	users   *storepool.Users // deliveries and commit retries that may still need the pool
+
+	// users counts the deliveries and commit retries that may still need
+	// the shared pool: its Enter and Leave implement dedup.Drainer.
+	*users
 }
+
+// users is storepool.Users under a name of this package, so that Store
+// embeds it as an unexported field: its Enter and Leave are Store's
+// (dedup.Drainer).
+type users = storepool.Users
 
 // CaddyModule returns the Caddy module information.
 func (Store) CaddyModule() caddy.ModuleInfo {
@@ -131,7 +139,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	if s.logger == nil { // a test's
 		s.logger = ctx.Logger()
 	}
-	s.users = new(storepool.Users)
+	s.users = new(users)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("postgres store: metrics: %w", err)
 	}
@@ -159,12 +167,6 @@ func (s *Store) Cleanup() error {
 	}
 	return s.users.Release(s.poolKey, s.logger)
 }
-
-// Enter implements dedup.Drainer.
-func (s *Store) Enter() { s.users.Enter() }
-
-// Leave implements dedup.Drainer.
-func (s *Store) Leave() { s.users.Leave() }
 
 // StateID implements dedup.StateSharer: the table as the server names
 // it (see sharedDB.identify), so two endpoints on one table need

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // passwordHBA trusts the superuser and asks every other role for its

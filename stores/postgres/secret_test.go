@@ -10,7 +10,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // The password of the DSN never appears in an error or a log line: not

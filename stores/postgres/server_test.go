@@ -16,15 +16,15 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sangho/caddy-sangho-dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
-	"github.com/sangho/caddy-sangho-dedup/internal/sangho"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 const secret = "whsec_postgres_server_test"
 
-func freePort(t *testing.T) int { return redistest.FreePort(t) }
+func freePort(t *testing.T) int { return netkit.FreePort(t) }
 
 // load adapts a Caddyfile and runs it in this process (a reload if
 // Caddy runs).

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // TestLocalCacheOneTableTwoSpellings: two instances on one table, one
@@ -50,7 +50,7 @@ func TestLocalCacheOneTableTwoSpellings(t *testing.T) {
 // the database name and one with it, or the socket and localhost, were
 // two stores to the handler's check.)
 func TestStateIDWithoutTheServer(t *testing.T) {
-	port := strconv.Itoa(redistest.FreePort(t)) // nothing listens there
+	port := strconv.Itoa(netkit.FreePort(t)) // nothing listens there
 	id := func(dsn string) string {
 		t.Helper()
 		o, err := (&Store{DSN: dsn}).resolve()

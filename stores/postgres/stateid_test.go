@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // serverNamed reports whether id is the server's name for a table, not

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 // previousDDL is the table as the release before HOT commits made it.

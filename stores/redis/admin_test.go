@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // TestRedisClusterGetForget: the operators' look-up and forget reach the

@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/mono"
+	"github.com/sangho/caddy-sangho-dedup/internal/sat"
 )
 
 // doneCache holds done records that this process has seen in Redis, so
@@ -59,12 +61,8 @@ type cacheEntry struct {
 	ref     atomic.Bool
 }
 
-var monoBase = time.Now()
-
-func monoNow() int64 { return int64(time.Since(monoBase)) }
-
 func newDoneCache(max int) *doneCache {
-	return &doneCache{max: max, now: monoNow, staleness: int64(3 * time.Second), m: map[string]*cacheEntry{}}
+	return &doneCache{max: max, now: mono.Now, staleness: int64(3 * time.Second), m: map[string]*cacheEntry{}}
 }
 
 // get returns the done record cached for key.
@@ -442,7 +440,7 @@ func (t *tracker) write(ctx context.Context, nc net.Conn, mu *sync.Mutex, calls 
 			b = appendCommand(b, "CLIENT", "TRACKING", "ON")
 			*calls = append(*calls, trackedCall{op: 'p'})
 		}
-		_ = nc.SetReadDeadline(time.Now().Add(satAdd(t.pingEvery, t.cs.readTimeout)))
+		_ = nc.SetReadDeadline(time.Now().Add(sat.Add(t.pingEvery, t.cs.readTimeout)))
 		mu.Unlock()
 		_ = nc.SetWriteDeadline(time.Now().Add(t.cs.writeTimeout))
 		if _, err := nc.Write(b); err != nil {

@@ -16,7 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/mono"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // cachedStores provisions n Redis stores on srv as n Caddy instances
@@ -226,7 +227,7 @@ func TestRedisLocalCacheTTL(t *testing.T) {
 	processed(t, s, key) // retention 1h
 	learnDuplicate(t, s, admin, key)
 	s.cache.mu.RLock()
-	left := time.Duration(s.cache.m[key].expires - monoNow())
+	left := time.Duration(s.cache.m[key].expires - mono.Now())
 	s.cache.mu.RUnlock()
 	if left > time.Hour || left < time.Hour-time.Minute {
 		t.Fatalf("entry expires in %v, want about the record's 1h", left)

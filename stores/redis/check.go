@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/firstcheck"
 )
 
 // checkRetryEvery is how long a failed permission check is remembered
@@ -27,17 +28,14 @@ const checkRetryEvery = time.Second
 // permCheck runs the store's first-use check of the Redis user's
 // permissions (checkPermissions) until it passes, one at a time, and
 // remembers a refusal for retryEvery so that a broken ACL costs Redis one
-// check a second, not one per request.
+// check a second, not one per request (firstcheck).
 type permCheck struct {
-	ok         atomic.Bool
-	retryEvery time.Duration
+	ok     atomic.Bool // the permissions are known to be enough
+	flight firstcheck.Flight
 
-	mu       sync.Mutex
-	running  chan struct{} // closed when the check under way ends
-	last     error         // its result
-	refused  error         // the last permission refusal
-	at       time.Time     // when it was found
-	evChecks bool          // the eviction policy was looked at
+	mu         sync.Mutex
+	retryEvery time.Duration
+	evChecks   atomic.Bool // the eviction policy was looked at
 }
 
 func newPermCheck() *permCheck { return &permCheck{retryEvery: checkRetryEvery} }
@@ -46,62 +44,27 @@ func newPermCheck() *permCheck { return &permCheck{retryEvery: checkRetryEvery} 
 // otherwise the error that keeps the store from answering.
 func (c *permCheck) ensure(ctx context.Context, s *Store, key string) error {
 	c.mu.Lock()
-	if c.ok.Load() {
-		c.mu.Unlock()
-		return nil
-	}
-	if c.refused != nil && time.Since(c.at) < c.retryEvery {
-		err := c.refused
-		c.mu.Unlock()
-		return err
-	}
-	if ch := c.running; ch != nil {
-		// Share the check under way instead of sending another.
-		c.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.last
-	}
-	ch := make(chan struct{})
-	c.running = ch
-	evChecks := c.evChecks
+	retryEvery := c.retryEvery
 	c.mu.Unlock()
-
-	err := s.checkPermissions(ctx, key)
-	var pe *permissionError
-	switch {
-	case err == nil:
-		if !evChecks {
-			s.checkEviction(ctx)
+	return c.flight.Ensure(ctx, &c.ok, retryEvery, func(ctx context.Context) (bool, error) {
+		err := s.checkPermissions(ctx, key)
+		var pe *permissionError
+		switch {
+		case err == nil:
+			if !c.evChecks.Swap(true) {
+				s.checkEviction(ctx)
+			}
+		case errors.As(err, &pe):
+			fields := []zap.Field{zap.String("command", pe.command), zap.Error(pe.err)}
+			if pe.keys {
+				fields = append(fields, zap.String("key", pe.key))
+			}
+			fields = append(fields, zap.Int("status", 503), zap.String("fix", "grant it: the ACL in the README"))
+			s.logger.Error("redis permission missing", fields...)
+			metrics.redisProblems.WithLabelValues(redisPermissionMissing).Inc()
 		}
-	case errors.As(err, &pe):
-		fields := []zap.Field{zap.String("command", pe.command), zap.Error(pe.err)}
-		if pe.keys {
-			fields = append(fields, zap.String("key", pe.key))
-		}
-		fields = append(fields, zap.Int("status", 503), zap.String("fix", "grant it: the ACL in the README"))
-		s.logger.Error("redis permission missing", fields...)
-		metrics.redisProblems.WithLabelValues(redisPermissionMissing).Inc()
-	}
-
-	c.mu.Lock()
-	c.running, c.last = nil, err
-	switch {
-	case err == nil:
-		c.refused = nil
-		c.evChecks = true
-		c.ok.Store(true)
-	case pe != nil:
-		c.refused, c.at = err, time.Now()
-	}
-	c.mu.Unlock()
-	close(ch)
-	return err
+		return pe != nil, err
+	})
 }
 
 // reset makes the next claim check the permissions again: called when

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // observe replaces the store's logger with an observer.

@@ -11,7 +11,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // TestRedisClusterOneAddress: `cluster` makes one address (a managed
@@ -50,7 +51,7 @@ func TestRedisClusterOneAddress(t *testing.T) {
 // still provisions, soon, with the addresses as its state ID (sorted:
 // the order makes no difference), so Caddy starts while Redis is down.
 func TestStateIDWithRedisDown(t *testing.T) {
-	a, b := "127.0.0.1:"+strconv.Itoa(redistest.FreePort(t)), "127.0.0.1:"+strconv.Itoa(redistest.FreePort(t)) // nothing listens there
+	a, b := "127.0.0.1:"+strconv.Itoa(netkit.FreePort(t)), "127.0.0.1:"+strconv.Itoa(netkit.FreePort(t)) // nothing listens there
 	for name, pair := range map[string][2]*Store{
 		"cluster":  {{Address: []string{a, b}}, {Address: []string{b, a}}},
 		"sentinel": {{Address: []string{a, b}, MasterName: "m"}, {Address: []string{b, a}, MasterName: "m"}},

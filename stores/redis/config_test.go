@@ -11,7 +11,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 )
 
 // parseRedisStore parses a `store redis { ... }` block.
@@ -163,7 +163,7 @@ func TestRedisStateIDSpellings(t *testing.T) {
 	// Two addresses make a Cluster client, which asks its nodes who they
 	// are (identity.go): loopback addresses on a port nothing listens on
 	// refuse at once, so the test stays fast and on this machine.
-	p := strconv.Itoa(redistest.FreePort(t))
+	p := strconv.Itoa(netkit.FreePort(t))
 	n1, n2 := "127.0.0.2:"+p, "127.0.0.3:"+p
 	same := [][]Store{
 		{addr("127.0.0.1:6379"), addr("localhost:6379"), addr("LocalHost:6379"), addr("[::1]:6379"), addr("[::ffff:127.0.0.1]:6379"),

@@ -15,9 +15,10 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sangho/caddy-sangho-dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/load"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 const (
@@ -98,7 +99,7 @@ func TestServerOneRedisTwoAddressLists(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			shop, billing := ledger.New(t), ledger.New(t)
-			adminPort, portShop, portBilling := redistest.FreePort(t), redistest.FreePort(t), redistest.FreePort(t)
+			adminPort, portShop, portBilling := netkit.FreePort(t), netkit.FreePort(t), netkit.FreePort(t)
 			load := func(extraShop, extraBilling string) error {
 				cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(twoSites(adminPort, portShop, portBilling,
 					c.shop, c.billing, extraShop, extraBilling, shop.Addr, billing.Addr)), nil)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
 // TestRedisMarkOnTheWire: a lease is stored as "inflight:<token>;mark=<ms>"

@@ -58,12 +58,3 @@ func msDuration(ms int64) time.Duration {
 	}
 	return time.Duration(ms) * time.Millisecond
 }
-
-// satAdd is a + b for non-negative durations, saturating at the
-// largest duration instead of wrapping negative.
-func satAdd(a, b time.Duration) time.Duration {
-	if a > math.MaxInt64-b {
-		return math.MaxInt64
-	}
-	return a + b
-}

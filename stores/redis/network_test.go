@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/faultproxy"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/faultproxy"
 )
 
 // setOf matches `SET key <prefix>...`, the claim (inflight:) or the

@@ -202,8 +202,16 @@ type Store struct {
 	// the read timeout in effect (from ReadTimeout or the url), once
 	// provisioned
 	readTimeout time.Duration
-	users       *storepool.Users // deliveries and commit retries that may still need the client
+
+	// users counts the deliveries and commit retries that may still need
+	// the shared client: its Enter and Leave implement dedup.Drainer.
+	*users
 }
+
+// users is storepool.Users under a name of this package, so that Store
+// embeds it as an unexported field: its Enter and Leave are Store's
+// (dedup.Drainer).
+type users = storepool.Users
 
 // CaddyModule returns the Caddy module information.
 func (Store) CaddyModule() caddy.ModuleInfo {
@@ -278,7 +286,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 			zap.String("risk", "anyone on the path can read and change the dedup state"))
 	}
 	s.poolKey = opts.poolKey()
-	s.users = new(storepool.Users)
+	s.users = new(users)
 	v, _, err := storepool.Pool.LoadOrNew(s.poolKey, func() (caddy.Destructor, error) {
 		return newRedisClient(opts.universal, opts.cacheSize, s.logger), nil
 	})
@@ -313,12 +321,6 @@ func (s *Store) Cleanup() error {
 	}
 	return s.users.Release(s.poolKey, s.logger)
 }
-
-// Enter implements dedup.Drainer.
-func (s *Store) Enter() { s.users.Enter() }
-
-// Leave implements dedup.Drainer.
-func (s *Store) Leave() { s.users.Leave() }
 
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {

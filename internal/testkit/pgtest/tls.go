@@ -7,7 +7,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 )
 
 // TLSFiles are a private CA, a server certificate it signed for
@@ -25,17 +25,17 @@ func GenerateTLS(t testing.TB, role string) *TLSFiles {
 	t.Helper()
 	dir := t.TempDir()
 	f := &TLSFiles{}
-	ca, caKey := redistest.NewCA(t, "pgtest CA")
-	f.CA = redistest.WritePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Raw)
-	other, _ := redistest.NewCA(t, "pgtest other CA")
-	f.OtherCA = redistest.WritePEM(t, dir, "other-ca.pem", "CERTIFICATE", other.Raw)
-	f.ServerCert, f.ServerKey = redistest.Leaf(t, dir, "server", ca, caKey, &x509.Certificate{
+	ca, caKey := netkit.NewCA(t, "pgtest CA")
+	f.CA = netkit.WritePEM(t, dir, "ca.pem", "CERTIFICATE", ca.Raw)
+	other, _ := netkit.NewCA(t, "pgtest other CA")
+	f.OtherCA = netkit.WritePEM(t, dir, "other-ca.pem", "CERTIFICATE", other.Raw)
+	f.ServerCert, f.ServerKey = netkit.Leaf(t, dir, "server", ca, caKey, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: "localhost"},
 		DNSNames:    []string{"localhost"},
 		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	})
-	f.ClientCert, f.ClientKey = redistest.Leaf(t, dir, "client", ca, caKey, &x509.Certificate{
+	f.ClientCert, f.ClientKey = netkit.Leaf(t, dir, "client", ca, caKey, &x509.Certificate{
 		Subject:     pkix.Name{CommonName: role},
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	})

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 )
 
 // Bin returns the path of a redis-server (or redis-cli) binary, or fails
@@ -61,7 +63,7 @@ func Start(t testing.TB, extra ...string) *Server {
 }
 
 func newServer(t testing.TB, bin, dir string, extra ...string) *Server {
-	return newServerOn(t, FreePort(t), bin, dir, extra...)
+	return newServerOn(t, netkit.FreePort(t), bin, dir, extra...)
 }
 
 // clusterPort is a free port whose cluster bus port (10000 above it) is
@@ -69,8 +71,8 @@ func newServer(t testing.TB, bin, dir string, extra ...string) *Server {
 func clusterPort(t testing.TB) int {
 	t.Helper()
 	for range 100 {
-		port := FreePort(t)
-		if port+10000 > 65535 || !reserve(port+10000) {
+		port := netkit.FreePort(t)
+		if port+10000 > 65535 || !netkit.Reserve(port+10000) {
 			continue
 		}
 		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port+10000))
@@ -237,7 +239,7 @@ func StartSentinel(t testing.TB, extra ...string) *Sentinel {
 	t.Cleanup(st.Replica.Kill)
 	for range 3 {
 		dir := t.TempDir()
-		port := FreePort(t)
+		port := netkit.FreePort(t)
 		conf := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nlogfile %s\nsentinel monitor %s 127.0.0.1 %d 2\nsentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 5000\nsentinel parallel-syncs %s 1\n",
 			port, dir, filepath.Join(dir, "redis.log"), MasterName, st.Master.Port, MasterName, MasterName, MasterName)
 		path := filepath.Join(dir, "sentinel.conf")

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 )
 
 // Bouncer is a PgBouncer in front of a Server, on a free loopback port
@@ -55,7 +55,7 @@ func StartBouncer(t testing.TB, srv *Server, users []string, settings ...string)
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	b := &Bouncer{Dir: dir, Port: redistest.FreePort(t)}
+	b := &Bouncer{Dir: dir, Port: netkit.FreePort(t)}
 	b.Addr = "127.0.0.1:" + strconv.Itoa(b.Port)
 	var auth strings.Builder
 	for _, u := range users {

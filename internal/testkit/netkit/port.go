@@ -1,4 +1,4 @@
-package redistest
+package netkit
 
 import (
 	"io"
@@ -12,7 +12,7 @@ import (
 
 // FreePort returns a port that was free on 127.0.0.1 a moment ago and
 // that no other test process on this machine, and no earlier call in
-// this one, has been handed (see reserve): the test packages run at
+// this one, has been handed (see Reserve): the test packages run at
 // once, and two of them given one port would each start a server on
 // it. Two Caddys both bind it, since Caddy's listeners set SO_REUSEPORT,
 // and share its connections. And the kernel hands a port just closed
@@ -31,7 +31,7 @@ func FreePort(t testing.TB) int {
 		if handedOut(port) {
 			continue
 		}
-		if reserve(port) {
+		if Reserve(port) {
 			return port
 		}
 	}
@@ -69,12 +69,12 @@ var portLocks struct {
 	f    *os.File
 }
 
-// reserve claims port for this process among the test processes of the
+// Reserve claims port for this process among the test processes of the
 // machine, for as long as it lives. Within one process the lock is the
 // process's own, so a port freed and handed out again is fine. Without a
 // lock file (an unwritable temporary folder) every port is granted, as
 // before there were reservations.
-func reserve(port int) bool {
+func Reserve(port int) bool {
 	portLocks.once.Do(func() {
 		f, err := os.OpenFile(filepath.Join(os.TempDir(), "sangho-dedup-test-ports.lock"), os.O_CREATE|os.O_RDWR, 0o666)
 		if err == nil {

@@ -1,4 +1,4 @@
-package redistest
+package netkit
 
 import (
 	"net"
@@ -16,7 +16,7 @@ import (
 func TestFreePortReservedAcrossProcesses(t *testing.T) {
 	if p := os.Getenv("REDISTEST_PORT_HELD"); p != "" { // the second process
 		port, _ := strconv.Atoi(p)
-		if reserve(port) {
+		if Reserve(port) {
 			t.Fatalf("port %d was reserved again while another test process holds it", port)
 		}
 		if q := FreePort(t); q == port {
@@ -30,7 +30,7 @@ func TestFreePortReservedAcrossProcesses(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	if !reserve(port) {
+	if !Reserve(port) {
 		t.Fatalf("port %d: reserved already", port)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFreePortReservedAcrossProcesses$", "-test.count=1")

@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/redistest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 )
 
 // Bin returns the path of one of PostgreSQL's programs (initdb, pg_ctl,
@@ -127,7 +127,7 @@ func StartWith(t testing.TB, opts Options) *Server {
 		}
 	}
 	s.run(t, initdb, "-D", s.data(), "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync")
-	s.Port = redistest.FreePort(t)
+	s.Port = netkit.FreePort(t)
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
 	s.DSN = fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", s.Addr)
 	conf := []string{
