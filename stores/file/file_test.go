@@ -27,7 +27,6 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testclock"
-	"github.com/sangho/caddy-sangho-dedup/internal/testhooks"
 )
 
 func openTestFileState(t testing.TB, path string, now func() time.Time) *fileState {
@@ -1058,7 +1057,7 @@ func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	committed := make(chan error, 1)
-	release := testhooks.HoldInStalledWrite(t, s,
+	release := HoldInStalledWrite(t, s,
 		func() {
 			go func() {
 				_, err := s.Commit(ctx, "k", "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour)
@@ -1102,7 +1101,7 @@ func TestFileStoreForgetTakenByAStalledDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	forgot := make(chan error, 1)
-	release := testhooks.HoldInStalledWrite(t, s,
+	release := HoldInStalledWrite(t, s,
 		func() { go func() { _, _, err := s.Forget(ctx, "k", false); forgot <- err }() },
 		func() bool { return true })
 	err := <-forgot
