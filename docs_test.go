@@ -433,7 +433,7 @@ func TestReadmeImportGraph(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	testHelpers := map[string]bool{"internal/faultproxy": true, "internal/ledger": true, "internal/load": true,
-		"internal/pgtest": true, "internal/redistest": true, "internal/sangho": true, "internal/testclock": true}
+		"internal/pgtest": true, "internal/redistest": true, "internal/sangho": true, "internal/testclock": true, "internal/handlertest": true}
 	actual := map[string]string{}
 	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		path, imports, _ := strings.Cut(l, "|")

@@ -100,7 +100,10 @@ func TestFileStoreStalledDisk(t *testing.T) {
 	<-stalled
 	next := &handlertest.Next{}
 	first := make(chan int, 1)
-	go func() { w, _ := handlertest.Serve(h, handlertest.SignedRequest(sangho.BodyA, ""), next); first <- w.Code }()
+	go func() {
+		w, _ := handlertest.Serve(h, handlertest.SignedRequest(sangho.BodyA, ""), next)
+		first <- w.Code
+	}()
 	select {
 	case code := <-first:
 		if code != 200 {
