@@ -83,7 +83,7 @@ func fileHarness(t *testing.T) dedupstoretest.Harness {
 	}
 }
 
-func TestStoreContractFile(t *testing.T) { dedupstoretest.Run(t, fileHarness) }
+func TestStoreContract(t *testing.T) { dedupstoretest.Run(t, fileHarness) }
 
 // The folders are private to the user Caddy runs as: the store's
 // folder (dedup.pebble beside the path) and the one it is in.
