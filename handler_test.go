@@ -681,6 +681,58 @@ func TestCommitRetriesAtExit(t *testing.T) {
 	_ = rc.Do(context.Background(), "CLIENT", "UNPAUSE").Err()
 }
 
+// TestAbandonedCommitRetriesLoggedByTheHandler: the exit hook's
+// "commit retries abandoned at exit" comes out through the logger of the
+// handler whose retries it abandons (http.handlers.sangho_dedup, with
+// that handler's sinks), like every other line of the handler. (Found by
+// review: it went to caddy.Log().) The store that does not answer is
+// Redis with its writes paused.
+func TestAbandonedCommitRetriesLoggedByTheHandler(t *testing.T) {
+	srv := startRedis(t)
+	rc := srv.Client(t)
+	defer func(g time.Duration) { exitCommitGrace = g }(exitCommitGrace)
+	exitCommitGrace = 300 * time.Millisecond
+	h, _ := newTestHandler(t, func(h *Handler) {
+		h.StoreRaw = []byte(`{"type":"redis","address":["` + srv.Addr + `"],"read_timeout":"100ms","dial_timeout":"100ms","local_cache":0}`)
+	})
+	core, logs := observer.New(zapcore.DebugLevel)
+	h.logger = zap.New(core).Named("http.handlers.sangho_dedup")
+	pause := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		if err := rc.Do(context.Background(), "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
+			t.Error(err)
+		}
+		w.WriteHeader(200)
+		return nil
+	})
+	defer rc.Do(context.Background(), "CLIENT", "UNPAUSE")
+	if w, _, _ := serve(h, signedRequest(bodyA, ""), pause); w.Code != 200 {
+		t.Fatalf("delivery: %d", w.Code)
+	}
+	mine := func() int64 { return pendingCommits.byLogger()[h.logger] } // not an earlier test's
+	if mine() == 0 {
+		t.Fatal("the commit did not go to the background retries")
+	}
+	go func() {
+		// Once the retries are abandoned, Redis comes back: the retry
+		// lands and ends.
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if logs.FilterMessage("commit retries abandoned at exit").Len() > 0 {
+				break
+			}
+		}
+		_ = rc.Do(context.Background(), "CLIENT", "UNPAUSE").Err()
+	}()
+	drainCommitRetries(context.Background())
+	waitFor(t, "the commit retry to end", func() bool { return mine() == 0 })
+	lines := logs.FilterMessage("commit retries abandoned at exit").All()
+	if len(lines) != 1 || lines[0].LoggerName != "http.handlers.sangho_dedup" || lines[0].Level != zapcore.ErrorLevel {
+		t.Fatalf("abandoned retries logged through the handler's logger: %+v", lines)
+	}
+	if f := lines[0].ContextMap(); f["events"] != int64(1) {
+		t.Fatalf("fields %v, want events 1", f)
+	}
+}
+
 // TestRejectionLogsRemoteAddress: a rejection's debug line names the
 // client as Caddy's access log does, remote_ip (the address alone) and
 // remote_port, so that it can be matched with the access log and with

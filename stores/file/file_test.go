@@ -26,7 +26,6 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
-	"github.com/sangho/caddy-sangho-dedup/internal/testhooks"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
@@ -84,7 +83,7 @@ func fileHarness(t *testing.T) dedupstoretest.Harness {
 	}
 }
 
-func TestStoreContractFile(t *testing.T) { dedupstoretest.Run(t, fileHarness) }
+func TestStoreContract(t *testing.T) { dedupstoretest.Run(t, fileHarness) }
 
 // The folders are private to the user Caddy runs as: the store's
 // folder (dedup.pebble beside the path) and the one it is in.
@@ -1058,7 +1057,7 @@ func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	committed := make(chan error, 1)
-	release := testhooks.HoldInStalledWrite(t, s,
+	release := HoldInStalledWrite(t, s,
 		func() {
 			go func() {
 				_, err := s.Commit(ctx, "k", "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour)
@@ -1102,7 +1101,7 @@ func TestFileStoreForgetTakenByAStalledDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	forgot := make(chan error, 1)
-	release := testhooks.HoldInStalledWrite(t, s,
+	release := HoldInStalledWrite(t, s,
 		func() { go func() { _, _, err := s.Forget(ctx, "k", false); forgot <- err }() },
 		func() bool { return true })
 	err := <-forgot

@@ -142,9 +142,9 @@ func (s prefixed) Forget(ctx context.Context, key string, force bool) (dedup.Ent
 	return s.Store.Forget(ctx, s.p+key, force)
 }
 
-// TestStoreContractRedisCluster: the contract, marks included, on a
+// TestStoreContractCluster: the contract, marks included, on a
 // Redis Cluster (the keys of one run spread over the masters' slots).
-func TestStoreContractRedisCluster(t *testing.T) {
+func TestStoreContractCluster(t *testing.T) {
 	cl := redistest.StartCluster(t)
 	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { cc.Close() })

@@ -63,10 +63,10 @@ func redisHarnessWith(t *testing.T, noPipeline bool) dedupstoretest.Harness {
 		Marks: true,
 	}
 }
-func TestStoreContractRedis(t *testing.T) { dedupstoretest.Run(t, redisHarness) }
+func TestStoreContract(t *testing.T) { dedupstoretest.Run(t, redisHarness) }
 
 // The same contract with pipelining off (disable_pipeline).
-func TestStoreContractRedisNoPipeline(t *testing.T) {
+func TestStoreContractNoPipeline(t *testing.T) {
 	dedupstoretest.Run(t, func(t *testing.T) dedupstoretest.Harness { return redisHarnessWith(t, true) })
 }
 

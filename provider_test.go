@@ -118,7 +118,7 @@ func post(body string, headers map[string]string) *http.Request {
 	return r
 }
 
-// TestProviderVectors: each scheme accepts the signatures of its
+// TestProviderVectors: each provider accepts the signatures of its
 // provider's library or documented example, and refuses them with one
 // byte of the body changed or another secret.
 func TestProviderVectors(t *testing.T) {
@@ -148,7 +148,7 @@ func TestProviderVectors(t *testing.T) {
 
 	type vector struct {
 		name     string
-		verifier string
+		provider string
 		secret   string
 		at       time.Time
 		body     string
@@ -182,7 +182,7 @@ func TestProviderVectors(t *testing.T) {
 	for _, v := range vectors {
 		t.Run(v.name, func(t *testing.T) {
 			at := func(h *Handler) { h.now = func() time.Time { return v.at } }
-			h := providerHandler(t, v.verifier, []string{v.secret}, at)
+			h := providerHandler(t, v.provider, []string{v.secret}, at)
 			vd, err := h.provider.Verify(post(v.body, v.headers), []byte(v.body))
 			if err != nil || vd.ID != v.wantID {
 				t.Fatalf("Verify: %q, %v; want %q, nil", vd.ID, err, v.wantID)
@@ -194,7 +194,7 @@ func TestProviderVectors(t *testing.T) {
 			if v.secret == swSecret1 {
 				otherSecret = swSecret2
 			}
-			other := providerHandler(t, v.verifier, []string{otherSecret}, at)
+			other := providerHandler(t, v.provider, []string{otherSecret}, at)
 			if _, err := other.provider.Verify(post(v.body, v.headers), []byte(v.body)); !errors.Is(err, dedup.ErrSignatureMismatch) {
 				t.Errorf("another secret: %v, want a mismatch", err)
 			}
@@ -203,18 +203,18 @@ func TestProviderVectors(t *testing.T) {
 }
 
 // TestGitHubLibraryAgrees: go-github's ValidateSignature accepts the
-// github scheme's signatures, and the hmac provider's sha1 and sha512 ones
+// github provider's signatures, and the hmac provider's sha1 and sha512 ones
 // in GitHub's format (X-Hub-Signature's sha1= is what some senders still
 // use).
 func TestGitHubLibraryAgrees(t *testing.T) {
-	for _, c := range []struct{ verifier, header string }{
+	for _, c := range []struct{ provider, header string }{
 		{`{"name":"github"}`, "X-Hub-Signature-256"},
 		{`{"name":"hmac","header":"X-Hub-Signature","algorithm":"sha1","prefix":"sha1=","id_header":"X-GitHub-Delivery"}`, "X-Hub-Signature"},
 		{`{"name":"hmac","header":"X-Sig","algorithm":"sha512","prefix":"sha512=","id_header":"X-GitHub-Delivery"}`, "X-Sig"},
 	} {
-		h := providerHandler(t, c.verifier, []string{ghSecret2}, nil)
+		h := providerHandler(t, c.provider, []string{ghSecret2}, nil)
 		for i, body := range []string{"", "{}", bodyA, bodyB, strings.Repeat("x", 70000)} {
-			// A signature the library accepts is one the scheme accepts,
+			// A signature the library accepts is one the provider accepts,
 			// and the other way round: try the right one and a wrong one.
 			alg := map[string]string{"X-Hub-Signature-256": "sha256", "X-Hub-Signature": "sha1", "X-Sig": "sha512"}[c.header]
 			right := libSignature(t, alg, body, ghSecret2)
@@ -223,7 +223,7 @@ func TestGitHubLibraryAgrees(t *testing.T) {
 				libErr := github.ValidateSignature(sig, []byte(body), []byte(ghSecret2))
 				_, err := h.provider.Verify(post(body, map[string]string{c.header: sig}), []byte(body))
 				if (libErr == nil) != (err == nil) {
-					t.Errorf("%s body %d: go-github says %v, the scheme %v", c.header, i, libErr, err)
+					t.Errorf("%s body %d: go-github says %v, the provider %v", c.header, i, libErr, err)
 				}
 			}
 		}
@@ -277,10 +277,10 @@ func TestStandardWebhooksEd25519(t *testing.T) {
 	}
 }
 
-// TestHMACSchemeTemplates: the generic scheme's signed content,
+// TestHMACProviderTemplates: the generic provider's signed content,
 // encodings, prefixes and timestamps, against HMACs computed here from
 // the sender's documented recipe.
-func TestHMACSchemeTemplates(t *testing.T) {
+func TestHMACProviderTemplates(t *testing.T) {
 	ts := strconv.FormatInt(testNow.Unix(), 10)
 	stale := strconv.FormatInt(testNow.Add(-6*time.Minute).Unix(), 10)
 	body := `{"event_id":"ev_42","type":"thing.done"}`
@@ -297,7 +297,7 @@ func TestHMACSchemeTemplates(t *testing.T) {
 	rfcStale := testNow.Add(-6 * time.Minute).UTC().Format(time.RFC3339Nano)
 	for _, c := range []struct {
 		name     string
-		verifier string
+		provider string
 		headers  map[string]string
 		err      error
 		id       string // the signed ID, for {id}
@@ -339,7 +339,7 @@ func TestHMACSchemeTemplates(t *testing.T) {
 		{"no signature", `{"name":"hmac","header":"X-Sig","id_field":"event_id"}`,
 			map[string]string{}, dedup.ErrSignatureMissing, ""},
 	} {
-		h := providerHandler(t, c.verifier, []string{"other_secret", secret1}, nil)
+		h := providerHandler(t, c.provider, []string{"other_secret", secret1}, nil)
 		vd, err := h.provider.Verify(post(body, c.headers), []byte(body))
 		if !errors.Is(err, c.err) || err == nil && vd.ID != c.id {
 			t.Errorf("%s: %q %v, want %q %v", c.name, vd.ID, err, c.id, c.err)
@@ -355,14 +355,14 @@ func TestHMACSchemeTemplates(t *testing.T) {
 	}
 }
 
-// TestSchemeIDSources: where each scheme takes the event ID from, what
+// TestProviderIDSources: where each provider takes the event ID from, what
 // it answers when it is missing, and which IDs are signed.
-func TestSchemeIDSources(t *testing.T) {
+func TestProviderIDSources(t *testing.T) {
 	ghBody := `{"action":"opened","id":"not_the_event"}`
 	shopBody := `{"id":820982911946154508,"email":"jon@example.com"}`
 	for _, c := range []struct {
 		name     string
-		verifier string
+		provider string
 		secret   string
 		body     string
 		headers  map[string]string
@@ -403,9 +403,9 @@ func TestSchemeIDSources(t *testing.T) {
 			nil, "msg_1", "user.created", false, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			h := providerHandler(t, c.verifier, []string{c.secret}, nil)
+			h := providerHandler(t, c.provider, []string{c.secret}, nil)
 			r := post(c.body, c.headers)
-			if c.verifier == `{"name":"standard_webhooks"}` {
+			if c.provider == `{"name":"standard_webhooks"}` {
 				swSign(t, r.Header, "msg_1", testNow, c.body, c.secret)
 			}
 			vd, err := h.provider.Verify(r, []byte(c.body))
@@ -426,13 +426,13 @@ func hmacHex(body string) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-// TestSchemeConfigErrors: a bad scheme configuration is refused at load,
+// TestProviderConfigErrors: a bad provider configuration is refused at load,
 // with an error that names the option (and never prints a secret).
-func TestSchemeConfigErrors(t *testing.T) {
+func TestProviderConfigErrors(t *testing.T) {
 	off := false
 	for _, c := range []struct {
 		name     string
-		verifier string
+		provider string
 		secrets  []string
 		set      func(*Handler)
 		want     string
@@ -479,14 +479,14 @@ func TestSchemeConfigErrors(t *testing.T) {
 			"secret #1 is a whsk_ signing key"},
 		{"standard_webhooks short public key", `{"name":"standard_webhooks"}`, []string{"whpk_c2VjcmV0"}, nil,
 			"secret #1: a whpk_ public key must be the base64 of 32 bytes"},
-		{"unknown scheme", `{"name":"nosuch"}`, nil, nil, "http.sangho_dedup.providers.nosuch"},
+		{"unknown provider", `{"name":"nosuch"}`, nil, nil, "http.sangho_dedup.providers.nosuch"},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 		secrets := c.secrets
 		if secrets == nil {
 			secrets = []string{secret1}
 		}
-		h := &Handler{Secrets: secrets, StoreRaw: json.RawMessage(`{"type":"memory"}`), ProviderRaw: json.RawMessage(c.verifier)}
+		h := &Handler{Secrets: secrets, StoreRaw: json.RawMessage(`{"type":"memory"}`), ProviderRaw: json.RawMessage(c.provider)}
 		if c.set != nil {
 			c.set(h)
 		}
@@ -510,11 +510,11 @@ func TestSchemeConfigErrors(t *testing.T) {
 	}
 }
 
-// TestSchemeDefaultsAndOverrides: the provider's defaults, and the
+// TestProviderDefaultsAndOverrides: the provider's defaults, and the
 // handler's options over them.
-func TestSchemeDefaultsAndOverrides(t *testing.T) {
+func TestProviderDefaultsAndOverrides(t *testing.T) {
 	for _, c := range []struct {
-		verifier            string
+		provider            string
 		set                 func(*Handler)
 		sigHeader, idHeader string
 		tolerance           time.Duration
@@ -528,9 +528,9 @@ func TestSchemeDefaultsAndOverrides(t *testing.T) {
 		{`{"name":"github"}`, func(h *Handler) { h.SignatureHeader, h.EventIDHeader = "x-gh-sig", "x-gh-id" }, "X-Gh-Sig", "X-Gh-Id", 0, DefaultRetention},
 		{`{"name":"stripe"}`, func(h *Handler) { h.Tolerance = caddy.Duration(time.Minute) }, "Stripe-Signature", "", time.Minute, 2*time.Minute + time.Second},
 	} {
-		h := providerHandler(t, c.verifier, []string{swSecret1}, c.set)
+		h := providerHandler(t, c.provider, []string{swSecret1}, c.set)
 		if h.SignatureHeader != c.sigHeader || h.EventIDHeader != c.idHeader || time.Duration(h.Tolerance) != c.tolerance || h.sigMemory != c.sigMemory {
-			t.Errorf("%s: %s %s %v %v; want %s %s %v %v", c.verifier, h.SignatureHeader, h.EventIDHeader, time.Duration(h.Tolerance), h.sigMemory,
+			t.Errorf("%s: %s %s %v %v; want %s %s %v %v", c.provider, h.SignatureHeader, h.EventIDHeader, time.Duration(h.Tolerance), h.sigMemory,
 				c.sigHeader, c.idHeader, c.tolerance, c.sigMemory)
 		}
 	}

@@ -76,7 +76,7 @@ func FuzzProviderSignatures(f *testing.F) {
 			}
 		}
 		if _, err := h.provider.Verify(r, []byte(body)); err == nil && !want() {
-			t.Fatalf("scheme %d verified %q (extra %q) without the provider's signature", i, sig, extra)
+			t.Fatalf("provider %d verified %q (extra %q) without the provider's signature", i, sig, extra)
 		}
 	})
 }
