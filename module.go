@@ -272,7 +272,7 @@ type Handler struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      dedup.Store
-	storeData string   // dataOf(store): what other handlers and commits compare
+	storeData  string   // dataOf(store): what other handlers and commits compare
 	provider   provider // the sender's provider, settled at provision
 	logger     *zap.Logger
 	now        func() time.Time // the clock; a test sets its own before Provision
