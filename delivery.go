@@ -152,7 +152,7 @@ func (d *delivery) settle(err error) {
 		rec := dedup.DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
 		// Registered before the first try, so that a forget meanwhile
 		// waits for it and stops what follows (see Handler.forget).
-		cr := commitRetries.add(h.storeState, d.key)
+		cr := commitRetries.add(h.storeData, d.key)
 		var held bool
 		stopped, cerr := cr.attempt(func() (err error) {
 			held, err = d.commitAll(d.ctx, rec)

@@ -121,7 +121,7 @@ type logLine struct{ level, msg string }
 func codeLogLines(t *testing.T) map[logLine][]string {
 	t.Helper()
 	var files []string
-	for _, pattern := range []string{"*.go", "stores/*/*.go", "providers/*.go", "dedup/*.go", "internal/storepool/*.go", "internal/memstate/*.go", "internal/cfargs/*.go", "internal/promreg/*.go"} {
+	for _, pattern := range []string{"*.go", "stores/*/*.go", "providers/*.go", "dedup/*.go", "internal/storepool/*.go", "internal/memtable/*.go", "internal/cfargs/*.go", "internal/promreg/*.go"} {
 		m, err := filepath.Glob(pattern)
 		if err != nil {
 			t.Fatal(err)

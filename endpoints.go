@@ -16,7 +16,7 @@ import (
 )
 
 // endpoints records the handlers of every loaded config: which secret
-// set uses which store state and key prefix (see registerEndpoint), and
+// set uses which store data and key prefix (see registerEndpoint), and
 // which handler answers to which name (for the admin API).
 var endpoints = struct {
 	sync.Mutex
@@ -52,17 +52,17 @@ func configOf(ctx caddy.Context) any {
 	return ctx.Context // a context that is never cancelled: not Caddy's
 }
 
-// stateOf names the state a store reaches, for comparisons (a handler
-// keeps its store's in storeState).
-func stateOf(s dedup.Store) string {
-	if sh, ok := s.(dedup.StateSharer); ok {
-		return sh.StateID()
+// dataOf names the data a store reaches, for comparisons (a handler
+// keeps its store's in storeData).
+func dataOf(s dedup.Store) string {
+	if sh, ok := s.(dedup.DataSharer); ok {
+		return sh.DataID()
 	}
 	return fmt.Sprintf("%T %p", s, s)
 }
 
 // registerEndpoint records h in its config, and refuses:
-//   - a handler that would share store state and key_prefix with
+//   - a handler that would share store data and key_prefix with
 //     another one under different secrets: a payment provider sends one
 //     event to every endpoint that subscribes, so the second endpoint
 //     would answer it as a duplicate and its backend would never see it
@@ -79,7 +79,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	}
 	use := endpointUse{name: h.Name}
 	sum.Sum(use.secrets[:0])
-	where := h.storeState + " key_prefix " + strconv.Quote(h.KeyPrefix)
+	where := h.storeData + " key_prefix " + strconv.Quote(h.KeyPrefix)
 
 	endpoints.Lock()
 	defer endpoints.Unlock()
@@ -101,9 +101,9 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 		cfg.uses[where] = use
 	}
 	if other, ok := cfg.names[h.Name]; ok {
-		if other.storeState != h.storeState || other.KeyPrefix != h.KeyPrefix {
+		if other.storeData != h.storeData || other.KeyPrefix != h.KeyPrefix {
 			return fmt.Errorf("sangho_dedup: two handlers are named %q but use different stores or key_prefixes (%s key_prefix %q, %s key_prefix %q): give each endpoint its own name",
-				h.Name, other.storeState, other.KeyPrefix, h.storeState, h.KeyPrefix)
+				h.Name, other.storeData, other.KeyPrefix, h.storeData, h.KeyPrefix)
 		}
 	} else {
 		cfg.names[h.Name] = h
@@ -117,7 +117,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 // endpoint that ran before keeps its prefix, and its records with it.
 func (h *Handler) sharedStateError(prev, use endpointUse, where string) error {
 	shared := ""
-	if strings.HasPrefix(h.storeState, "file ") {
+	if strings.HasPrefix(h.storeData, "file ") {
 		shared = " A file store is shared by every site of this Caddy that uses it, the default store's too (one per Caddy, in its data directory)."
 	}
 	// Caddy provisions servers in no set order: name the endpoints in

@@ -107,18 +107,13 @@ func (s *provider) typeOf(r *http.Request, body []byte) string {
 	return f.typ
 }
 
-// extractEvent returns the event ID and type of a delivery. The ID is
-// the body's top-level "id" when the body is a JSON object that has one;
-// when the header is present too they must be equal, since only the body
-// is covered by the signature. Without an "id" in the body the ID is the
-// header's, unless requireBodyID (then errIDNotInBody). The type is the
-// body's top-level "type" when it is a string, else "".
-func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, error) {
-	return extractEventField(body, headerIDs, requireBodyID, "id")
-}
-
-// extractEventField is extractEvent with the ID in the top-level field
-// named field (e.g. the hmac provider's id_field). Errors about a field
+// extractEventField returns the event ID and type of a delivery. The ID
+// is the body's top-level field ("id", or the hmac provider's id_field)
+// when the body is a JSON object that has one; when the header is
+// present too they must be equal, since only the body is covered by the
+// signature. Without the field in the body the ID is the header's,
+// unless requireBodyID (then errIDNotInBody). The type is the body's
+// top-level "type" when it is a string, else "". Errors about a field
 // other than "id" name it.
 func extractEventField(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
 	ev, err := extractEventKey(body, headerIDs, requireBodyID, field)
@@ -175,7 +170,8 @@ const utf8BOM = "\xef\xbb\xbf"
 // deeper body is malformed to a Go backend, so it is here too.
 const maxNesting = 10000
 
-// scanTopLevel reads the top-level "id" and "type" of a JSON object
+// scanTopLevelKey reads the top-level idKey (the provider's ID field,
+// usually "id") and "type" of a JSON object
 // without unmarshaling the body, in one pass that validates the whole
 // body as encoding/json.Valid does (strings, escapes, numbers, literals,
 // nesting up to 10000; invalid UTF-8 inside strings is allowed, as
@@ -191,11 +187,8 @@ const maxNesting = 10000
 // regard to case); a body that starts with a UTF-8 byte order mark
 // (errBodyBOM: Sangho never sends one, RFC 8259 forbids it, and parsers
 // disagree, so the backend might read an ID the scan did not).
-func scanTopLevel(b []byte) (topLevel, error) { return scanTopLevelKey(b, "id") }
-
-// scanTopLevelKey is scanTopLevel with the ID in the top-level field
-// named idKey instead of "id" (the same checks apply to it: given twice,
-// not a string, present in another case).
+// The same checks apply to idKey when it is not "id": given twice, not
+// a string, present in another case.
 func scanTopLevelKey(b []byte, idKey string) (topLevel, error) {
 	var f topLevel
 	if bytes.HasPrefix(b, []byte(utf8BOM)) {

@@ -134,3 +134,11 @@ func TestValidID(t *testing.T) {
 		}
 	}
 }
+
+// extractEvent is extractEventField with the ID in "id", as Sangho sends it.
+func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, error) {
+	return extractEventField(body, headerIDs, requireBodyID, "id")
+}
+
+// scanTopLevel is scanTopLevelKey with the ID in "id".
+func scanTopLevel(b []byte) (topLevel, error) { return scanTopLevelKey(b, "id") }

@@ -67,7 +67,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// config up without waiting for its requests, and a store closed
 	// while the body came in would fail the claim or, closed between
 	// claim and commit, leave the event to be processed again after
-	// lock_ttl (see dedup.Drainer).
+	// lock_ttl (see dedup.UseCounter).
 	h.enter()
 	defer h.leave()
 

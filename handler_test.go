@@ -801,7 +801,7 @@ func TestForgetStopsCommitRetries(t *testing.T) {
 		h.StoreRaw = []byte(`{"type":"redis","address":["` + addr + `"],"username":"app","password":"pw"}`)
 	})
 	retrying := func(key string) bool {
-		return commitRetries.pending(h.storeState, key)
+		return commitRetries.pending(h.storeData, key)
 	}
 	for _, force := range []bool{false, true} {
 		id := "evt_retry_forced_" + map[bool]string{false: "no", true: "yes"}[force]
@@ -813,7 +813,7 @@ func TestForgetStopsCommitRetries(t *testing.T) {
 			t.Fatalf("%s: the commit is not being retried", id)
 		}
 		e, deleted, err := h.forget(ctx, key, force)
-		if err != nil || deleted != force || !strings.HasPrefix(e.Value, dedup.InflightPrefix) {
+		if err != nil || deleted != force || !strings.HasPrefix(e.Value, dedup.InFlightPrefix) {
 			t.Fatalf("%s: forget (force %v): %q %v %v", id, force, e.Value, deleted, err)
 		}
 		allowSet()
@@ -884,11 +884,11 @@ func TestForgetDuringTheFirstCommit(t *testing.T) {
 	time.Sleep(50 * time.Millisecond) // the forget is on its way
 	close(st.release)                 // the first commit fails
 	<-done
-	if f := <-fc; f.err != nil || !f.deleted || !strings.HasPrefix(f.e.Value, dedup.InflightPrefix) {
+	if f := <-fc; f.err != nil || !f.deleted || !strings.HasPrefix(f.e.Value, dedup.InFlightPrefix) {
 		t.Fatalf("forget: %q %v %v", f.e.Value, f.deleted, f.err)
 	}
 	waitFor(t, "the retry to end", func() bool {
-		return !commitRetries.pending(h.storeState, key)
+		return !commitRetries.pending(h.storeData, key)
 	})
 	if got, _ := h.store.Get(context.Background(), key); got.Value != "" {
 		t.Fatalf("the retry wrote %q back after the operator's forget answered 200: the next delivery is answered duplicate", got.Value)
@@ -909,8 +909,8 @@ func TestForgetAcrossAReloadThatSpellsRedisAnew(t *testing.T) {
 	cur, _ := newTestHandler(t, func(h *Handler) {
 		h.StoreRaw = []byte(`{"type":"redis","url":"redis://app:pw@` + addr + `"}`)
 	})
-	if old.storeState != cur.storeState {
-		t.Errorf("one Redis, two store IDs: %q and %q", old.storeState, cur.storeState)
+	if old.storeData != cur.storeData {
+		t.Errorf("one Redis, two store IDs: %q and %q", old.storeData, cur.storeData)
 	}
 	id := "evt_review_reload"
 	key := old.KeyPrefix + id
@@ -922,7 +922,7 @@ func TestForgetAcrossAReloadThatSpellsRedisAnew(t *testing.T) {
 	}
 	allowSet()
 	waitFor(t, "the retry to end", func() bool {
-		return !commitRetries.pending(old.storeState, key)
+		return !commitRetries.pending(old.storeData, key)
 	})
 	if v := admin.Get(ctx, key).Val(); v != "" {
 		t.Fatalf("the old config's retry wrote %q back after the new config's forget", v)

@@ -272,7 +272,7 @@ type Handler struct {
 	StoreRaw json.RawMessage `json:"store,omitempty" caddy:"namespace=http.sangho_dedup.stores inline_key=type"`
 
 	store      dedup.Store
-	storeState string   // stateOf(store): what other handlers and commits compare
+	storeData  string   // dataOf(store): what other handlers and commits compare
 	provider   provider // the sender's provider, settled at provision
 	logger     *zap.Logger
 	now        func() time.Time // the clock; a test sets its own before Provision
@@ -384,7 +384,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if !ok {
 		return fmt.Errorf("module %T is not a sangho_dedup store", mod)
 	}
-	h.store, h.storeState = store, stateOf(store)
+	h.store, h.storeData = store, dataOf(store)
 	noteExitParker(store)
 	onExitOnce.Do(func() { caddy.OnExit(drainCommitRetries) })
 	if h.Name == "" {

@@ -56,7 +56,7 @@ func (d *delivery) retryCommit(rec dedup.DoneRecord, cr *commitRetry) {
 }
 
 // commitRetries are the commits of this process, under way or retried
-// in the background, by the store state and key they write: a forget
+// in the background, by the store data (its DataID) and key they write: a forget
 // of the event stops them, or one would write the forgotten record back.
 var commitRetries = retryRegistry{m: map[retryKey]*commitRetry{}}
 
@@ -65,7 +65,7 @@ type retryRegistry struct {
 	m  map[retryKey]*commitRetry // the first of a chain (next)
 }
 
-type retryKey struct{ state, key string }
+type retryKey struct{ data, key string }
 
 // commitRetry is one event's commit and its background retries.
 type commitRetry struct {
@@ -75,8 +75,8 @@ type commitRetry struct {
 	stopped bool
 }
 
-func (r *retryRegistry) add(state, key string) *commitRetry {
-	cr := &commitRetry{rk: retryKey{state, key}}
+func (r *retryRegistry) add(data, key string) *commitRetry {
+	cr := &commitRetry{rk: retryKey{data, key}}
 	r.mu.Lock()
 	cr.next = r.m[cr.rk]
 	r.m[cr.rk] = cr
@@ -103,20 +103,20 @@ func (r *retryRegistry) remove(cr *commitRetry) {
 	}
 }
 
-// pending reports whether a commit of key in state is registered.
-func (r *retryRegistry) pending(state, key string) bool {
+// pending reports whether a commit of key in data is registered.
+func (r *retryRegistry) pending(data, key string) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.m[retryKey{state, key}] != nil
+	return r.m[retryKey{data, key}] != nil
 }
 
-// hold waits for the attempts in flight of the commits of key in state
+// hold waits for the attempts in flight of the commits of key in data
 // and keeps new ones from starting until the returned function is
 // called with whether they are to stop.
-func (r *retryRegistry) hold(state, key string) func(stop bool) {
+func (r *retryRegistry) hold(data, key string) func(stop bool) {
 	var list []*commitRetry
 	r.mu.Lock()
-	for c := r.m[retryKey{state, key}]; c != nil; c = c.next {
+	for c := r.m[retryKey{data, key}]; c != nil; c = c.next {
 		list = append(list, c)
 	}
 	r.mu.Unlock()
@@ -147,7 +147,7 @@ func (cr *commitRetry) attempt(try func() error) (stopped bool, err error) {
 // They are held while the store forgets, and go on if nothing was
 // forgotten because the event is in flight.
 func (h *Handler) forget(ctx context.Context, key string, force bool) (dedup.Entry, bool, error) {
-	release := commitRetries.hold(h.storeState, key)
+	release := commitRetries.hold(h.storeData, key)
 	e, deleted, err := h.store.Forget(ctx, key, force)
 	release(err == nil && (deleted || e.Value == ""))
 	return e, deleted, err
@@ -155,7 +155,7 @@ func (h *Handler) forget(ctx context.Context, key string, force bool) (dedup.Ent
 
 // Background commit retries live as long as the store they need (a
 // reload keeps it open for them: each is a user of it, see Handler.enter
-// and dedup.Drainer), at most dedup.CommitRetryFor.
+// and dedup.UseCounter), at most dedup.CommitRetryFor.
 // When the process exits they get exitCommitGrace more to land; those
 // still failing then are abandoned, logged and counted.
 var (

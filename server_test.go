@@ -567,7 +567,7 @@ func twoEndpoints(backendA, backendB, optionsA, optionsB string) string {
 // key prefix would swallow each other's events: that config is refused,
 // on every store, naming the fix; the same endpoint on two routes (same
 // secrets) is fine.
-func TestServerEndpointsSharingStateNeedDistinctPrefixes(t *testing.T) {
+func TestServerEndpointsSharingDataNeedDistinctPrefixes(t *testing.T) {
 	r := startRedis(t)
 	stores := map[string]string{
 		"default": "",

@@ -27,15 +27,15 @@ func newToken() string {
 }
 
 // enter marks h's store as in use by a delivery or a commit retry
-// (dedup.Drainer), so that a reload keeps it for them.
+// (dedup.UseCounter), so that a reload keeps it for them.
 func (h *Handler) enter() {
-	if u, ok := h.store.(dedup.Drainer); ok {
+	if u, ok := h.store.(dedup.UseCounter); ok {
 		u.Enter()
 	}
 }
 
 func (h *Handler) leave() {
-	if u, ok := h.store.(dedup.Drainer); ok {
+	if u, ok := h.store.(dedup.UseCounter); ok {
 		u.Leave()
 	}
 }

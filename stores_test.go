@@ -19,7 +19,7 @@ type pooledStore interface {
 	dedup.Store
 	caddy.Provisioner
 	caddy.CleanerUpper
-	dedup.Drainer
+	dedup.UseCounter
 }
 
 // TestCleanupWaitsForDeliveries: on a reload Caddy cleans the old config

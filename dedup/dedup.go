@@ -23,7 +23,7 @@ import (
 // network store), so a store can be shared by many Caddy instances and
 // sharded (Redis Cluster) by key.
 //
-// A store may also implement StateSharer, Drainer and ExitParker.
+// A store may also implement DataSharer, UseCounter and ExitParker.
 type Store interface {
 	// Claim creates key holding an in-flight lease owned by token, with
 	// a time to live of ttl, only if key does not exist (or has
@@ -68,25 +68,26 @@ type Store interface {
 	Forget(ctx context.Context, key string, force bool) (Entry, bool, error)
 }
 
-// StateSharer is a store that can tell which state it reaches, so that
-// the handler can refuse two endpoints that would share keys: two
-// handlers whose stores return the same StateID must use different
-// key_prefix values. A store that does not implement it is its own
-// state (two instances never share keys).
-type StateSharer interface {
-	// StateID names the state the store reaches as Provision settled it
+// DataSharer is a store that can tell which data it reaches (a file, a
+// Redis database, a PostgreSQL table), so that the handler can refuse
+// two endpoints that would share keys: two handlers whose stores return
+// the same DataID must use different key_prefix values. A store that
+// does not implement it reaches data of its own (two instances never
+// share keys).
+type DataSharer interface {
+	// DataID names the data the store reaches as Provision settled it
 	// (e.g. "file:/var/lib/caddy/dedup.db", "redis:127.0.0.1:6379/0").
-	StateID() string
+	DataID() string
 }
 
-// Drainer is a store whose Cleanup releases a resource (a connection
-// pool, an open file) that deliveries may still need after Caddy has
-// cleaned their config up: on a reload, Caddy starts the new config,
+// UseCounter is a store that counts its uses (Enter, Leave) because its
+// Cleanup releases a resource (a connection pool, an open file) that
+// deliveries may still need after Caddy has cleaned their config up: on a reload, Caddy starts the new config,
 // then cleans the old one up without waiting for its requests in
 // flight. The handler calls Enter before it uses the store for a
 // delivery or a background commit retry and Leave after; the store
 // keeps its resource until the uses end (at most DrainFor).
-type Drainer interface {
+type UseCounter interface {
 	Enter()
 	Leave()
 }
@@ -106,7 +107,7 @@ type ExitParker interface {
 
 // CommitRetryFor is how long the handler retries, in the background, a
 // done record that failed to be written; DrainFor is how long a store
-// that implements Drainer keeps its resource for the uses still in
+// that implements UseCounter keeps its resource for the uses still in
 // flight after Cleanup.
 const (
 	CommitRetryFor = 5 * time.Minute
@@ -182,18 +183,18 @@ func (c ClaimResult) String() string {
 // is "done:" followed by a small JSON object (Encode), readable with
 // redis-cli or psql, or by a compact binary record (EncodeCompact).
 const (
-	InflightPrefix = "inflight:"
+	InFlightPrefix = "inflight:"
 	DonePrefix     = "done:"
 )
 
 // LeaseValue is the value of an in-flight lease held by token.
-func LeaseValue(token string) string { return InflightPrefix + token }
+func LeaseValue(token string) string { return InFlightPrefix + token }
 
 // IsLease reports whether val is the in-flight lease of token, without
 // building the lease string.
 func IsLease(val, token string) bool {
-	return len(val) == len(InflightPrefix)+len(token) &&
-		val[:len(InflightPrefix)] == InflightPrefix && val[len(InflightPrefix):] == token
+	return len(val) == len(InFlightPrefix)+len(token) &&
+		val[:len(InFlightPrefix)] == InFlightPrefix && val[len(InFlightPrefix):] == token
 }
 
 // Classify maps a stored value to a ClaimResult for the caller holding
@@ -383,7 +384,7 @@ func Fingerprint(val string) string {
 		}
 		return ""
 	}
-	if tok, ok := strings.CutPrefix(val, InflightPrefix); ok {
+	if tok, ok := strings.CutPrefix(val, InFlightPrefix); ok {
 		return TokenFingerprint(tok)
 	}
 	return ""

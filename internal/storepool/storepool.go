@@ -64,7 +64,7 @@ func (p *UsagePool) Delete(key any) (deleted bool, err error) {
 
 // Users counts the deliveries and commit retries that may still need a
 // resource shared through Pool; a store embeds a *Users (set in
-// Provision, tagged json:"-") to implement dedup.Drainer with its
+// Provision, tagged json:"-") to implement dedup.UseCounter with its
 // Enter and Leave. On a reload Caddy starts the new config, then cleans
 // the old one up without waiting for its requests in flight: Release
 // keeps the resource until they are done, for at most dedup.DrainFor.
@@ -82,7 +82,7 @@ type Users struct {
 
 const releasedAtOnce = 1 << 62
 
-// Enter marks the resource as in use (dedup.Drainer). On a nil Users
+// Enter marks the resource as in use (dedup.UseCounter). On a nil Users
 // (a store that shares nothing, e.g. one provisioned for caddy
 // validate) it does nothing.
 func (u *Users) Enter() {
@@ -91,7 +91,7 @@ func (u *Users) Enter() {
 	}
 }
 
-// Leave undoes one Enter (dedup.Drainer); on a nil Users it does nothing.
+// Leave undoes one Enter (dedup.UseCounter); on a nil Users it does nothing.
 func (u *Users) Leave() {
 	if u != nil {
 		u.n.Add(-1)

@@ -52,7 +52,7 @@ func BenchRecord(key string, t time.Time) dedup.DoneRecord {
 // OpenForBench opens the store at path as Provision does, on the clock
 // now, with the store's sweeper every sweepEvery.
 func OpenForBench(path string, now func() time.Time, sweepEvery time.Duration) (*Store, error) {
-	st, err := openFileState(path, now, sweepEvery, zap.NewNop())
+	st, err := openShared(path, now, sweepEvery, zap.NewNop())
 	if err != nil {
 		return nil, err
 	}

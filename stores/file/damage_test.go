@@ -25,7 +25,7 @@ import (
 func testStore(t testing.TB) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "good.db")
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestFileStoreRefusesDamagedStores(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "dedup.db")
 			dir := StoreDir(path)
 			writeDir(t, dir, files)
-			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 			if err == nil {
 				st.Destruct()
 				t.Fatal("opened a damaged store")
@@ -177,7 +177,7 @@ func TestFileStoreRefusesDamagedStores(t *testing.T) {
 			t.Fatal(err)
 		}
 		db.Close()
-		_, err = openFileState(path, time.Now, time.Hour, zap.NewNop())
+		_, err = openShared(path, time.Now, time.Hour, zap.NewNop())
 		if err == nil || !strings.Contains(err.Error(), "not a sangho_dedup store") || !strings.Contains(err.Error(), path) {
 			t.Fatalf("error = %v; want one saying it is not a sangho_dedup store, naming %s", err, path)
 		}
@@ -187,13 +187,13 @@ func TestFileStoreRefusesDamagedStores(t *testing.T) {
 		if err := os.WriteFile(StoreDir(path), []byte("x"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := openFileState(path, time.Now, time.Hour, zap.NewNop()); err == nil || !strings.Contains(err.Error(), StoreDir(path)) {
+		if _, err := openShared(path, time.Now, time.Hour, zap.NewNop()); err == nil || !strings.Contains(err.Error(), StoreDir(path)) {
 			t.Fatalf("error = %v; want one that names %s", err, StoreDir(path))
 		}
 	})
 	t.Run("a folder at the path", func(t *testing.T) {
 		path := t.TempDir()
-		if _, err := openFileState(path, time.Now, time.Hour, zap.NewNop()); err == nil || !strings.Contains(err.Error(), path) {
+		if _, err := openShared(path, time.Now, time.Hour, zap.NewNop()); err == nil || !strings.Contains(err.Error(), path) {
 			t.Fatalf("error = %v; want one that names %s", err, path)
 		}
 		if _, err := os.Lstat(StoreDir(path)); !errors.Is(err, fs.ErrNotExist) {
@@ -225,7 +225,7 @@ func TestFileStoreRefusesDamagedOldFiles(t *testing.T) {
 			if err := os.WriteFile(path, data, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 			if err == nil {
 				st.Destruct()
 				t.Fatal("took over a damaged file")
@@ -268,7 +268,7 @@ func TestFileStoreDamagedTablesAreErrors(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	writeDir(t, StoreDir(path), damaged)
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		if !strings.Contains(err.Error(), path) {
 			t.Fatalf("error does not name the store: %v", err)
@@ -306,12 +306,12 @@ func TestFileStoreFailedOpenKeepsNoLock(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	writeDir(t, StoreDir(path), damaged)
-	if st, err := openFileState(path, time.Now, time.Hour, zap.NewNop()); err == nil {
+	if st, err := openShared(path, time.Now, time.Hour, zap.NewNop()); err == nil {
 		st.Destruct()
 		t.Fatal("opened a store with a garbage MANIFEST")
 	}
 	writeDir(t, StoreDir(path), good) // the operator restores it
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		if strings.Contains(err.Error(), "in use") {
 			t.Fatalf("repaired store refused: the failed open kept its lock: %v", err)
@@ -348,7 +348,7 @@ func TestFileStoreRefusesDamagedLeases(t *testing.T) {
 			if err := db.Close(); err != nil {
 				t.Fatal(err)
 			}
-			st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+			st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 			if err == nil {
 				st.Destruct()
 				t.Fatal("opened a store with a damaged lease")
@@ -371,7 +371,7 @@ func TestFileStoreRefusesDamagedLeases(t *testing.T) {
 			if string(v) != string(raw) {
 				t.Fatalf("the damaged lease was changed: %q, was %q", v, raw)
 			}
-			if n, err := (&fileState{db: db, path: path}).count(prefixDone); err != nil || n != 2000 {
+			if n, err := (&shared{db: db, path: path}).count(prefixDone); err != nil || n != 2000 {
 				t.Fatalf("%d done records, %v; want the 2,000 of the store", n, err)
 			}
 		})

@@ -269,7 +269,7 @@ func FuzzDecodeRecord(f *testing.F) {
 func TestFileStoreReadsBothRecordVersions(t *testing.T) {
 	ctx := context.Background()
 	clock := testclock.New()
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
 	s := &Store{state: st}
 	records := map[string]dedup.DoneRecord{}
 	for i, typ := range []string{"payment_intent.succeeded", "", `a"b\c`, "支付.🎉", "a\xffb"} {

@@ -25,7 +25,7 @@ func SetWriteTimeout(d time.Duration) (restore func()) {
 // once the writer is held.
 func Stall(s *Store) (stalled <-chan struct{}, release func()) {
 	held, free := make(chan struct{}), make(chan struct{})
-	go s.state.write(func(*fileTx) error { close(held); <-free; return nil })
+	go s.state.write(func(*txn) error { close(held); <-free; return nil })
 	return held, func() { close(free) }
 }
 
@@ -34,7 +34,7 @@ func Stall(s *Store) (stalled <-chan struct{}, release func()) {
 func Counts(s *Store) (txns, writes int64) { return s.state.txns.Load(), s.state.writes.Load() }
 
 // Sync returns once every write queued before it is on disk.
-func Sync(s *Store) error { return s.state.write(func(*fileTx) error { return nil }) }
+func Sync(s *Store) error { return s.state.write(func(*txn) error { return nil }) }
 
 // Lease returns the lease s's file holds in memory for key.
 func Lease(s *Store, key string) (dedup.Entry, bool) { return s.state.leases.Lookup(key) }

@@ -72,21 +72,21 @@ type Store struct {
 	// 0700.
 	Path string `json:"path,omitempty"`
 
-	state  *fileState
+	state  *shared
 	path   string
 	dir    string // the resolved folder of the data: the store's identity
 	logger *zap.Logger
 	pooled bool
 
 	// users counts the deliveries and commit retries that may still need
-	// the file: its Enter and Leave implement dedup.Drainer. Nil while
+	// the file: its Enter and Leave implement dedup.UseCounter. Nil while
 	// the store shares no file (caddy validate).
 	*users
 }
 
 // users is storepool.Users under a name of this package, so that Store
 // embeds it as an unexported field: its Enter and Leave are Store's
-// (dedup.Drainer).
+// (dedup.UseCounter).
 type users = storepool.Users
 
 // CaddyModule returns the Caddy module information.
@@ -97,9 +97,9 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// DefaultFilePath is the file store's path when none is configured
+// DefaultPath is the file store's path when none is configured
 // (its data is in StoreDir of it).
-func DefaultFilePath() string {
+func DefaultPath() string {
 	return filepath.Join(caddy.AppDataDir(), "sangho_dedup", "dedup.db")
 }
 
@@ -109,7 +109,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 	s.logger = ctx.Logger()
 	p := s.Path
 	if p == "" {
-		p = DefaultFilePath()
+		p = DefaultPath()
 	} else {
 		// An unset placeholder is an error, not an empty piece of the
 		// path: {env.BASE}/{env.SUB}/dedup.db must not quietly become
@@ -135,14 +135,14 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return s.checkForValidation()
 	}
 	v, _, err := storepool.Pool.LoadOrNew(filePoolKey(s.dir), func() (caddy.Destructor, error) {
-		return openFileState(abs, time.Now, fileSweepEvery, s.logger)
+		return openShared(abs, time.Now, fileSweepEvery, s.logger)
 	})
 	if err != nil {
 		return err
 	}
 	s.pooled = true
 	s.users = new(users)
-	s.state = v.(*fileState)
+	s.state = v.(*shared)
 	return nil
 }
 
@@ -276,7 +276,7 @@ var errStoreNotOpen = errors.New("file store: the database file is not open")
 // st returns the open store; one closed (Destruct begun) is refused
 // before Pebble is asked, as a closed Pebble panics (an error that would
 // read as damage).
-func (s *Store) st() (*fileState, error) {
+func (s *Store) st() (*shared, error) {
 	if s.state == nil {
 		return nil, errStoreNotOpen
 	}
@@ -286,9 +286,9 @@ func (s *Store) st() (*fileState, error) {
 	return s.state, nil
 }
 
-// StateID implements dedup.StateSharer: the resolved folder of the
+// DataID implements dedup.DataSharer: the resolved folder of the
 // store (two paths that keep their data in one folder are one store).
-func (s *Store) StateID() string { return "file " + s.dir }
+func (s *Store) DataID() string { return "file " + s.dir }
 
 // Interface guards
 var (
@@ -296,8 +296,8 @@ var (
 	_ caddy.Provisioner     = (*Store)(nil)
 	_ caddy.CleanerUpper    = (*Store)(nil)
 	_ caddyfile.Unmarshaler = (*Store)(nil)
-	_ caddy.Destructor      = (*fileState)(nil)
-	_ dedup.Drainer         = (*Store)(nil)
+	_ caddy.Destructor      = (*shared)(nil)
+	_ dedup.UseCounter      = (*Store)(nil)
 	_ dedup.ExitParker      = (*Store)(nil)
-	_ dedup.StateSharer     = (*Store)(nil)
+	_ dedup.DataSharer      = (*Store)(nil)
 )

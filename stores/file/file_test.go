@@ -29,9 +29,9 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
-func openTestFileState(t testing.TB, path string, now func() time.Time) *fileState {
+func openTestShared(t testing.TB, path string, now func() time.Time) *shared {
 	t.Helper()
-	st, err := openFileState(path, now, time.Hour, zap.NewNop())
+	st, err := openShared(path, now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatalf("opening %s: %v", path, err)
 	}
@@ -40,9 +40,9 @@ func openTestFileState(t testing.TB, path string, now func() time.Time) *fileSta
 }
 
 // openUnclosed opens the store at path for a test that closes it.
-func openUnclosed(t testing.TB, path string, now func() time.Time) *fileState {
+func openUnclosed(t testing.TB, path string, now func() time.Time) *shared {
 	t.Helper()
-	st, err := openFileState(path, now, time.Hour, zap.NewNop())
+	st, err := openShared(path, now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatalf("opening %s: %v", path, err)
 	}
@@ -53,7 +53,7 @@ func fileHarness(t *testing.T) dedupstoretest.Harness {
 	// At the wall clock's time: Entry.State compares expiries with it.
 	clock := testclock.New()
 	clock.Advance(time.Since(clock.Now()))
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
 	s := &Store{state: st}
 	// A key's value and time to live: its lease in memory, else its done
 	// record in the file.
@@ -90,7 +90,7 @@ func TestStoreContract(t *testing.T) { dedupstoretest.Run(t, fileHarness) }
 func TestFileStoreCreatesPrivateFiles(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data", "sangho_dedup")
 	path := filepath.Join(dir, "dedup.db")
-	openTestFileState(t, path, time.Now)
+	openTestShared(t, path, time.Now)
 	if StoreDir(path) != filepath.Join(dir, "dedup.pebble") {
 		t.Fatalf("StoreDir(%s) = %s", path, StoreDir(path))
 	}
@@ -116,7 +116,7 @@ func TestFileStoreCreatesPrivateFiles(t *testing.T) {
 func TestFileStoreReopenKeepsState(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	ctx := context.Background()
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestFileStoreReopenKeepsState(t *testing.T) {
 	if err := st.Destruct(); err != nil {
 		t.Fatal(err)
 	}
-	s = &Store{state: openTestFileState(t, path, time.Now)}
+	s = &Store{state: openTestShared(t, path, time.Now)}
 	for key, want := range map[string]dedup.ClaimResult{"done": dedup.AlreadyDone, "leased": dedup.InFlight, "released": dedup.Claimed} {
 		if got, _, err := s.Claim(ctx, key, "t9", time.Minute); err != nil || got != want {
 			t.Errorf("after reopening, claim %s = %v, %v; want %v", key, got, err, want)
@@ -156,7 +156,7 @@ func TestFileStoreReopenKeepsState(t *testing.T) {
 func TestFileStoreParksTheLongestLease(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	ctx := context.Background()
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -166,7 +166,7 @@ func TestFileStoreParksTheLongestLease(t *testing.T) {
 	if err := st.Destruct(); err != nil {
 		t.Fatal(err)
 	}
-	s := &Store{state: openTestFileState(t, path, time.Now)}
+	s := &Store{state: openTestShared(t, path, time.Now)}
 	if res, _, err := s.Claim(ctx, "leased", "t2", time.Minute); err != nil || res != dedup.InFlight {
 		t.Fatalf("after reopening, claim = %v, %v; want in flight", res, err)
 	}
@@ -178,7 +178,7 @@ const fileHelperEnv = "SANGHO_DEDUP_FILE_HELPER"
 
 func fileHelperMain() int {
 	mode, path, _ := strings.Cut(os.Getenv(fileHelperEnv), ":")
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		fmt.Println("ERROR", err)
 		return 1
@@ -274,7 +274,7 @@ func TestFileStoreCommitSurvivesKill9(t *testing.T) {
 		if len(committed) < 100 {
 			t.Fatalf("round %d: only %d commits before the kill", round, len(committed))
 		}
-		st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+		st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 		if err != nil {
 			t.Fatalf("round %d: reopening after kill -9: %v", round, err)
 		}
@@ -300,7 +300,7 @@ func TestFileStoreLockedByAnotherProcess(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	startFileHelper(t, "hold", path)
 	start := time.Now()
-	_, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	_, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err == nil {
 		t.Fatal("opened a file that another process holds")
 	}
@@ -322,7 +322,7 @@ func TestFileStoreLockedByAnotherProcess(t *testing.T) {
 func TestFileStoreSweepBoundsTheFile(t *testing.T) {
 	clock := testclock.New()
 	path := filepath.Join(t.TempDir(), "dedup.db")
-	st := openTestFileState(t, path, clock.Now)
+	st := openTestShared(t, path, clock.Now)
 	s := &Store{state: st}
 	ctx := context.Background()
 	size := func() int64 { return dirBytes(t, StoreDir(path)) }
@@ -406,7 +406,7 @@ func TestFileStoreSharedAcrossReloads(t *testing.T) {
 	}
 	stopB()
 	// The last user closed the file: another open succeeds.
-	st := openTestFileState(t, path, time.Now)
+	st := openTestShared(t, path, time.Now)
 	if _, ok, _ := st.read("k"); !ok {
 		t.Fatal("record missing after close and reopen")
 	}
@@ -416,7 +416,7 @@ func TestFileStoreSharedAcrossReloads(t *testing.T) {
 // commit writes its record before it drops its lease, and a claim that
 // got the lease in between checks the file again.
 func TestFileStoreClaimRacingCommit(t *testing.T) {
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
 	s := &Store{state: st}
 	ctx := context.Background()
 	for i := range 200 {
@@ -477,7 +477,7 @@ func TestFileStoreLeaseSurvivesKill9(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	s := &Store{state: openTestFileState(t, path, time.Now)}
+	s := &Store{state: openTestShared(t, path, time.Now)}
 	ctx := context.Background()
 	if res, found, err := s.Claim(ctx, "leased", "t2", time.Minute); err != nil || res != dedup.InFlight || found != "inflight:t1" {
 		t.Fatalf("claim after kill -9 = %v, %q, %v; want in flight, the killed process's lease", res, found, err)
@@ -508,7 +508,7 @@ func TestFileStoreLeaseOnDiskWhenClaimed(t *testing.T) {
 	clock.Advance(time.Since(clock.Now()))
 	st := openUnclosed(t, path, clock.Now)
 	s, ctx := &Store{state: st}, context.Background()
-	onDisk := func(st *fileState, key string) (string, time.Time) {
+	onDisk := func(st *shared, key string) (string, time.Time) {
 		t.Helper()
 		raw, ok, err := st.get(leaseKey(key))
 		if err != nil {
@@ -553,7 +553,7 @@ func TestFileStoreLeaseOnDiskWhenClaimed(t *testing.T) {
 	if err := st.Destruct(); err != nil { // a clean stop
 		t.Fatal(err)
 	}
-	st = openTestFileState(t, path, clock.Now)
+	st = openTestShared(t, path, clock.Now)
 	s = &Store{state: st}
 	if val, exp := onDisk(st, "held"); val != "inflight:tok" || !exp.Equal(renewed) {
 		t.Fatalf("after a clean stop and a start: %q until %v on disk; want the written lease", val, exp)
@@ -626,7 +626,7 @@ func TestFileStoreMarks(t *testing.T) {
 	if err := st.Destruct(); err != nil {
 		t.Fatal(err)
 	}
-	st = openTestFileState(t, path, clock.Now)
+	st = openTestShared(t, path, clock.Now)
 	s = &Store{state: st}
 	for _, k := range []string{"b", "rel", "com", "old"} {
 		if raw, ok, err := st.get(leaseKey(k)); err != nil || ok {
@@ -648,7 +648,7 @@ func TestFileStoreMarks(t *testing.T) {
 func TestFileStoreLoadsLeasesOfTheLastRelease(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	writeDir(t, StoreDir(path), dirFiles(t, "testdata/v3-parked.pebble"))
-	st := openTestFileState(t, path, time.Now)
+	st := openTestShared(t, path, time.Now)
 	s, ctx := &Store{state: st}, context.Background()
 	e, err := s.Get(ctx, "sangho_dedup:evt_parked")
 	if err != nil || e.State() != "in_flight" || e.Value != "inflight:tok-parked.00112233445566778899aabbccddeeff" ||
@@ -686,7 +686,7 @@ func processCPU() time.Duration {
 //
 //	flock /tmp/bench.lock go test -run '^$' -bench BenchmarkFileStore -benchmem ./stores/file
 func BenchmarkFileStoreNewEvent(b *testing.B) {
-	st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -697,7 +697,7 @@ func BenchmarkFileStoreNewEvent(b *testing.B) {
 // benchNewEvents claims and commits b.N new events from 32 goroutines
 // (16 per CPU on 2) in st, and reports the CPU per operation and how many
 // commits shared one write transaction.
-func benchNewEvents(b *testing.B, st *fileState) {
+func benchNewEvents(b *testing.B, st *shared) {
 	s := &Store{state: st}
 	var n atomic.Int64
 	rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
@@ -742,7 +742,7 @@ func BenchmarkFileStoreLeaseWrites(b *testing.B) {
 			b.Run(load+"/"+m.name, func(b *testing.B) {
 				defer func(old int) { leaseWrites = old }(leaseWrites)
 				leaseWrites = m.mode
-				st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
+				st, err := openShared(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -776,7 +776,7 @@ func BenchmarkFileStoreLeaseWrites(b *testing.B) {
 // a file that already holds 200,000 done records (a B+tree of some
 // depth, pages to copy on every insert).
 func BenchmarkFileStoreNewEventFullFile(b *testing.B) {
-	st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -784,7 +784,7 @@ func BenchmarkFileStoreNewEventFullFile(b *testing.B) {
 	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
 	const preload = 200000
 	for i := 0; i < preload; i += 10000 {
-		if err := st.write(func(tx *fileTx) error {
+		if err := st.write(func(tx *txn) error {
 			for j := i; j < i+10000; j++ {
 				if err := tx.put(BenchKey(uint64(1<<40+j)), val, time.Hour); err != nil {
 					return err
@@ -805,14 +805,14 @@ func BenchmarkFileStoreNewEventFullFile(b *testing.B) {
 //	flock /tmp/bench.lock go test -run '^$' -bench FileStoreOpen -benchtime 1x ./stores/file
 func BenchmarkFileStoreOpen(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "dedup.db")
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
 	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
 	const records = 1000000
 	for i := 0; i < records; i += 10000 {
-		if err := st.write(func(tx *fileTx) error {
+		if err := st.write(func(tx *txn) error {
 			for j := i; j < i+10000; j++ {
 				if err := tx.put(BenchKey(uint64(j)), val, 72*time.Hour); err != nil {
 					return err
@@ -831,7 +831,7 @@ func BenchmarkFileStoreOpen(b *testing.B) {
 	for b.Loop() {
 		runtime.GC()
 		runtime.ReadMemStats(&heap0)
-		st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+		st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -853,7 +853,7 @@ func BenchmarkFileStoreOpen(b *testing.B) {
 // BenchmarkFileStoreDuplicate: a claim that finds a done record (a read
 // transaction, no write).
 func BenchmarkFileStoreDuplicate(b *testing.B) {
-	st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -883,7 +883,7 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 // expired records, the longest the sweeper holds the writer.
 func BenchmarkFileStoreSweepBatch(b *testing.B) {
 	clock := testclock.New()
-	st, err := openFileState(filepath.Join(b.TempDir(), "dedup.db"), clock.Now, time.Hour, zap.NewNop())
+	st, err := openShared(filepath.Join(b.TempDir(), "dedup.db"), clock.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -1017,8 +1017,8 @@ func TestFileStoreOneFileByAnyName(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, s := range stores[1:] {
-				if s.StateID() != stores[0].StateID() {
-					t.Errorf("route %d: state %q, route 1: %q", i+2, s.StateID(), stores[0].StateID())
+				if s.DataID() != stores[0].DataID() {
+					t.Errorf("route %d: state %q, route 1: %q", i+2, s.DataID(), stores[0].DataID())
 				}
 				if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
 					t.Errorf("route %d: claim = %v, %v; want done", i+2, res, err)
@@ -1050,7 +1050,7 @@ func mustSymlink(t *testing.T, target, link string) {
 func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
 	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
 	fileWriteTimeout = time.Second
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
 	s := &Store{state: st}
 	ctx := context.Background()
 	if _, _, err := s.Claim(ctx, "k", "t", time.Minute); err != nil {
@@ -1091,7 +1091,7 @@ func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
 func TestFileStoreForgetTakenByAStalledDisk(t *testing.T) {
 	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
 	fileWriteTimeout = time.Second
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
 	s := &Store{state: st}
 	ctx := context.Background()
 	if _, _, err := s.Claim(ctx, "k", "t", time.Minute); err != nil {
@@ -1163,7 +1163,7 @@ func TestMain(m *testing.M) {
 func TestFileStoreBackupRecipe(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "dedup.db")
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1186,7 +1186,7 @@ func TestFileStoreBackupRecipe(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", backup, StoreDir(path)).CombinedOutput(); err != nil { // restored
 		t.Fatalf("cp -a: %v %s", err, out)
 	}
-	st = openTestFileState(t, path, time.Now)
+	st = openTestShared(t, path, time.Now)
 	if _, ok, err := st.read("sangho_dedup:evt_1"); err != nil || !ok {
 		t.Fatalf("after the restore: %v %v", ok, err)
 	}
@@ -1200,7 +1200,7 @@ func TestFileStoreBackupRecipe(t *testing.T) {
 // the claim read Pebble first, which panics once closed.)
 func TestFileStoreClosedRefusesReads(t *testing.T) {
 	core, logs := observer.New(zapcore.InfoLevel)
-	st, err := openFileState(filepath.Join(t.TempDir(), "dedup.db"), time.Now, time.Hour, zap.New(core))
+	st, err := openShared(filepath.Join(t.TempDir(), "dedup.db"), time.Now, time.Hour, zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1267,7 +1267,7 @@ func TestFileStoreOneFolderByEitherSpelling(t *testing.T) {
 		defer s.Cleanup()
 		stores = append(stores, s)
 	}
-	if a, b := stores[0].StateID(), stores[1].StateID(); a != b {
+	if a, b := stores[0].DataID(), stores[1].DataID(); a != b {
 		t.Errorf("one folder, two states: %q and %q", a, b)
 	}
 	ctx := context.Background()
@@ -1289,7 +1289,7 @@ func TestFileStoreOneFolderByEitherSpelling(t *testing.T) {
 // review.)
 func TestFileStoreParkedLeaseOfACommittedEvent(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "dedup.db")
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1307,7 +1307,7 @@ func TestFileStoreParkedLeaseOfACommittedEvent(t *testing.T) {
 	if err := st.Destruct(); err != nil {
 		t.Fatal(err)
 	}
-	s = &Store{state: openTestFileState(t, path, time.Now)}
+	s = &Store{state: openTestShared(t, path, time.Now)}
 	if e, err := s.Get(ctx, "k"); err != nil || strings.HasPrefix(e.Value, "inflight:") || e.Value == "" {
 		t.Errorf("after a restart: get = %+v, %v; want the done record", e, err)
 	}
@@ -1343,7 +1343,7 @@ func TestFileStoreCreateRemovesCrashedTakeovers(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	openTestFileState(t, path, time.Now)
+	openTestShared(t, path, time.Now)
 	if _, err := os.Lstat(crashed); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the crashed creation's folder %s is still there: %v", crashed, err)
 	}
@@ -1361,7 +1361,7 @@ func TestFileStoreCreateRemovesCrashedTakeovers(t *testing.T) {
 func TestFileStoreClaimOnAStalledDisk(t *testing.T) {
 	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
 	fileWriteTimeout = 300 * time.Millisecond
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
 	s, ctx := &Store{state: st}, context.Background()
 	stall := make(chan struct{})
 	defer func(f func(*pebble.DB) error) { syncLog = f }(syncLog)

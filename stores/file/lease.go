@@ -27,13 +27,13 @@ const (
 )
 
 // leaseJournal writes the leases' changes to the database, as 'l' keys
-// (encodeRecord: the lease's expiry and "inflight:<token>"). memstate
+// (encodeRecord: the lease's expiry and "inflight:<token>"). memtable
 // calls Set and Delete under the lock of the key's shard, so the writes
 // of one key reach Pebble in the order they happened in memory (Pebble
 // orders its writes as they enter its commit pipeline); they are
 // written unsynced there (a few µs), and a claim or a renewal then calls
 // Sync, outside the lock, so that concurrent claims share an fsync.
-type leaseJournal struct{ st *fileState }
+type leaseJournal struct{ st *shared }
 
 func (j leaseJournal) Set(key, val string, expires time.Time) error {
 	st := j.st

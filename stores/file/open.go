@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/memstate"
+	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 )
 
 const (
@@ -44,7 +44,7 @@ var fileCacheSize int64 = 32 << 20
 
 var errFileLocked = errors.New("in use by another process")
 
-// fileState is one open store, shared through the usage pool by every
+// shared is one open store, shared through the usage pool by every
 // config of this process that uses the same path.
 //
 // Done records are written to the database, each on disk before its
@@ -58,13 +58,13 @@ var errFileLocked = errors.New("in use by another process")
 // synced (lost in a crash, the lease comes back and ends at its time: a
 // redelivery waits, then is marked; never processed unmarked beside an
 // attempt). The next start takes the leases back from the database.
-type fileState struct {
+type shared struct {
 	path   string // the store's path, as errors name it
 	dir    string // its folder (StoreDir)
 	db     *pebble.DB
 	now    func() time.Time
 	logger *zap.Logger
-	leases *memstate.State
+	leases *memtable.Table
 
 	ops  chan *fileOp
 	stop chan struct{}
@@ -138,9 +138,9 @@ func (p pebbleLogger) Fatalf(format string, args ...any) {
 	panic("file store " + p.path + ": " + msg)
 }
 
-// openFileState opens the store at path, creating it (or taking over an
+// openShared opens the store at path, creating it (or taking over an
 // earlier release's file at path) if its folder does not exist.
-func openFileState(path string, now func() time.Time, sweepEvery time.Duration, logger *zap.Logger) (*fileState, error) {
+func openShared(path string, now func() time.Time, sweepEvery time.Duration, logger *zap.Logger) (*shared, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("file store: creating the folder of %s: %v", path, err)
 	}
@@ -162,13 +162,13 @@ func openFileState(path string, now func() time.Time, sweepEvery time.Duration, 
 		db.Close()
 		return nil, err
 	}
-	st := &fileState{path: path, dir: dir, db: db, now: now, logger: logger,
+	st := &shared{path: path, dir: dir, db: db, now: now, logger: logger,
 		ops: make(chan *fileOp), stop: make(chan struct{})}
-	var journal memstate.Journal
+	var journal memtable.Journal
 	if leaseWrites != leaseInMemory {
 		journal = leaseJournal{st}
 	}
-	st.leases = memstate.NewJournaled(now, sweepEvery, journal)
+	st.leases = memtable.NewJournaled(now, sweepEvery, journal)
 	if err := st.loadLeases(); err != nil {
 		st.leases.Destruct()
 		db.Close()
@@ -341,7 +341,7 @@ func fileDamaged(path string, p any) error {
 }
 
 // readErr names the store in a read's error.
-func (st *fileState) readErr(err error) error {
+func (st *shared) readErr(err error) error {
 	if errors.Is(err, pebble.ErrClosed) {
 		return errFileClosed
 	}
@@ -353,7 +353,7 @@ func (st *fileState) readErr(err error) error {
 }
 
 // get returns the raw value of k, a copy.
-func (st *fileState) get(k []byte) (v []byte, ok bool, err error) {
+func (st *shared) get(k []byte) (v []byte, ok bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if err = fileDamaged(st.path, p); err != errFileClosed {
@@ -378,17 +378,17 @@ func (st *fileState) get(k []byte) (v []byte, ok bool, err error) {
 
 // read returns the live done record of key as a claim answers with it
 // (decodeAnswer: no JSON built for a duplicate).
-func (st *fileState) read(key string) (string, bool, error) {
+func (st *shared) read(key string) (string, bool, error) {
 	e, err := st.entryAs(key, decodeAnswer)
 	return e.Value, e.Value != "", err
 }
 
 // entry returns key's live done record and its expiry.
-func (st *fileState) entry(key string) (dedup.Entry, error) {
+func (st *shared) entry(key string) (dedup.Entry, error) {
 	return st.entryAs(key, decodeRecord)
 }
 
-func (st *fileState) entryAs(key string, decode func([]byte) (uint64, string, error)) (dedup.Entry, error) {
+func (st *shared) entryAs(key string, decode func([]byte) (uint64, string, error)) (dedup.Entry, error) {
 	raw, ok, err := st.get(doneKey(key))
 	if err != nil || !ok {
 		return dedup.Entry{}, err
@@ -404,7 +404,7 @@ func (st *fileState) entryAs(key string, decode func([]byte) (uint64, string, er
 }
 
 // count is the number of keys with prefix p.
-func (st *fileState) count(p byte) (int, error) {
+func (st *shared) count(p byte) (int, error) {
 	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: []byte{p}, UpperBound: []byte{p + 1}})
 	if err != nil {
 		return 0, st.readErr(err)
@@ -428,7 +428,7 @@ func (st *fileState) count(p byte) (int, error) {
 // back, the event would read as in flight). A lease it cannot read
 // refuses the store, as damage does: the event it holds would read as
 // absent, and be processed beside the attempt it marks.
-func (st *fileState) loadLeases() error {
+func (st *shared) loadLeases() error {
 	lo, hi := []byte{prefixLease}, []byte{prefixLease + 1}
 	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
@@ -440,7 +440,7 @@ func (st *fileState) loadLeases() error {
 	for ok := it.First(); ok; ok = it.Next() {
 		key := string(it.Key()[1:])
 		exp, val, err := decodeRecord(it.Value())
-		if err == nil && !strings.HasPrefix(val, dedup.InflightPrefix) {
+		if err == nil && !strings.HasPrefix(val, dedup.InFlightPrefix) {
 			err = errBadRecord
 		}
 		if err != nil {
@@ -474,13 +474,13 @@ func (st *fileState) loadLeases() error {
 	return nil
 }
 
-func (st *fileState) leaseLoadErr(err error) error {
+func (st *shared) leaseLoadErr(err error) error {
 	return fmt.Errorf("file store: reading the leases in %s (folder %s): %v", st.path, st.dir, err)
 }
 
 // syncLeases makes every lease write so far durable (the deletions,
 // which are not synced when written): at exit.
-func (st *fileState) syncLeases() error {
+func (st *shared) syncLeases() error {
 	st.dbMu.RLock()
 	defer st.dbMu.RUnlock()
 	if st.dbClosed {
@@ -492,7 +492,7 @@ func (st *fileState) syncLeases() error {
 // Destruct stops the writer and the sweepers and closes the database
 // (which syncs its log: the leases are all in it already); the usage
 // pool calls it when the last config using the store is cleaned up.
-func (st *fileState) Destruct() error {
+func (st *shared) Destruct() error {
 	close(st.stop)
 	st.wg.Wait()
 	st.leases.Destruct()
@@ -508,7 +508,7 @@ func (st *fileState) Destruct() error {
 }
 
 // openFiles are the stores open in this process, for the exit hook.
-var openFiles sync.Map // *fileState -> struct{}
+var openFiles sync.Map // *shared -> struct{}
 
 // parkOpenFiles syncs the lease writes of every store still open at
 // process exit: one still in use then (a commit retry pending, an old
@@ -519,7 +519,7 @@ var openFiles sync.Map // *fileState -> struct{}
 // hold at the next start.
 func parkOpenFiles() {
 	openFiles.Range(func(k, _ any) bool {
-		st := k.(*fileState)
+		st := k.(*shared)
 		st.parkMu.Lock()
 		defer st.parkMu.Unlock()
 		if !st.closed {

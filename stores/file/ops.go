@@ -9,7 +9,7 @@ import (
 
 // Claim implements Store. The database holds done records; leases are
 // claimed in memory and written through to the database, synced before
-// Claim returns (see fileState).
+// Claim returns (see shared).
 func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	if s.users.Closed() {
 		// A delivery that reached a config already cleaned up, whose
@@ -72,7 +72,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, released bool
-	err = st.writeThen(func(tx *fileTx) error {
+	err = st.writeThen(func(tx *txn) error {
 		var err error
 		again, err = tx.replace(key, enc, retention) // a retried commit whose first attempt landed
 		return err
@@ -133,7 +133,7 @@ func (s *Store) Forget(_ context.Context, key string, force bool) (dedup.Entry, 
 	}
 	var rec, lease dedup.Entry
 	var leaseErr error
-	err = st.writeThen(func(tx *fileTx) error {
+	err = st.writeThen(func(tx *txn) error {
 		var err error
 		rec, err = tx.forget(key)
 		return err

@@ -64,8 +64,8 @@ func TestDefaultStoreIsTheFileStore(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
 	h := handlertest.Provision(t, &sanghodedup.Handler{KeyPrefix: "default_store_test:"})
 	want := filepath.Join(os.Getenv("XDG_DATA_HOME"), "caddy", "sangho_dedup", "dedup.db")
-	if file.DefaultFilePath() != want {
-		t.Fatalf("DefaultFilePath %s, want %s", file.DefaultFilePath(), want)
+	if file.DefaultPath() != want {
+		t.Fatalf("DefaultPath %s, want %s", file.DefaultPath(), want)
 	}
 	if fi, err := os.Stat(file.StoreDir(want)); err != nil || !fi.IsDir() {
 		t.Fatalf("the default store's folder was not created: %v", err)
@@ -74,8 +74,8 @@ func TestDefaultStoreIsTheFileStore(t *testing.T) {
 		t.Fatalf("delivery: %d", w.Code)
 	}
 	fs := openAt(t, want)
-	if fs.StateID() != "file "+file.StoreDir(want) {
-		t.Fatalf("store %s, want the file %s", fs.StateID(), want)
+	if fs.DataID() != "file "+file.StoreDir(want) {
+		t.Fatalf("store %s, want the file %s", fs.DataID(), want)
 	}
 	if e, err := fs.Get(context.Background(), "default_store_test:evt_1QZtest000000000001"); err != nil || e.State() != "done" {
 		t.Fatalf("the delivery's record in the default file: %+v, %v; want done", e, err)
@@ -171,7 +171,7 @@ func TestLongRetentionOnTheDefaultStore(t *testing.T) {
 			if n := next.Calls.Load(); n != 1 {
 				t.Fatalf("the backend was called %d times, want once", n)
 			}
-			if e, err := openAt(t, file.DefaultFilePath()).Get(ctx, h.KeyPrefix+"evt_1QZtest000000000001"); err != nil || e.State() != "done" {
+			if e, err := openAt(t, file.DefaultPath()).Get(ctx, h.KeyPrefix+"evt_1QZtest000000000001"); err != nil || e.State() != "done" {
 				t.Fatalf("the record in the default file store: %+v, %v", e, err)
 			}
 		})

@@ -48,7 +48,7 @@ type sweepState struct {
 // sweeper deletes expired records: first the index by expiry of the
 // layout before this one, if the store has one, then a slice of the
 // records every `every`.
-func (st *fileState) sweeper(every time.Duration) {
+func (st *shared) sweeper(every time.Duration) {
 	defer st.wg.Done()
 	if err := st.dropExpiryIndex(); err != nil && !errors.Is(err, errFileClosed) {
 		st.logger.Error("removing the old expiry index failed", zap.String("path", st.path), zap.Error(err))
@@ -74,7 +74,7 @@ func (st *fileState) sweeper(every time.Duration) {
 
 // sweepTick reads the next slice of the records, and deletes those that
 // have expired; it returns how many it read and deleted.
-func (st *fileState) sweepTick(every time.Duration) (read, deleted int, err error) {
+func (st *shared) sweepTick(every time.Duration) (read, deleted int, err error) {
 	st.sw.mu.Lock()
 	defer st.sw.mu.Unlock()
 	n := max(fileSweepSlice, int(int64(st.sw.lastPass)*int64(every)/int64(fileSweepPass)))
@@ -84,7 +84,7 @@ func (st *fileState) sweepTick(every time.Duration) (read, deleted int, err erro
 	if next == nil && err == nil {
 		st.sw.lastPass, st.sw.passRead = st.sw.passRead, 0
 	}
-	if werr := st.write(func(tx *fileTx) error { return tx.b.Set(keySweepCursor, next, nil) }); err == nil {
+	if werr := st.write(func(tx *txn) error { return tx.b.Set(keySweepCursor, next, nil) }); err == nil {
 		err = werr
 	}
 	return read, deleted, err
@@ -92,7 +92,7 @@ func (st *fileState) sweepTick(every time.Duration) (read, deleted int, err erro
 
 // sweep runs a whole pass over the records now, and returns how many it
 // deleted (tests, benchmarks).
-func (st *fileState) sweep() (int, error) {
+func (st *shared) sweep() (int, error) {
 	st.sw.mu.Lock()
 	defer st.sw.mu.Unlock()
 	total := 0
@@ -111,7 +111,7 @@ func (st *fileState) sweep() (int, error) {
 // first), outside the writer (commits go on meanwhile), and then
 // deletes those that have expired (deleteExpired). It returns the key
 // to go on from, nil at the end of the records.
-func (st *fileState) sweepSlice(from []byte, n int) (next []byte, read, deleted int, err error) {
+func (st *shared) sweepSlice(from []byte, n int) (next []byte, read, deleted int, err error) {
 	now := unixNano(st.now())
 	expired, next, read, bad, err := st.readExpired(from, n, now)
 	if err != nil {
@@ -128,12 +128,12 @@ func (st *fileState) sweepSlice(from []byte, n int) (next []byte, read, deleted 
 // the done records of keys that have expired when the writer takes
 // them: each is checked again there, as a commit may have written it
 // anew since it was read.
-func (st *fileState) deleteExpired(keys []string) (deleted int, err error) {
+func (st *shared) deleteExpired(keys []string) (deleted int, err error) {
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), fileSweepBatch)]
 		keys = keys[len(chunk):]
 		k := 0
-		if err := st.write(func(tx *fileTx) error {
+		if err := st.write(func(tx *txn) error {
 			k = 0
 			now := unixNano(tx.now)
 			for _, key := range chunk {
@@ -161,7 +161,7 @@ func (st *fileState) deleteExpired(keys []string) (deleted int, err error) {
 // the keys of those expired at now, and the key to go on from (nil at
 // the end). A record it cannot decode is skipped, and named in bad: the
 // sweep goes on past it, and logs it.
-func (st *fileState) readExpired(from []byte, n int, now uint64) (expired []string, next []byte, read int, bad, err error) {
+func (st *shared) readExpired(from []byte, n int, now uint64) (expired []string, next []byte, read int, bad, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if err = fileDamaged(st.path, p); err != errFileClosed {
@@ -209,7 +209,7 @@ func (st *fileState) readExpired(from []byte, n int, now uint64) (expired []stri
 // dropExpiryIndex deletes the index by expiry ('x' keys) that the
 // layout before this one kept beside the records, if the store has
 // one: one range deletion, through the writer.
-func (st *fileState) dropExpiryIndex() (err error) {
+func (st *shared) dropExpiryIndex() (err error) {
 	lo, hi := []byte{prefixExpiry}, []byte{prefixExpiry + 1}
 	found := false
 	func() {
@@ -231,7 +231,7 @@ func (st *fileState) dropExpiryIndex() (err error) {
 	if err != nil || !found {
 		return err
 	}
-	if err := st.write(func(tx *fileTx) error { return tx.b.DeleteRange(lo, hi, nil) }); err != nil {
+	if err := st.write(func(tx *txn) error { return tx.b.DeleteRange(lo, hi, nil) }); err != nil {
 		return err
 	}
 	st.logger.Info("removed the index by expiry of the earlier layout", zap.String("path", st.path),

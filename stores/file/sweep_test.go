@@ -35,11 +35,11 @@ func TestFileStoreSweepsInSlices(t *testing.T) {
 	fileSweepSlice = 1000
 	t.Cleanup(func() { fileSweepSlice = old })
 	clock := testclock.New()
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
 	s := &Store{state: st}
 	ctx := context.Background()
 	const n = 2500
-	if err := st.write(func(tx *fileTx) error {
+	if err := st.write(func(tx *txn) error {
 		for i := range n {
 			ttl := time.Hour // even: expires
 			if i%2 == 1 {
@@ -88,7 +88,7 @@ func TestFileStoreSweepsInSlices(t *testing.T) {
 // the expiry again.
 func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 	clock := testclock.New()
-	st := openTestFileState(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
 	s := &Store{state: st}
 	ctx := context.Background()
 	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
@@ -120,7 +120,7 @@ func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 func TestFileStoreDropsTheOldExpiryIndex(t *testing.T) {
 	clock := testclock.New()
 	path := filepath.Join(t.TempDir(), "dedup.db")
-	st, err := openFileState(path, clock.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, clock.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestFileStoreDropsTheOldExpiryIndex(t *testing.T) {
 	if err := st.Destruct(); err != nil {
 		t.Fatal(err)
 	}
-	st = openTestFileState(t, path, clock.Now)
+	st = openTestShared(t, path, clock.Now)
 	s := &Store{state: st}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -189,11 +189,11 @@ func TestFileStoreSweepGoesOnAfterARestart(t *testing.T) {
 	t.Cleanup(func() { fileSweepSlice = old })
 	clock := testclock.New()
 	path := filepath.Join(t.TempDir(), "dedup.db")
-	st, err := openFileState(path, clock.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, clock.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.write(func(tx *fileTx) error {
+	if err := st.write(func(tx *txn) error {
 		for i := range 30 {
 			ttl := time.Minute
 			if i < 10 { // the first slice: live records
@@ -215,7 +215,7 @@ func TestFileStoreSweepGoesOnAfterARestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 2 { // restarts, one tick each
-		st, err = openFileState(path, clock.Now, time.Hour, zap.NewNop())
+		st, err = openShared(path, clock.Now, time.Hour, zap.NewNop())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +234,7 @@ func TestFileStoreSweepGoesOnAfterARestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st = openTestFileState(t, path, clock.Now)
+	st = openTestShared(t, path, clock.Now)
 	if n, err := st.count(prefixDone); err != nil || n != 10 {
 		t.Fatalf("%d records left after three ticks over three starts, %v; want the 10 live ones", n, err)
 	}

@@ -66,7 +66,7 @@ func testTakeOver(t *testing.T, name string) {
 	ctx := context.Background()
 	for round := range 2 {
 		core, logs := observer.New(zapcore.InfoLevel)
-		st, err := openFileState(path, time.Now, time.Hour, zap.New(core))
+		st, err := openShared(path, time.Now, time.Hour, zap.New(core))
 		if err != nil {
 			t.Fatalf("round %d: opening the old file: %v", round, err)
 		}
@@ -155,7 +155,7 @@ func TestFileStoreTakeOverWaitsForTheOldRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = openFileState(path, time.Now, time.Hour, zap.NewNop())
+	_, err = openShared(path, time.Now, time.Hour, zap.NewNop())
 	old.Close()
 	if !errors.Is(err, errFileLocked) || !strings.Contains(err.Error(), path) {
 		t.Fatalf("error = %v; want one that names %s in use", err, path)
@@ -163,7 +163,7 @@ func TestFileStoreTakeOverWaitsForTheOldRelease(t *testing.T) {
 	if _, err := os.Lstat(StoreDir(path)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a store was created: %v", err)
 	}
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop()) // the old release stopped
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop()) // the old release stopped
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,7 +183,7 @@ func TestFileStoreWayBack(t *testing.T) {
 	if err := os.WriteFile(path, src, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	st, err := openFileState(path, time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestFileStoreWayBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.InfoLevel)
-	st, err = openFileState(path, time.Now, time.Hour, zap.New(core))
+	st, err = openShared(path, time.Now, time.Hour, zap.New(core))
 	if err != nil {
 		t.Fatal(err)
 	}

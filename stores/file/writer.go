@@ -14,7 +14,7 @@ import (
 
 // fileOp is one write waiting for the writer.
 type fileOp struct {
-	fn    func(*fileTx) error
+	fn    func(*txn) error
 	after func() // run by the writer once fn's batch is on disk, if fn succeeded
 	err   error
 	done  chan struct{}
@@ -25,7 +25,7 @@ var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan stru
 var errFileClosed = errors.New("file store: the store is closed (Caddy is stopping)")
 
 // isClosed reports whether Destruct has begun.
-func (st *fileState) isClosed() bool {
+func (st *shared) isClosed() bool {
 	select {
 	case <-st.stop:
 		return true
@@ -47,7 +47,7 @@ var (
 
 // write runs fn in a write batch and returns once the batch
 // is on disk. Concurrent writes share one batch.
-func (st *fileState) write(fn func(*fileTx) error) error {
+func (st *shared) write(fn func(*txn) error) error {
 	return st.writeThen(fn, nil)
 }
 
@@ -56,7 +56,7 @@ func (st *fileState) write(fn func(*fileTx) error) error {
 // whether or not the caller is still waiting (a stalled disk), and
 // before any later write. A change to the leases in memory that must
 // follow a write (a commit's release, a forget's) goes there.
-func (st *fileState) writeThen(fn func(*fileTx) error, after func()) error {
+func (st *shared) writeThen(fn func(*txn) error, after func()) error {
 	op := fileOpPool.Get().(*fileOp)
 	op.fn, op.after, op.err = fn, after, nil
 	timer := time.NewTimer(fileWriteTimeout)
@@ -90,7 +90,7 @@ func (st *fileState) writeThen(fn func(*fileTx) error, after func()) error {
 // costs one fsync, and a write that is alone goes at once. The one
 // writer also orders the writes: a commit's check of what is there and
 // its write are one step, as are a forget's and a sweep's.
-func (st *fileState) writer() {
+func (st *shared) writer() {
 	defer st.wg.Done()
 	batch := make([]*fileOp, 0, 64)
 	for {
@@ -111,7 +111,7 @@ func (st *fileState) writer() {
 		}
 		st.txns.Add(1)
 		st.writes.Add(int64(len(batch)))
-		tx := fileTx{b: st.db.NewIndexedBatch(), now: st.now()}
+		tx := txn{b: st.db.NewIndexedBatch(), now: st.now()}
 		for _, op := range batch {
 			op.err = tx.run(st, op.fn)
 		}
@@ -128,15 +128,15 @@ func (st *fileState) writer() {
 	}
 }
 
-// fileTx is the store's view of one write batch: an indexed batch, whose
+// txn is the store's view of one write batch: an indexed batch, whose
 // reads see the database and the batch's own writes.
-type fileTx struct {
+type txn struct {
 	b   *pebble.Batch
 	now time.Time
 }
 
 // run runs fn on tx; a panic in a read of damaged data is an error.
-func (tx *fileTx) run(st *fileState, fn func(*fileTx) error) (err error) {
+func (tx *txn) run(st *shared, fn func(*txn) error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if err = fileDamaged(st.path, p); err != errFileClosed {
@@ -155,13 +155,13 @@ func (tx *fileTx) run(st *fileState, fn func(*fileTx) error) (err error) {
 
 // record returns the expiry and value of key's done record, if it has
 // one (live or expired).
-func (tx *fileTx) record(key string) (exp uint64, val string, ok bool, err error) {
+func (tx *txn) record(key string) (exp uint64, val string, ok bool, err error) {
 	return tx.decode(key, decodeRecord)
 }
 
 // expiry returns the expiry of key's done record, if it has one,
 // without decoding its value.
-func (tx *fileTx) expiry(key string) (exp uint64, ok bool, err error) {
+func (tx *txn) expiry(key string) (exp uint64, ok bool, err error) {
 	exp, _, ok, err = tx.decode(key, func(raw []byte) (uint64, string, error) {
 		exp, err := decodeExpiry(raw)
 		return exp, "", err
@@ -169,7 +169,7 @@ func (tx *fileTx) expiry(key string) (exp uint64, ok bool, err error) {
 	return exp, ok, err
 }
 
-func (tx *fileTx) decode(key string, dec func([]byte) (uint64, string, error)) (exp uint64, val string, ok bool, err error) {
+func (tx *txn) decode(key string, dec func([]byte) (uint64, string, error)) (exp uint64, val string, ok bool, err error) {
 	raw, closer, err := tx.b.Get(doneKey(key))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, "", false, nil
@@ -186,14 +186,14 @@ func (tx *fileTx) decode(key string, dec func([]byte) (uint64, string, error)) (
 }
 
 // put sets key to the done record val for ttl.
-func (tx *fileTx) put(key, val string, ttl time.Duration) error {
+func (tx *txn) put(key, val string, ttl time.Duration) error {
 	_, err := tx.replace(key, doneValueOf(val), ttl)
 	return err
 }
 
 // replace is put, and reports whether key held the same record, live,
 // before.
-func (tx *fileTx) replace(key string, val doneValue, ttl time.Duration) (same bool, err error) {
+func (tx *txn) replace(key string, val doneValue, ttl time.Duration) (same bool, err error) {
 	exp := unixNano(tx.now.Add(ttl))
 	old, oldVal, ok, err := tx.record(key)
 	if err != nil {
@@ -204,7 +204,7 @@ func (tx *fileTx) replace(key string, val doneValue, ttl time.Duration) (same bo
 }
 
 // forget deletes key's done record if it is live, and returns it.
-func (tx *fileTx) forget(key string) (dedup.Entry, error) {
+func (tx *txn) forget(key string) (dedup.Entry, error) {
 	exp, val, ok, err := tx.record(key)
 	if err != nil || !ok || unixNano(tx.now) >= exp {
 		return dedup.Entry{}, err // an expired one is the sweeper's

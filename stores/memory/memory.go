@@ -10,7 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/memstate"
+	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
 
@@ -28,7 +28,7 @@ func init() {
 // says "unknown"); a release leaves none, a commit replaces it. Entries
 // past their time (marks past MarkFor) are swept once a minute.
 type Store struct {
-	state *memstate.State
+	state *memtable.Table
 }
 
 // CaddyModule returns the Caddy module information.
@@ -50,12 +50,12 @@ func (m *Store) Provision(ctx caddy.Context) error {
 	// between Caddy instances: for tests and trials only.
 	ctx.Logger().Warn("memory store is neither durable nor shared")
 	v, _, err := storepool.Pool.LoadOrNew(memPoolKey, func() (caddy.Destructor, error) {
-		return memstate.New(time.Now, time.Minute), nil
+		return memtable.New(time.Now, time.Minute), nil
 	})
 	if err != nil {
 		return err
 	}
-	m.state = v.(*memstate.State)
+	m.state = v.(*memtable.Table)
 	return nil
 }
 
@@ -118,8 +118,8 @@ var (
 	_ caddy.Provisioner     = (*Store)(nil)
 	_ caddy.CleanerUpper    = (*Store)(nil)
 	_ caddyfile.Unmarshaler = (*Store)(nil)
-	_ dedup.StateSharer     = (*Store)(nil)
+	_ dedup.DataSharer      = (*Store)(nil)
 )
 
-// StateID implements dedup.StateSharer: every memory store of this process shares one state.
-func (m *Store) StateID() string { return "memory" }
+// DataID implements dedup.DataSharer: every memory store of this process shares one state.
+func (m *Store) DataID() string { return "memory" }

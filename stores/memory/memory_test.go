@@ -9,7 +9,7 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
-	"github.com/sangho/caddy-sangho-dedup/internal/memstate"
+	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
@@ -17,7 +17,7 @@ func harness(t *testing.T) dedupstoretest.Harness {
 	// At the wall clock's time: Entry.State compares expiries with it.
 	clock := testclock.New()
 	clock.Advance(time.Since(clock.Now()))
-	st := memstate.New(clock.Now, time.Hour)
+	st := memtable.New(clock.Now, time.Hour)
 	t.Cleanup(func() { st.Destruct() })
 	m := &Store{state: st}
 	return dedupstoretest.Harness{
@@ -82,7 +82,7 @@ func TestMarks(t *testing.T) {
 	clock := testclock.New()
 	clock.Advance(time.Since(clock.Now()) - time.Hour)
 	const live = 24 * time.Hour
-	st := memstate.New(clock.Now, time.Hour)
+	st := memtable.New(clock.Now, time.Hour)
 	defer st.Destruct()
 	m := &Store{state: st}
 	ctx := context.Background()

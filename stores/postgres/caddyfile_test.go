@@ -76,9 +76,9 @@ func TestResolveErrors(t *testing.T) {
 	}
 }
 
-// StateID names host and port (one spelling for loopback), database and
+// DataID names host and port (one spelling for loopback), database and
 // table (public when unqualified), whatever the other settings.
-func TestStateID(t *testing.T) {
+func TestDataID(t *testing.T) {
 	id := func(s Store) string {
 		t.Helper()
 		o, err := s.resolve()

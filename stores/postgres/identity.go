@@ -15,7 +15,7 @@ const identifyTimeout = 2 * time.Second
 
 // identify names the table as the server does, for the handler's check
 // that two endpoints with different secrets do not share one table and
-// key_prefix (dedup.StateSharer) and for the forget that stops commit
+// key_prefix (dedup.DataSharer) and for the forget that stops commit
 // retries: the cluster's system identifier (initdb's, also its physical
 // replicas'), the database the connection landed in and the
 // schema-qualified table. However a DSN is spelled (host name or

@@ -116,13 +116,13 @@ type Store struct {
 	logger  *zap.Logger
 
 	// users counts the deliveries and commit retries that may still need
-	// the shared pool: its Enter and Leave implement dedup.Drainer.
+	// the shared pool: its Enter and Leave implement dedup.UseCounter.
 	*users
 }
 
 // users is storepool.Users under a name of this package, so that Store
 // embeds it as an unexported field: its Enter and Leave are Store's
-// (dedup.Drainer).
+// (dedup.UseCounter).
 type users = storepool.Users
 
 // CaddyModule returns the Caddy module information.
@@ -168,10 +168,10 @@ func (s *Store) Cleanup() error {
 	return s.users.Release(s.poolKey, s.logger)
 }
 
-// StateID implements dedup.StateSharer: the table as the server names
+// DataID implements dedup.DataSharer: the table as the server names
 // it (see sharedDB.identify), so two endpoints on one table need
 // distinct key_prefix values however their DSNs are spelled.
-func (s *Store) StateID() string { return s.state }
+func (s *Store) DataID() string { return s.state }
 
 // options are the settings after placeholders and defaults.
 type options struct {
@@ -466,8 +466,8 @@ func (db *sharedDB) Destruct() error {
 // Interface guards
 var (
 	_ dedup.Store        = (*Store)(nil)
-	_ dedup.StateSharer  = (*Store)(nil)
-	_ dedup.Drainer      = (*Store)(nil)
+	_ dedup.DataSharer   = (*Store)(nil)
+	_ dedup.UseCounter   = (*Store)(nil)
 	_ caddy.Provisioner  = (*Store)(nil)
 	_ caddy.CleanerUpper = (*Store)(nil)
 	_ caddy.Destructor   = (*sharedDB)(nil)

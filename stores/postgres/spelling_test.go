@@ -23,8 +23,8 @@ func TestLocalCacheOneTableTwoSpellings(t *testing.T) {
 	table := uniqueTable()
 	a, _ := provision(t, storeJSON(srv.DSN, table, "local_cache", "100"))
 	b, _ := provision(t, storeJSON(srv.DSN, "public."+table, "local_cache", "100"))
-	if a.StateID() != b.StateID() {
-		t.Fatalf("state IDs differ: %q %q", a.StateID(), b.StateID())
+	if a.DataID() != b.DataID() {
+		t.Fatalf("state IDs differ: %q %q", a.DataID(), b.DataID())
 	}
 	waitFor(t, "both caches live", func() bool { return a.db.cache.live.Load() && b.db.cache.live.Load() })
 	processed(t, a, "evt_1")
@@ -41,7 +41,7 @@ func TestLocalCacheOneTableTwoSpellings(t *testing.T) {
 	})
 }
 
-// TestStateIDWithoutTheServer: when the server cannot be asked which
+// TestDataIDWithoutTheServer: when the server cannot be asked which
 // table a DSN reaches (down at Caddy's start), the state ID is the
 // DSN's with what libpq fills in filled in, spelled one way: a database
 // left out is the user's, a Unix socket is localhost on its port, and
@@ -49,7 +49,7 @@ func TestLocalCacheOneTableTwoSpellings(t *testing.T) {
 // database or port is another table. (Found by review: a DSN without
 // the database name and one with it, or the socket and localhost, were
 // two stores to the handler's check.)
-func TestStateIDWithoutTheServer(t *testing.T) {
+func TestDataIDWithoutTheServer(t *testing.T) {
 	port := strconv.Itoa(netkit.FreePort(t)) // nothing listens there
 	id := func(dsn string) string {
 		t.Helper()
@@ -84,8 +84,8 @@ func TestStateIDWithoutTheServer(t *testing.T) {
 	start := time.Now()
 	a, _ := provision(t, storeJSON("postgres://postgres@127.0.0.1:"+port+"?sslmode=disable", ""))
 	b, _ := provision(t, storeJSON("postgres://postgres@/postgres?host=/nonexistent&port="+port, ""))
-	if a.StateID() != b.StateID() {
-		t.Errorf("server down: state IDs differ: %q %q", a.StateID(), b.StateID())
+	if a.DataID() != b.DataID() {
+		t.Errorf("server down: state IDs differ: %q %q", a.DataID(), b.DataID())
 	}
 	if d := time.Since(start); d > 2*identifyTimeout {
 		t.Errorf("provisioning with the server down took %v", d)
@@ -94,11 +94,11 @@ func TestStateIDWithoutTheServer(t *testing.T) {
 	// The warning names what is compared, never the password.
 	const pw = "s3cret-identity-pw"
 	c, logs := provision(t, storeJSON("postgres://postgres:"+pw+"@127.0.0.1:"+port+"/postgres?sslmode=disable", ""))
-	if id := c.StateID(); id != a.StateID() {
-		t.Errorf("state ID %q, want %q", id, a.StateID())
+	if id := c.DataID(); id != a.DataID() {
+		t.Errorf("state ID %q, want %q", id, a.DataID())
 	}
 	warned := logs.FilterMessage("postgres identity unknown").All()
-	if len(warned) != 1 || warned[0].ContextMap()["compared_as"] != a.StateID() {
+	if len(warned) != 1 || warned[0].ContextMap()["compared_as"] != a.DataID() {
 		t.Fatalf("warnings: %v", logs.All())
 	}
 	if b, _ := json.Marshal(warned[0].ContextMap()); strings.Contains(string(b), pw) {

@@ -46,11 +46,11 @@ func TestRedisClusterOneAddress(t *testing.T) {
 	}
 }
 
-// TestStateIDWithRedisDown: a Cluster or Sentinel store whose Redis
+// TestDataIDWithRedisDown: a Cluster or Sentinel store whose Redis
 // cannot be asked which Cluster or master it is (down at Caddy's start)
 // still provisions, soon, with the addresses as its state ID (sorted:
 // the order makes no difference), so Caddy starts while Redis is down.
-func TestStateIDWithRedisDown(t *testing.T) {
+func TestDataIDWithRedisDown(t *testing.T) {
 	a, b := "127.0.0.1:"+strconv.Itoa(netkit.FreePort(t)), "127.0.0.1:"+strconv.Itoa(netkit.FreePort(t)) // nothing listens there
 	for name, pair := range map[string][2]*Store{
 		"cluster":  {{Address: []string{a, b}}, {Address: []string{b, a}}},
@@ -63,10 +63,10 @@ func TestStateIDWithRedisDown(t *testing.T) {
 		if d := time.Since(start); d > 2*identifyTimeout {
 			t.Errorf("%s: provisioning with Redis down took %v", name, d)
 		}
-		if x.StateID() != y.StateID() || !strings.Contains(x.StateID(), "127.0.0.1") && !strings.Contains(x.StateID(), "localhost") {
-			t.Errorf("%s: state IDs %q and %q", name, x.StateID(), y.StateID())
+		if x.DataID() != y.DataID() || !strings.Contains(x.DataID(), "127.0.0.1") && !strings.Contains(x.DataID(), "localhost") {
+			t.Errorf("%s: state IDs %q and %q", name, x.DataID(), y.DataID())
 		}
-		if w := logs.FilterMessage("redis identity unknown").All(); len(w) != 1 || w[0].ContextMap()["compared_as"] != x.StateID() {
+		if w := logs.FilterMessage("redis identity unknown").All(); len(w) != 1 || w[0].ContextMap()["compared_as"] != x.DataID() {
 			t.Errorf("%s: warnings %v", name, logs.All())
 		}
 	}

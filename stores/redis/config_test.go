@@ -148,16 +148,16 @@ func TestRedisLocalCacheDefaults(t *testing.T) {
 	}
 }
 
-// TestRedisStateIDSpellings: one Redis spelled two ways is one store
+// TestRedisDataIDSpellings: one Redis spelled two ways is one store
 // state (the one-endpoint-one-prefix check, and a forget stopping the
 // commit retries of its key, compare them); different servers or
 // databases are not. Names are not resolved.
-func TestRedisStateIDSpellings(t *testing.T) {
+func TestRedisDataIDSpellings(t *testing.T) {
 	off := 0
 	state := func(s Store) string {
 		t.Helper()
 		s.LocalCache = &off // Provision dials nothing then
-		return provisionRedisStore(t, &s).StateID()
+		return provisionRedisStore(t, &s).DataID()
 	}
 	addr := func(a ...string) Store { return Store{Address: a} }
 	// Two addresses make a Cluster client, which asks its nodes who they

@@ -19,7 +19,7 @@ const identifyTimeout = 2 * time.Second
 
 // identify names the Redis data the store reaches for the handler's
 // check that two endpoints with different secrets do not share one
-// store and key_prefix (dedup.StateSharer), and for the forget that
+// store and key_prefix (dedup.DataSharer), and for the forget that
 // stops commit retries. The addresses as written cannot tell it on a
 // Cluster (two configs may list different, even disjoint, seed nodes of
 // one Cluster) nor behind Sentinel (different Sentinels of one
@@ -108,7 +108,7 @@ func masterIdentity(ctx context.Context, u *goredis.UniversalOptions) (string, e
 		addr, err := sc.GetMasterAddrByName(ctx, u.MasterName).Result()
 		sc.Close()
 		if err == nil && len(addr) == 2 {
-			return "redis " + canonicalRedisAddr(net.JoinHostPort(addr[0], addr[1])) + " db " + strconv.Itoa(u.DB), nil
+			return "redis " + canonicalAddr(net.JoinHostPort(addr[0], addr[1])) + " db " + strconv.Itoa(u.DB), nil
 		}
 		if err == nil {
 			err = errors.New("no master named " + strconv.Quote(u.MasterName))

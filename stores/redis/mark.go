@@ -35,7 +35,7 @@ var markSuffix = markTag + strconv.FormatInt(dedup.MarkFor.Milliseconds(), 10)
 // ("inflight:<token>") and the mark's time; ok is false for any other
 // value (a done record, or a lease of the previous release).
 func splitMark(v string) (lease string, mark time.Duration, ok bool) {
-	if !strings.HasPrefix(v, dedup.InflightPrefix) {
+	if !strings.HasPrefix(v, dedup.InFlightPrefix) {
 		return "", 0, false
 	}
 	i := strings.LastIndex(v, markTag)

@@ -41,7 +41,7 @@ func TestRedisReplyLost(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			px.ResetAfter(1, setOf(dedup.InflightPrefix))
+			px.ResetAfter(1, setOf(dedup.InFlightPrefix))
 			res, _, err := s.Claim(ctx, "k", "tok", time.Minute)
 			if px.Resets() != 1 {
 				t.Fatalf("the claim's connection was not reset (%d resets)", px.Resets())

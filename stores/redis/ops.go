@@ -72,7 +72,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 			return 0, "", s.failed(err)
 		}
 	}
-	old, null, err := s.set(ctx, key, dedup.InflightPrefix, token, markSuffix, withMark(ttl), true)
+	old, null, err := s.set(ctx, key, dedup.InFlightPrefix, token, markSuffix, withMark(ttl), true)
 	if err != nil {
 		return 0, "", s.failed(err)
 	}

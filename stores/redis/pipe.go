@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-// redisPipe sends the claims and commits of every request on one
+// pipe sends the claims and commits of every request on one
 // connection, pipelined: a command is written at once when the
 // connection has no batch awaiting replies (so a lone request pays one
 // round trip and no wait), and otherwise joins the next batch, written
@@ -28,7 +28,7 @@ import (
 // It serves a standalone server (the go-redis client's dialer applies
 // TLS); a Cluster and Sentinel use go-redis, whose clients follow the
 // topology.
-type redisPipe struct {
+type pipe struct {
 	cs connSettings
 
 	mu      sync.Mutex
@@ -40,11 +40,11 @@ type redisPipe struct {
 
 var errPipeClosed = errors.New("redis store: client closed")
 
-func newRedisPipe(cs connSettings) *redisPipe { return &redisPipe{cs: cs} }
+func newPipe(cs connSettings) *pipe { return &pipe{cs: cs} }
 
 // pipeConn is one connection of the pipe.
 type pipeConn struct {
-	p  *redisPipe
+	p  *pipe
 	nc net.Conn
 	br *bufio.Reader
 
@@ -93,18 +93,18 @@ func (cmd *pipeCmd) append(b []byte) []byte {
 // value, or null. A command lost with its connection is sent
 // once more on a new one (the store's SETs are safe to repeat: a claim
 // finds its own lease, a commit its own record).
-func (p *redisPipe) set(ctx context.Context, key, v1, v2, v3 string, ttl time.Duration, nx bool) (old string, null bool, err error) {
+func (p *pipe) set(ctx context.Context, key, v1, v2, v3 string, ttl time.Duration, nx bool) (old string, null bool, err error) {
 	return p.run(ctx, &pipeCmd{key: key, v1: v1, v2: v2, v3: v3, ttl: ttl, nx: nx})
 }
 
 // evalsha runs `EVALSHA sha 1 key args...` for a script whose reply is a
 // string (the claim script: safe to repeat, see lua/claim.lua).
-func (p *redisPipe) evalsha(ctx context.Context, sha, key string, args ...string) (string, error) {
+func (p *pipe) evalsha(ctx context.Context, sha, key string, args ...string) (string, error) {
 	val, _, err := p.run(ctx, &pipeCmd{script: append([]string{"EVALSHA", sha, "1", key}, args...)})
 	return val, err
 }
 
-func (p *redisPipe) run(ctx context.Context, cmd *pipeCmd) (old string, null bool, err error) {
+func (p *pipe) run(ctx context.Context, cmd *pipeCmd) (old string, null bool, err error) {
 	for attempt := 0; ; attempt++ {
 		if err := ctx.Err(); err != nil {
 			return "", false, err
@@ -137,7 +137,7 @@ func (p *redisPipe) run(ctx context.Context, cmd *pipeCmd) (old string, null boo
 
 // get returns the current connection, dialing one if there is none.
 // Callers that come while a dial is under way share it (and its error).
-func (p *redisPipe) get(ctx context.Context) (*pipeConn, error) {
+func (p *pipe) get(ctx context.Context) (*pipeConn, error) {
 	p.mu.Lock()
 	for {
 		if p.closed {
@@ -186,7 +186,7 @@ func (p *redisPipe) get(ctx context.Context) (*pipeConn, error) {
 
 // close closes the pipe and its connection; calls waiting for replies
 // fail.
-func (p *redisPipe) close() {
+func (p *pipe) close() {
 	p.mu.Lock()
 	p.closed = true
 	c := p.conn

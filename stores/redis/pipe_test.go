@@ -256,7 +256,7 @@ func TestRedisPipeRepliesReachTheirCallers(t *testing.T) {
 					failed++
 				case res != dedup.Claimed:
 					wrong = append(wrong, key+": first claim "+res.String())
-				case res2 != dedup.InFlight || found != dedup.InflightPrefix+tok:
+				case res2 != dedup.InFlight || found != dedup.InFlightPrefix+tok:
 					wrong = append(wrong, key+": second claim "+res2.String()+" "+found)
 				default:
 					answered++

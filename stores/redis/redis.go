@@ -192,7 +192,7 @@ type Store struct {
 	client  goredis.UniversalClient
 	cluster *goredis.ClusterClient // set on a Redis Cluster
 	cmd     goredis.Cmdable        // the client, or its auto-pipeliner
-	pipe    *redisPipe             // claims and commits, unless nil
+	pipe    *pipe                  // claims and commits, unless nil
 	cache   *doneCache             // nil when off
 	tracker *tracker
 	poolKey string
@@ -204,13 +204,13 @@ type Store struct {
 	readTimeout time.Duration
 
 	// users counts the deliveries and commit retries that may still need
-	// the shared client: its Enter and Leave implement dedup.Drainer.
+	// the shared client: its Enter and Leave implement dedup.UseCounter.
 	*users
 }
 
 // users is storepool.Users under a name of this package, so that Store
 // embeds it as an unexported field: its Enter and Leave are Store's
-// (dedup.Drainer).
+// (dedup.UseCounter).
 type users = storepool.Users
 
 // CaddyModule returns the Caddy module information.
@@ -225,7 +225,7 @@ func (Store) CaddyModule() caddy.ModuleInfo {
 // own pipe and done-record cache on a standalone server.
 type redisClient struct {
 	goredis.UniversalClient
-	pipe    *redisPipe
+	pipe    *pipe
 	cache   *doneCache
 	tracker *tracker
 
@@ -242,7 +242,7 @@ func newRedisClient(o *goredis.UniversalOptions, cacheSize int, logger *zap.Logg
 	// seconds, until Sentinel demotes it and discards what it took.
 	if c, ok := rc.UniversalClient.(*goredis.Client); ok && o.MasterName == "" {
 		cs := settingsOf(c.Options())
-		rc.pipe = newRedisPipe(cs)
+		rc.pipe = newPipe(cs)
 		if cacheSize > 0 {
 			rc.cache = newDoneCache(cacheSize)
 			rc.tracker = newTracker(cs, rc.cache, logger)
@@ -341,14 +341,14 @@ func (o resolvedOptions) poolKey() string {
 // when it can): the servers (or Sentinels and master name) and the
 // database, whatever the other
 // settings and however they are given (address or url, db in the url or
-// as an option), each address spelled one way by canonicalRedisAddr.
+// as an option), each address spelled one way by canonicalAddr.
 // Two stores with the same ID share their keys: the handler refuses two
 // endpoints with different secrets on one ID and key_prefix, and a
 // forget stops the commit retries of its key on that ID.
 func (o resolvedOptions) stateID() string {
 	addrs := make([]string, 0, len(o.universal.Addrs))
 	for _, a := range o.universal.Addrs {
-		addrs = append(addrs, canonicalRedisAddr(a))
+		addrs = append(addrs, canonicalAddr(a))
 	}
 	slices.Sort(addrs)
 	id := "redis " + strings.Join(slices.Compact(addrs), ",")
@@ -358,7 +358,7 @@ func (o resolvedOptions) stateID() string {
 	return id + " db " + strconv.Itoa(o.universal.DB)
 }
 
-// canonicalRedisAddr spells an address one way without resolving it
+// canonicalAddr spells an address one way without resolving it
 // (what a name resolves to can change; a standalone server is not
 // asked, see redisClient.identify): the host name in lower case
 // without a trailing dot, an IP address in its canonical form, the
@@ -367,7 +367,7 @@ func (o resolvedOptions) stateID() string {
 // on both loopback addresses by default, bind 127.0.0.1 -::1). A unix
 // socket's path is cleaned. One server reached by two different names
 // (a DNS name and its IP) still counts as two: docs/redis.md says so.
-func canonicalRedisAddr(a string) string {
+func canonicalAddr(a string) string {
 	if strings.HasPrefix(a, "/") {
 		return filepath.Clean(a)
 	}
@@ -470,8 +470,8 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		option string
 		value  time.Duration
 	}{{"dial_timeout", o.DialTimeout}, {"read_timeout", o.ReadTimeout}, {"write_timeout", o.WriteTimeout}, {"wait_timeout", time.Duration(s.WaitTimeout)}} {
-		if d.value > MaxRedisTimeout {
-			return fail(fmt.Errorf("%s must be at most %v, not %v", d.option, MaxRedisTimeout, d.value))
+		if d.value > MaxTimeout {
+			return fail(fmt.Errorf("%s must be at most %v, not %v", d.option, MaxTimeout, d.value))
 		}
 	}
 	s.readTimeout = o.ReadTimeout
@@ -502,10 +502,10 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	return resolvedOptions{universal: o, norm: norm, cacheSize: cacheSize}, nil
 }
 
-// MaxRedisTimeout bounds dial_timeout, read_timeout, write_timeout and
+// MaxTimeout bounds dial_timeout, read_timeout, write_timeout and
 // wait_timeout (in their options and in a url): a request waits for
 // Redis at most that long, and the deadlines built from them never wrap.
-const MaxRedisTimeout = time.Hour
+const MaxTimeout = time.Hour
 
 // Validate checks values that need no placeholder resolution.
 func (s *Store) Validate() error {
@@ -539,14 +539,14 @@ func (s *Store) effectiveReadTimeout() caddy.Duration {
 // Interface guards
 var (
 	_ dedup.Store           = (*Store)(nil)
-	_ dedup.Drainer         = (*Store)(nil)
-	_ dedup.StateSharer     = (*Store)(nil)
+	_ dedup.UseCounter      = (*Store)(nil)
+	_ dedup.DataSharer      = (*Store)(nil)
 	_ caddy.Provisioner     = (*Store)(nil)
 	_ caddy.Validator       = (*Store)(nil)
 	_ caddy.CleanerUpper    = (*Store)(nil)
 	_ caddyfile.Unmarshaler = (*Store)(nil)
 )
 
-// StateID implements dedup.StateSharer: the Redis data this store
+// DataID implements dedup.DataSharer: the Redis data this store
 // reaches, as Provision settled it (see resolvedOptions.stateID).
-func (s *Store) StateID() string { return s.state }
+func (s *Store) DataID() string { return s.state }

@@ -112,7 +112,7 @@ func TestServerEndpointsOnRedisSpelledTwoWays(t *testing.T) {
 func TestRedisTimeoutsBounded(t *testing.T) {
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
-	over := (redisstore.MaxRedisTimeout + time.Second).String()
+	over := (redisstore.MaxTimeout + time.Second).String()
 	for name, store := range map[string]string{
 		"dial_timeout":  `{"type":"redis","address":["127.0.0.1:1"],"dial_timeout":"` + over + `"}`,
 		"read_timeout":  `{"type":"redis","address":["127.0.0.1:1"],"read_timeout":"2562047h47m16.854775807s"}`,
@@ -134,7 +134,7 @@ func TestRedisTimeoutsBounded(t *testing.T) {
 		}
 		_ = h.Cleanup()
 	}
-	h := &sanghodedup.Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"redis","address":["127.0.0.1:1"],"read_timeout":"` + redisstore.MaxRedisTimeout.String() + `"}`)}
+	h := &sanghodedup.Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"redis","address":["127.0.0.1:1"],"read_timeout":"` + redisstore.MaxTimeout.String() + `"}`)}
 	if err := h.Provision(ctx); err != nil {
 		t.Fatalf("read_timeout at the maximum: %v", err)
 	}

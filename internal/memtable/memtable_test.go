@@ -1,4 +1,4 @@
-package memstate
+package memtable
 
 import (
 	"errors"

@@ -10,7 +10,7 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
-// TestStateIDKeptForTheClient: a Sentinel store provisioned while the
+// TestDataIDKeptForTheClient: a Sentinel store provisioned while the
 // Sentinels are down gets the addresses' ID; another config on the same
 // client (a reload, or a second route with the same settings)
 // provisioned once they are up gets the same ID, not the master's: one
@@ -20,15 +20,15 @@ import (
 // provision asked again, so a reload changed the ID of a client whose
 // retries were registered under the old one; the forget through the
 // new config missed them.) A new client (other settings) asks again.
-func TestStateIDKeptForTheClient(t *testing.T) {
+func TestDataIDKeptForTheClient(t *testing.T) {
 	st := redistest.StartSentinel(t)
 	for _, s := range st.Sentinels {
 		s.Kill()
 	}
 	core, logs := observer.New(zap.DebugLevel)
 	a := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, logger: zap.New(core)})
-	if strings.Contains(a.StateID(), st.Master.Addr) {
-		t.Fatalf("Sentinels down: state ID %q names the master", a.StateID())
+	if strings.Contains(a.DataID(), st.Master.Addr) {
+		t.Fatalf("Sentinels down: state ID %q names the master", a.DataID())
 	}
 	if n := logs.FilterMessage("redis identity unknown").Len(); n != 1 {
 		t.Fatalf("Sentinels down: %d \"redis identity unknown\" warnings, want 1: %v", n, logs.All())
@@ -41,12 +41,12 @@ func TestStateIDKeptForTheClient(t *testing.T) {
 	if b.client != a.client {
 		t.Fatal("the second provision does not share the first one's client; the test shows nothing")
 	}
-	if b.StateID() != a.StateID() {
-		t.Errorf("one client, two state IDs: %q while the Sentinels were down, %q once they were up", a.StateID(), b.StateID())
+	if b.DataID() != a.DataID() {
+		t.Errorf("one client, two state IDs: %q while the Sentinels were down, %q once they were up", a.DataID(), b.DataID())
 	}
 
 	c := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, PoolSize: 7})
-	if c.client == a.client || !strings.Contains(c.StateID(), "localhost:"+st.Master.Addr[strings.LastIndex(st.Master.Addr, ":")+1:]) {
-		t.Errorf("a new client with the Sentinels up: state ID %q, want the master's (%s)", c.StateID(), st.Master.Addr)
+	if c.client == a.client || !strings.Contains(c.DataID(), "localhost:"+st.Master.Addr[strings.LastIndex(st.Master.Addr, ":")+1:]) {
+		t.Errorf("a new client with the Sentinels up: state ID %q, want the master's (%s)", c.DataID(), st.Master.Addr)
 	}
 }

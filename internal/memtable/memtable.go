@@ -1,5 +1,5 @@
-// Package memstate is a sharded map of dedup values with per-entry
-// expiry and a sweeper: the memory store's state, and the file store's
+// Package memtable is a sharded map of dedup values with per-entry
+// expiry and a sweeper: the memory store's table, and the file store's
 // leases.
 //
 // A lease whose time ran out is kept dedup.MarkFor longer, as the mark of
@@ -9,7 +9,7 @@
 // release deletes it (the fate is known), a commit replaces it; the
 // sweeper deletes it once MarkFor is over, as it deletes everything past
 // its time.
-package memstate
+package memtable
 
 import (
 	"hash/maphash"
@@ -30,7 +30,7 @@ type memEntry struct {
 }
 
 // lease reports whether e is a lease (live, or a mark).
-func (e memEntry) lease() bool { return strings.HasPrefix(e.val, dedup.InflightPrefix) }
+func (e memEntry) lease() bool { return strings.HasPrefix(e.val, dedup.InFlightPrefix) }
 
 // entry is e as the store's operators see it, a mark told by now.
 func (e memEntry) entry(now time.Time) dedup.Entry {
@@ -65,8 +65,8 @@ type Journal interface {
 	Sync() error
 }
 
-// State is a sharded map with per-entry expiry and a sweeper.
-type State struct {
+// Table is a sharded map with per-entry expiry and a sweeper.
+type Table struct {
 	now     func() time.Time
 	seed    maphash.Seed
 	shards  [memShards]memShard
@@ -75,14 +75,14 @@ type State struct {
 	done    chan struct{}
 }
 
-// New returns a State on the clock now, swept every sweepEvery.
-func New(now func() time.Time, sweepEvery time.Duration) *State {
+// New returns a Table on the clock now, swept every sweepEvery.
+func New(now func() time.Time, sweepEvery time.Duration) *Table {
 	return NewJournaled(now, sweepEvery, nil)
 }
 
 // NewJournaled is New with the leases' changes recorded in j (nil: none).
-func NewJournaled(now func() time.Time, sweepEvery time.Duration, j Journal) *State {
-	s := &State{now: now, seed: maphash.MakeSeed(), journal: j, stop: make(chan struct{}), done: make(chan struct{})}
+func NewJournaled(now func() time.Time, sweepEvery time.Duration, j Journal) *Table {
+	s := &Table{now: now, seed: maphash.MakeSeed(), journal: j, stop: make(chan struct{}), done: make(chan struct{})}
 	for i := range s.shards {
 		s.shards[i].m = make(map[string]memEntry)
 	}
@@ -90,14 +90,14 @@ func NewJournaled(now func() time.Time, sweepEvery time.Duration, j Journal) *St
 	return s
 }
 
-func (s *State) shard(key string) *memShard {
+func (s *Table) shard(key string) *memShard {
 	return &s.shards[maphash.String(s.seed, key)%memShards]
 }
 
 // get returns the kept entry of key (live, or a mark); the caller holds
 // the shard lock. An entry past its time stays until the sweeper takes
 // it (or a write replaces it).
-func (s *State) get(sh *memShard, key string, now time.Time) (memEntry, bool) {
+func (s *Table) get(sh *memShard, key string, now time.Time) (memEntry, bool) {
 	e, ok := sh.m[key]
 	if !ok || !e.kept(now) {
 		return memEntry{}, false
@@ -107,7 +107,7 @@ func (s *State) get(sh *memShard, key string, now time.Time) (memEntry, bool) {
 
 // setLease sets key to the lease val until expires, recorded first in
 // the journal; the caller holds the shard lock.
-func (s *State) setLease(sh *memShard, key, val string, expires time.Time) error {
+func (s *Table) setLease(sh *memShard, key, val string, expires time.Time) error {
 	if s.journal != nil {
 		if err := s.journal.Set(key, val, expires); err != nil {
 			return err
@@ -119,7 +119,7 @@ func (s *State) setLease(sh *memShard, key, val string, expires time.Time) error
 
 // drop deletes key's lease, recorded first in the journal; the caller
 // holds the shard lock.
-func (s *State) drop(sh *memShard, key string) error {
+func (s *Table) drop(sh *memShard, key string) error {
 	if s.journal != nil {
 		if err := s.journal.Delete(key); err != nil {
 			return err
@@ -130,7 +130,7 @@ func (s *State) drop(sh *memShard, key string) error {
 }
 
 // sync makes a claim's or a renewal's journal entry durable.
-func (s *State) sync() error {
+func (s *Table) sync() error {
 	if s.journal == nil {
 		return nil
 	}
@@ -140,7 +140,7 @@ func (s *State) sync() error {
 // Claim returns what it found besides the result ("" if it claimed an
 // absent key; the mark it took over if Reclaimed). The lease is in the
 // journal, synced, when it returns.
-func (s *State) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+func (s *Table) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	sh := s.shard(key)
 	now := s.now()
 	res, found := dedup.Claimed, ""
@@ -174,7 +174,7 @@ func (s *State) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, 
 }
 
 // Lookup returns key's kept entry: live, or a mark.
-func (s *State) Lookup(key string) (dedup.Entry, bool) {
+func (s *Table) Lookup(key string) (dedup.Entry, bool) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -185,7 +185,7 @@ func (s *State) Lookup(key string) (dedup.Entry, bool) {
 
 // Forget deletes key if forgettable (a lease or a mark only with force),
 // and returns what it held.
-func (s *State) Forget(key string, force bool) (dedup.Entry, bool, error) {
+func (s *Table) Forget(key string, force bool) (dedup.Entry, bool, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -208,7 +208,7 @@ func (s *State) Forget(key string, force bool) (dedup.Entry, bool, error) {
 
 // Renew extends the live lease of token on key to ttl (a mark is not
 // renewed), synced in the journal when it returns true.
-func (s *State) Renew(key, token string, ttl time.Duration) (bool, error) {
+func (s *Table) Renew(key, token string, ttl time.Duration) (bool, error) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -228,7 +228,7 @@ func (s *State) Renew(key, token string, ttl time.Duration) (bool, error) {
 // Extend is Renew in memory only, not recorded in the journal: the file
 // store's commit holds its lease until its record is on disk, and the
 // record, not the lease, is what then survives a crash.
-func (s *State) Extend(key, token string, ttl time.Duration) bool {
+func (s *Table) Extend(key, token string, ttl time.Duration) bool {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -245,7 +245,7 @@ func (s *State) Extend(key, token string, ttl time.Duration) bool {
 // Commit sets key to the done record rec (memory store: no journal),
 // replacing whatever it held, a mark too, and reports whether it held
 // token's lease (live, or its mark: no other attempt took it over).
-func (s *State) Commit(key, token, rec string, retention time.Duration) bool {
+func (s *Table) Commit(key, token, rec string, retention time.Duration) bool {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -260,7 +260,7 @@ func (s *State) Commit(key, token, rec string, retention time.Duration) bool {
 // store's disk): token's lease (live or its mark), or anyone's mark (a
 // commit replaces it); another token's live lease stays. It reports
 // whether key held token's lease.
-func (s *State) Settle(key, token string) (bool, error) {
+func (s *Table) Settle(key, token string) (bool, error) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -282,7 +282,7 @@ func (s *State) Settle(key, token string) (bool, error) {
 // Release deletes token's lease on key, live or its mark (a release
 // leaves no mark: the attempt's fate is known), and reports whether it
 // did.
-func (s *State) Release(key, token string) (bool, error) {
+func (s *Table) Release(key, token string) (bool, error) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -300,7 +300,7 @@ func (s *State) Release(key, token string) (bool, error) {
 // Sweep deletes every entry past its time (a mark past MarkFor) and
 // returns how many it deleted. Leases it cannot delete from the journal
 // stay for the next sweep.
-func (s *State) Sweep() int {
+func (s *Table) Sweep() int {
 	n := 0
 	now := s.now()
 	var leases []string
@@ -330,7 +330,7 @@ func (s *State) Sweep() int {
 	return n
 }
 
-func (s *State) sweeper(every time.Duration) {
+func (s *Table) sweeper(every time.Duration) {
 	defer close(s.done)
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -346,7 +346,7 @@ func (s *State) sweeper(every time.Duration) {
 
 // Destruct stops the sweeper; the usage pool calls it when the last
 // config using the memory state is cleaned up.
-func (s *State) Destruct() error {
+func (s *Table) Destruct() error {
 	close(s.stop)
 	<-s.done
 	return nil
@@ -354,7 +354,7 @@ func (s *State) Destruct() error {
 
 // Put sets key to val until expires, whatever it held, without telling
 // the journal (the file store taking back the leases it has on disk).
-func (s *State) Put(key, val string, expires time.Time) {
+func (s *Table) Put(key, val string, expires time.Time) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	sh.m[key] = memEntry{val: val, expires: expires}
@@ -362,7 +362,7 @@ func (s *State) Put(key, val string, expires time.Time) {
 }
 
 // Len counts the entries, past their time or not.
-func (s *State) Len() int {
+func (s *Table) Len() int {
 	n := 0
 	for i := range s.shards {
 		sh := &s.shards[i]
@@ -374,4 +374,4 @@ func (s *State) Len() int {
 }
 
 // Interface guard
-var _ caddy.Destructor = (*State)(nil)
+var _ caddy.Destructor = (*Table)(nil)
