@@ -299,7 +299,7 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 	// that is the failing backend's receive buffer (it reads 1 KiB, so its
 	// window stays near Linux's initial 128 KiB) plus Caddy's send buffer
 	// (at most 4 MiB, Linux's default tcp_wmem maximum). Measured: 64 KiB
-	// to 960 KiB were sent before the reset. Not larger: under -race every
+	// to 3.6 MiB (a starved backend) were sent before the reset. Not larger: under -race every
 	// MiB costs Caddy about half a second of a loaded machine's CPU
 	// (32 MiB took over 15 s).
 	body := `{"id":"evt_recycled","pad":"` + strings.Repeat("x", 8<<20) + `"}`
