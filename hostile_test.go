@@ -271,6 +271,7 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 			if err != nil {
 				return
 			}
+			c.SetDeadline(time.Now().Add(time.Minute)) // a connection that sends nothing does not hold the loop
 			br := bufio.NewReader(c)
 			for {
 				line, err := br.ReadString('\n')
@@ -293,17 +294,48 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 	handle_errors {
 		reverse_proxy `+fallback.Addr+`
 	}`)
-	// Larger than what loopback socket buffers hold, so that the reset
-	// comes while reverse_proxy is still sending.
-	body := `{"id":"evt_recycled","pad":"` + strings.Repeat("x", 32<<20) + `"}`
-	a := send(t, s.url, body, "evt_recycled")
-	if a.status >= 200 && a.status <= 299 {
-		t.Fatalf("answered %d", a.status)
+	// Larger than what the kernel can take from reverse_proxy before the
+	// reset, so that the reset comes while reverse_proxy is still sending:
+	// that is the failing backend's receive buffer (it reads 1 KiB, so its
+	// window stays near Linux's initial 128 KiB) plus Caddy's send buffer
+	// (at most 4 MiB, Linux's default tcp_wmem maximum). Measured: 64 KiB
+	// to 3.6 MiB (a starved backend) were sent before the reset. Not larger: under -race every
+	// MiB costs Caddy about half a second of a loaded machine's CPU
+	// (32 MiB took over 15 s).
+	body := `{"id":"evt_recycled","pad":"` + strings.Repeat("x", 8<<20) + `"}`
+	// One attempt with a deadline of its own: send's client gives up
+	// after 10 s and sends the event again, which would only repeat the
+	// work.
+	req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Sangho-Event-ID", "evt_recycled")
+	req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(body), secret1))
+	const deadline = 2 * time.Minute
+	resp, err := (&http.Client{Timeout: deadline, Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	if err != nil {
+		t.Fatalf("no answer within %v: %v", deadline, err)
 	}
-	fallback.Down() // waits (at most 10 s) for the fallback's handlers to finish
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
+		t.Fatalf("answered %d", resp.StatusCode)
+	}
+	// The fallback counts a request once it has read what body it got;
+	// on a starved machine that can come after the answer, and after
+	// Down has given up: wait for it, or a fallback never reached would
+	// pass the test without its having proved anything.
+	for end := time.Now().Add(deadline); ; time.Sleep(10 * time.Millisecond) {
+		if n, _ := fallback.Counts("evt_recycled"); n > 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("the error route did not reach the fallback within %v", deadline)
+		}
+	}
+	fallback.Down()
 	got := fallback.Body("evt_recycled")
 	reached, _ := fallback.Counts("evt_recycled")
-	t.Logf("answer %d; the fallback was reached %d times with %d body bytes", a.status, reached, len(got))
+	t.Logf("answer %d; the fallback was reached %d times with %d body bytes", resp.StatusCode, reached, len(got))
 	if len(got) != 0 {
 		t.Fatalf("the error route sent %d bytes read from the recycled body buffer", len(got))
 	}
