@@ -381,11 +381,11 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	if fileStorePath != "" {
 		filePath = fileStorePath
 	}
-	floorPort := 0
+	var floorPort, floorRespondPort int
 	if floorCaddy != "" {
-		floorPort = freePort()
+		floorPort, floorRespondPort = freePort(), freePort()
 	}
-	caddyfile := benchCaddyfile(ports, floorPort, backend, redisPort, redisOpts, filePath, pgDSN, pgOpts)
+	caddyfile := benchCaddyfile(ports, [2]int{floorPort, floorRespondPort}, backend, redisPort, redisOpts, filePath, pgDSN, pgOpts)
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -402,7 +402,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[5]))
 	}
 	if floorPort != 0 {
-		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(floorPort))
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(floorPort), "127.0.0.1:"+strconv.Itoa(floorRespondPort))
 	}
 	for _, a := range addrs {
 		if err := waitPort(a); err != nil {
@@ -422,10 +422,11 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		"respond":       fmt.Sprintf("http://127.0.0.1:%d/", ports[4]),
 		"postgres":      fmt.Sprintf("http://127.0.0.1:%d/", ports[5]),
 		"hmacfloor":     fmt.Sprintf("http://127.0.0.1:%d/", floorPort),
+		"floor_respond": fmt.Sprintf("http://127.0.0.1:%d/", floorRespondPort),
 	}
 	targets := []string{"direct", "respond", "reverse_proxy", "memory", "file", "redis"}
 	if floorPort != 0 {
-		targets = slices.Insert(targets, 3, "hmacfloor")
+		targets = slices.Insert(targets, 3, "hmacfloor", "floor_respond")
 	}
 	if pg != nil {
 		targets = append(targets, "postgres")
@@ -463,6 +464,9 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	}
 	if only != "" {
 		keep := append(strings.Split(only, ","), "reverse_proxy", "respond") // the baselines always run
+		if slices.Contains(keep, "hmacfloor") {
+			keep = append(keep, "floor_respond")
+		}
 		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(keep, s.target) })
 	}
 	fmt.Fprintf(os.Stderr, "%d scenarios x %d rounds x %v\n", len(all), rounds, dur)
@@ -614,7 +618,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 	fmt.Fprintf(&b, "| scenario | req/s | × respond | Caddy CPU µs/req | Δ vs respond, µs |\n|---|---|---|---|---|\n")
 	for _, s := range all {
 		rs := respond[sizeName(s.body)]
-		if s.latency || (s.dup != 1 && s.target != "hmacfloor") || rs == nil {
+		if s.latency || (s.dup != 1 && s.target != "floor_respond") || rs == nil {
 			continue
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %s | %.1f | %s |\n", s.name(), median(tp(s.results)), ratioSpread(s, rs), median(s.caddyCPU), deltaSpread(s, rs))
@@ -651,7 +655,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 // backend, 100 % duplicates against respond beside the floor's own
 // ratio to respond.
 func floorSection(all []*scenario, base, respond map[string]*scenario) string {
-	floor, mem, dup := map[string]*scenario{}, map[string]*scenario{}, map[string]*scenario{}
+	floor, floorRespond, mem, dup := map[string]*scenario{}, map[string]*scenario{}, map[string]*scenario{}, map[string]*scenario{}
 	for _, s := range all {
 		if s.latency {
 			continue
@@ -659,6 +663,8 @@ func floorSection(all []*scenario, base, respond map[string]*scenario) string {
 		switch {
 		case s.target == "hmacfloor":
 			floor[sizeName(s.body)] = s
+		case s.target == "floor_respond":
+			floorRespond[sizeName(s.body)] = s
 		case s.target == "memory" && s.dup == 0:
 			mem[sizeName(s.body)] = s
 		case s.target == "memory" && s.dup == 1:
@@ -670,8 +676,8 @@ func floorSection(all []*scenario, base, respond map[string]*scenario) string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## The floor: buffering the body and checking its HMAC\n\n")
-	fmt.Fprintf(&b, "`hmacfloor` is Caddy with a handler that only buffers the body (max_body_size 2MiB, pooled buffers) and checks its Sangho signature (the sangho provider's check), then the same `reverse_proxy` (bench/floor/hmacfloor, not in the plugin).\n\n")
-	fmt.Fprintf(&b, "| body | floor × reverse_proxy | memory new × reverse_proxy | floor × respond | memory 100 %% dup × respond |\n|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "`hmacfloor` is Caddy with a handler that only buffers the body (max_body_size 2MiB, pooled buffers) and checks its Sangho signature (the sangho provider's check), then the same `reverse_proxy` (bench/floor/hmacfloor, not in the plugin); `floor_respond`, the floor of a duplicate, is the same handler followed by `respond` (no backend).\n\n")
+	fmt.Fprintf(&b, "| body | floor × reverse_proxy | memory new × reverse_proxy | floor_respond × respond | memory 100 %% dup × respond |\n|---|---|---|---|---|\n")
 	for _, size := range []int{1024, 64 * 1024} {
 		k := sizeName(size)
 		f := floor[k]
@@ -684,7 +690,7 @@ func floorSection(all []*scenario, base, respond map[string]*scenario) string {
 			}
 			return ratioSpread(s, against)
 		}
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", k, cell(f, base[k]), cell(mem[k], base[k]), cell(f, respond[k]), cell(dup[k], respond[k]))
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", k, cell(f, base[k]), cell(mem[k], base[k]), cell(floorRespond[k], respond[k]), cell(dup[k], respond[k]))
 	}
 	return b.String()
 }
@@ -745,7 +751,7 @@ func sortedKeys(m map[string]int) []string {
 // per target (plain reverse_proxy, sangho_dedup on each store, respond),
 // each endpoint named after its store (one config may not give one name
 // to two stores).
-func benchCaddyfile(ports [6]int, floorPort int, backend string, redisPort int, redisOpts, filePath, pgDSN, pgOpts string) string {
+func benchCaddyfile(ports [6]int, floorPorts [2]int, backend string, redisPort int, redisOpts, filePath, pgDSN, pgOpts string) string {
 	site := func(port int, body string) string {
 		return fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1\n%s\n}\n", port, body)
 	}
@@ -758,8 +764,10 @@ func benchCaddyfile(ports [6]int, floorPort int, backend string, redisPort int, 
 		pgSite = dedup(ports[5], "postgres", fmt.Sprintf("store postgres {\n\t\t\tdsn %q\n\t\t\t%s\n\t\t}", pgDSN, pgOpts))
 	}
 	floorSite := ""
-	if floorPort != 0 {
-		floorSite = site(floorPort, fmt.Sprintf("\tsangho_hmac_floor {\n\t\tsecret %s\n\t\tmax_body_size 2MiB\n\t}\n\treverse_proxy %s", secret, backend))
+	if floorPorts[0] != 0 {
+		floor := fmt.Sprintf("\tsangho_hmac_floor {\n\t\tsecret %s\n\t\tmax_body_size 2MiB\n\t}\n", secret)
+		floorSite = site(floorPorts[0], floor+"\treverse_proxy "+backend) +
+			site(floorPorts[1], floor+"\theader Content-Type application/json\n\trespond \"{\\\"received\\\":true}\" 200")
 	}
 	admin := "admin off"
 	if profileAdmin != "" {
