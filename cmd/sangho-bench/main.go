@@ -11,6 +11,11 @@
 // file store, on Redis, on PostgreSQL), all on 127.0.0.1, then runs every
 // scenario in interleaved rounds and prints a Markdown report, with the
 // disk's fsync latency and the file store's size over 300,000 events.
+//
+// With --floor-caddy (a Caddy built from ./bench/floor/hmacfloor/caddy:
+// the plugin and the bench-only floor) that Caddy serves every site, and
+// one more, target hmacfloor: only buffering the body and checking its
+// Sangho signature before the same reverse_proxy.
 package main
 
 import (
@@ -66,6 +71,12 @@ func fileStoreNote(path string) string {
 	return fmt.Sprintf("made by -filescale fill with %d live records, its load ending %s", live, end.UTC().Format("2006-01-02 15:04 MST"))
 }
 
+// bodies is --bodies: the body sizes to run, or "" for all.
+var bodies string
+
+// floorCaddy is --floor-caddy: the Caddy with the floor, or "".
+var floorCaddy string
+
 // fileStorePath is --file-store: the file site's store, if not a new
 // one.
 var fileStorePath string
@@ -75,6 +86,7 @@ var loadStarts func()
 
 func main() {
 	caddyBin := flag.String("caddy", "bench/out/caddy", "Caddy binary with the plugin (go build -o bench/out/caddy ./cmd/caddy)")
+	flag.StringVar(&floorCaddy, "floor-caddy", "", "Caddy binary with the plugin and the bench-only floor (go build -o bench/out/caddy-floor ./bench/floor/hmacfloor/caddy): it then serves every site in place of --caddy, and the target hmacfloor (buffer the body, check its HMAC, reverse_proxy) runs")
 	out := flag.String("out", "", "also write the report to this file")
 	dur := flag.Duration("duration", 5*time.Second, "length of each scenario run")
 	rounds := flag.Int("rounds", 3, "interleaved rounds of all scenarios")
@@ -82,8 +94,9 @@ func main() {
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
 	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"disable_pipeline\"")
 	pgOpts := flag.String("postgres-options", "", "extra lines for the PostgreSQL store block, e.g. \"max_conns 16\"")
+	flag.StringVar(&bodies, "bodies", "", "comma-separated body sizes to run (1KiB,64KiB; the latency runs are 1KiB); default all")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
-	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,memory,file,redis,postgres; the baselines reverse_proxy and respond always run); default all")
+	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,hmacfloor,memory,file,redis,postgres; the baselines reverse_proxy and respond always run); default all")
 	flag.StringVar(&fileStorePath, "file-store", "", "path of the file store for the request-level runs (default: a new, empty store in the run's temporary folder); a store filled by -filescale fill measures the site on a full store (the run writes to it: copy it first to keep it as filled)")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
@@ -250,7 +263,7 @@ func redisCalls(c *redis.Client) (int64, map[string]int64) {
 }
 
 type scenario struct {
-	target   string // direct, respond, reverse_proxy, memory, file, redis, postgres
+	target   string // direct, respond, reverse_proxy, hmacfloor, memory, file, redis, postgres
 	url      string
 	dup      float64
 	body     int
@@ -292,6 +305,14 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		if fileStorePath, err = checkFileStore(fileStorePath); err != nil {
 			return err
 		}
+	}
+	if floorCaddy != "" {
+		if _, err := os.Stat(floorCaddy); err != nil {
+			return fmt.Errorf("--floor-caddy: no Caddy binary at %s: build it with go build -o %s ./bench/floor/hmacfloor/caddy", floorCaddy, floorCaddy)
+		}
+		caddyBin = floorCaddy
+	} else if only != "" && slices.Contains(strings.Split(only, ","), "hmacfloor") {
+		return fmt.Errorf("--only hmacfloor needs --floor-caddy (go build -o bench/out/caddy-floor ./bench/floor/hmacfloor/caddy)")
 	}
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
@@ -360,7 +381,11 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	if fileStorePath != "" {
 		filePath = fileStorePath
 	}
-	caddyfile := benchCaddyfile(ports, backend, redisPort, redisOpts, filePath, pgDSN, pgOpts)
+	var floorPort, floorRespondPort int
+	if floorCaddy != "" {
+		floorPort, floorRespondPort = freePort(), freePort()
+	}
+	caddyfile := benchCaddyfile(ports, [2]int{floorPort, floorRespondPort}, backend, redisPort, redisOpts, filePath, pgDSN, pgOpts)
 	cfgPath := filepath.Join(tmp, "Caddyfile")
 	if err := os.WriteFile(cfgPath, []byte(caddyfile), 0o600); err != nil {
 		return err
@@ -375,6 +400,9 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	}
 	if pg != nil {
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(ports[5]))
+	}
+	if floorPort != 0 {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(floorPort), "127.0.0.1:"+strconv.Itoa(floorRespondPort))
 	}
 	for _, a := range addrs {
 		if err := waitPort(a); err != nil {
@@ -393,8 +421,13 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		"file":          fmt.Sprintf("http://127.0.0.1:%d/", ports[3]),
 		"respond":       fmt.Sprintf("http://127.0.0.1:%d/", ports[4]),
 		"postgres":      fmt.Sprintf("http://127.0.0.1:%d/", ports[5]),
+		"hmacfloor":     fmt.Sprintf("http://127.0.0.1:%d/", floorPort),
+		"floor_respond": fmt.Sprintf("http://127.0.0.1:%d/", floorRespondPort),
 	}
 	targets := []string{"direct", "respond", "reverse_proxy", "memory", "file", "redis"}
+	if floorPort != 0 {
+		targets = slices.Insert(targets, 3, "hmacfloor", "floor_respond")
+	}
 	if pg != nil {
 		targets = append(targets, "postgres")
 	}
@@ -420,8 +453,20 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	if latencyOnly {
 		all = slices.DeleteFunc(all, func(s *scenario) bool { return !s.latency })
 	}
+	if bodies != "" {
+		sizes := strings.Split(bodies, ",")
+		for _, z := range sizes {
+			if z != "1KiB" && z != "64KiB" {
+				return fmt.Errorf("--bodies: %q is not a body size of the run (1KiB, 64KiB)", z)
+			}
+		}
+		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(sizes, sizeName(s.body)) })
+	}
 	if only != "" {
 		keep := append(strings.Split(only, ","), "reverse_proxy", "respond") // the baselines always run
+		if slices.Contains(keep, "hmacfloor") {
+			keep = append(keep, "floor_respond")
+		}
 		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(keep, s.target) })
 	}
 	fmt.Fprintf(os.Stderr, "%d scenarios x %d rounds x %v\n", len(all), rounds, dur)
@@ -573,11 +618,12 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 	fmt.Fprintf(&b, "| scenario | req/s | × respond | Caddy CPU µs/req | Δ vs respond, µs |\n|---|---|---|---|---|\n")
 	for _, s := range all {
 		rs := respond[sizeName(s.body)]
-		if s.latency || s.dup != 1 || rs == nil {
+		if s.latency || (s.dup != 1 && s.target != "floor_respond") || rs == nil {
 			continue
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %s | %.1f | %s |\n", s.name(), median(tp(s.results)), ratioSpread(s, rs), median(s.caddyCPU), deltaSpread(s, rs))
 	}
+	b.WriteString(floorSection(all, base, respond))
 	fmt.Fprintf(&b, "\n## Latency at a fixed %.0f req/s (new events, 1 KiB)\n\n", rate)
 	fmt.Fprintf(&b, "| scenario | p50 ms | p90 ms | p99 ms | max ms | p99 added vs reverse_proxy (same round), ms |\n|---|---|---|---|---|---|\n")
 	for _, s := range all {
@@ -600,6 +646,52 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 	fmt.Fprintf(&b, "\n## Memory\n\n")
 	fmt.Fprintf(&b, "64 concurrent 1 MiB events (%d in all, memory store): Caddy RSS %d MiB before, %d MiB after; peak RSS of the whole run %d MiB (64 × 1 MiB buffers alone are 64 MiB). Answers: %s.\n",
 		big.Requests, rssBefore/1024, rssAfter/1024, peak/1024, answers(big))
+	return b.String()
+}
+
+// floorSection compares the memory store's site with the floor (target
+// hmacfloor: buffering the body and checking its HMAC, nothing else):
+// new events against reverse_proxy, and, since a duplicate needs no
+// backend, 100 % duplicates against respond beside the floor's own
+// ratio to respond.
+func floorSection(all []*scenario, base, respond map[string]*scenario) string {
+	floor, floorRespond, mem, dup := map[string]*scenario{}, map[string]*scenario{}, map[string]*scenario{}, map[string]*scenario{}
+	for _, s := range all {
+		if s.latency {
+			continue
+		}
+		switch {
+		case s.target == "hmacfloor":
+			floor[sizeName(s.body)] = s
+		case s.target == "floor_respond":
+			floorRespond[sizeName(s.body)] = s
+		case s.target == "memory" && s.dup == 0:
+			mem[sizeName(s.body)] = s
+		case s.target == "memory" && s.dup == 1:
+			dup[sizeName(s.body)] = s
+		}
+	}
+	if len(floor) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n## The floor: buffering the body and checking its HMAC\n\n")
+	fmt.Fprintf(&b, "`hmacfloor` is Caddy with a handler that only buffers the body (max_body_size 2MiB, pooled buffers) and checks its Sangho signature (the sangho provider's check), then the same `reverse_proxy` (bench/floor/hmacfloor, not in the plugin); `floor_respond`, the floor of a duplicate, is the same handler followed by `respond` (no backend).\n\n")
+	fmt.Fprintf(&b, "| body | floor × reverse_proxy | memory new × reverse_proxy | floor_respond × respond | memory 100 %% dup × respond |\n|---|---|---|---|---|\n")
+	for _, size := range []int{1024, 64 * 1024} {
+		k := sizeName(size)
+		f := floor[k]
+		if f == nil {
+			continue
+		}
+		cell := func(s, against *scenario) string {
+			if s == nil || against == nil {
+				return "—"
+			}
+			return ratioSpread(s, against)
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", k, cell(f, base[k]), cell(mem[k], base[k]), cell(floorRespond[k], respond[k]), cell(dup[k], respond[k]))
+	}
 	return b.String()
 }
 
@@ -659,7 +751,7 @@ func sortedKeys(m map[string]int) []string {
 // per target (plain reverse_proxy, sangho_dedup on each store, respond),
 // each endpoint named after its store (one config may not give one name
 // to two stores).
-func benchCaddyfile(ports [6]int, backend string, redisPort int, redisOpts, filePath, pgDSN, pgOpts string) string {
+func benchCaddyfile(ports [6]int, floorPorts [2]int, backend string, redisPort int, redisOpts, filePath, pgDSN, pgOpts string) string {
 	site := func(port int, body string) string {
 		return fmt.Sprintf("http://127.0.0.1:%d {\n\tbind 127.0.0.1\n%s\n}\n", port, body)
 	}
@@ -671,6 +763,12 @@ func benchCaddyfile(ports [6]int, backend string, redisPort int, redisOpts, file
 	if pgDSN != "" {
 		pgSite = dedup(ports[5], "postgres", fmt.Sprintf("store postgres {\n\t\t\tdsn %q\n\t\t\t%s\n\t\t}", pgDSN, pgOpts))
 	}
+	floorSite := ""
+	if floorPorts[0] != 0 {
+		floor := fmt.Sprintf("\tsangho_hmac_floor {\n\t\tsecret %s\n\t\tmax_body_size 2MiB\n\t}\n", secret)
+		floorSite = site(floorPorts[0], floor+"\treverse_proxy "+backend) +
+			site(floorPorts[1], floor+"\theader Content-Type application/json\n\trespond \"{\\\"received\\\":true}\" 200")
+	}
 	admin := "admin off"
 	if profileAdmin != "" {
 		admin = "admin " + profileAdmin
@@ -681,7 +779,7 @@ func benchCaddyfile(ports [6]int, backend string, redisPort int, redisOpts, file
 		dedup(ports[2], "redis", fmt.Sprintf("store redis {\n\t\t\taddress 127.0.0.1:%d\n\t\t\t%s\n\t\t}", redisPort, redisOpts)) +
 		dedup(ports[3], "file", "store file "+filePath) +
 		site(ports[4], "\theader Content-Type application/json\n\trespond \"{\\\"received\\\":true}\" 200") +
-		pgSite
+		pgSite + floorSite
 }
 
 // profile fetches a CPU profile of Caddy over most of the scenario's run

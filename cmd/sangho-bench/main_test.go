@@ -12,6 +12,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sangho/caddy-sangho-dedup"
+	_ "github.com/sangho/caddy-sangho-dedup/bench/floor/hmacfloor"
 	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
@@ -21,11 +22,14 @@ import (
 // failed with "two handlers are named ...": nothing had loaded it.
 func TestBenchCaddyfileLoads(t *testing.T) {
 	t.Setenv("XDG_DATA_HOME", t.TempDir())
-	cfg := benchCaddyfile([6]int{18501, 18502, 18503, 18504, 18505, 18507}, "127.0.0.1:18500", 18506, "disable_pipeline",
+	cfg := benchCaddyfile([6]int{18501, 18502, 18503, 18504, 18505, 18507}, [2]int{18509, 18510}, "127.0.0.1:18500", 18506, "disable_pipeline",
 		filepath.Join(t.TempDir(), "dedup.db"), "postgres://postgres@127.0.0.1:18508/postgres?sslmode=disable", "max_conns 16")
 	json, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(cfg), nil)
 	if err != nil {
 		t.Fatalf("adapting: %v\n%s", err, cfg)
+	}
+	if !strings.Contains(string(json), `"handler":"sangho_hmac_floor"`) {
+		t.Errorf("no floor site in the config:\n%s", json)
 	}
 	if len(warnings) > 0 {
 		t.Errorf("warnings: %v", warnings)
@@ -68,7 +72,7 @@ func TestFileStoreFlag(t *testing.T) {
 	if note := fileStoreNote(path); !strings.Contains(note, "2000 live records") {
 		t.Errorf("note of the filled store: %q", note)
 	}
-	if cfg := benchCaddyfile([6]int{1, 2, 3, 4, 5, 6}, "127.0.0.1:7", 8, "", got, "", ""); !strings.Contains(cfg, "store file "+path) {
+	if cfg := benchCaddyfile([6]int{1, 2, 3, 4, 5, 6}, [2]int{}, "127.0.0.1:7", 8, "", got, "", ""); !strings.Contains(cfg, "store file "+path) {
 		t.Errorf("the config does not use the store:\n%s", cfg)
 	}
 	if _, err := checkFileStore(filepath.Join(dir, "none", "dedup.db")); err == nil || !strings.Contains(err.Error(), "-filescale fill") {
