@@ -16,11 +16,11 @@ import (
 // from the server's clock (now(), the statement's start), so that
 // instances with skewed clocks agree.
 type statements struct {
-	claim, renew, commit, commitAny, release, get, forget string
-	channel                                               string // of forget notifications
-	ddl                                                   []string
-	oldIndex                                              string // the index on expires_at of releases before HOT commits
-	sweep, blocks                                         string
+	claim, renew, commit, release, get, forget string
+	channel                                    string // of forget notifications
+	ddl                                        []string
+	oldIndex                                   string // the index on expires_at of releases before HOT commits
+	sweep, blocks                              string
 }
 
 // present is the rows a key holds: a live row, or a lease whose time
@@ -43,29 +43,25 @@ func ttlExpr(n int) string {
 func newStatements(table string) statements {
 	r := strings.NewReplacer("{t}", table, "{cols}", cols, "{present}", present, "{mark}", markFor)
 	return statements{
-		// One statement, one round trip, and for a new event one key
-		// lookup, as the seed's own INSERT … ON CONFLICT DO NOTHING: ins
-		// inserts a lease unless the key has a row. Only when it has one
-		// does cur read it (as of the statement's start; the NOT EXISTS
-		// is a one-time filter, so a new event never reads the index
-		// twice), and only when that row expired does take take it over
-		// (UPDATE … WHERE expired, which sees the row's latest version).
-		// A live row is only read: no lock, no write, so a duplicate
-		// costs two index reads and no WAL. Under a race (a row inserted,
-		// renewed or taken over after the statement's snapshot) no part
-		// returns a row, and the claim runs again.
+		// One statement, one round trip. cur reads the row as of the
+		// statement's start; when it holds no live row, ins inserts a
+		// lease, or takes over a row that expired (ON CONFLICT ... WHERE
+		// expired, which sees the latest version of the row). A live row
+		// is only read: no lock, no write, so a duplicate costs a read.
+		// Under a race (a row inserted or renewed after the statement's
+		// snapshot) neither part returns a row, and the claim runs again.
 		//
 		// Why two claimants never both get Claimed (read committed): a
-		// claimant gets Claimed only from ins or take, that is either its
-		// INSERT went in (the primary key admits one) or its UPDATE took
-		// the row, which it does only holding the row lock and re-checking
+		// claimant gets Claimed only from ins, that is either its INSERT
+		// went in (the primary key admits one) or its DO UPDATE took the
+		// row, which it does only holding the row lock and re-checking
 		// WHERE on the row's latest committed version (EvalPlanQual), so
 		// after one takeover commits the next claimant sees a live lease
 		// and updates nothing. An empty answer is never a duplicate: it
-		// is retried, and after maxClaimTries it is a store error. "ON
-		// CONFLICT DO UPDATE … WHERE expired" in one part would lock (and,
-		// with synchronous_commit, flush WAL for) every duplicate's row:
-		// PostgreSQL locks the conflicting row before it checks WHERE.
+		// is retried, and after maxClaimTries it is a store error. The
+		// simpler "ON CONFLICT DO UPDATE always, RETURNING the row" would
+		// need no retry but writes (and, with synchronous_commit, flushes
+		// WAL) on every duplicate.
 		//
 		// Marks (dedup.MarkFor): a lease whose time ran out stays in its
 		// row until the sweep deletes it, MarkFor after. When the claim
@@ -74,44 +70,36 @@ func newStatements(table string) statements {
 		// read from cur, the row as of the statement's start; it can only
 		// be stale if the owner released its lease in the instant between
 		// (a mark then goes with a delivery that needed none: safe).
-		claim: r.Replace(`WITH ins AS (
-  INSERT INTO {t} (event_id, lease_token, expires_at) VALUES ($1, $2, ` + ttlExpr(3) + `)
-  ON CONFLICT (event_id) DO NOTHING
-  RETURNING 1
-), cur AS (
-  SELECT {cols}, expires_at > now() AS live FROM {t}
-  WHERE event_id = $1 AND NOT EXISTS (SELECT 1 FROM ins)
-), take AS (
-  UPDATE {t} SET lease_token = $2, expires_at = ` + ttlExpr(3) + `,
-    processed_at = NULL, event_type = '', fingerprint = '', message_event_id = NULL
-  WHERE event_id = $1 AND expires_at <= now() AND EXISTS (SELECT 1 FROM cur WHERE NOT live)
+		claim: r.Replace(`WITH cur AS (
+  SELECT {cols}, expires_at > now() AS live FROM {t} WHERE event_id = $1
+), ins AS (
+  INSERT INTO {t} AS e (event_id, lease_token, expires_at)
+  SELECT $1, $2, ` + ttlExpr(3) + ` WHERE NOT EXISTS (SELECT 1 FROM cur WHERE live)
+  ON CONFLICT (event_id) DO UPDATE
+    SET lease_token = excluded.lease_token, expires_at = excluded.expires_at,
+        processed_at = NULL, event_type = '', fingerprint = '', message_event_id = NULL
+    WHERE e.expires_at <= now()
   RETURNING 1
 )
-SELECT true, NULL::text, NULL::timestamptz, '', '', NULL::text, NULL::timestamptz FROM ins
-UNION ALL
 SELECT true, (SELECT c.lease_token FROM cur c WHERE c.lease_token <> $2 AND c.expires_at > now() - {mark}),
-  NULL::timestamptz, '', '', NULL::text, NULL::timestamptz FROM take
+  NULL::timestamptz, '', '', NULL::text, NULL::timestamptz FROM ins
 UNION ALL
 SELECT false, {cols} FROM cur WHERE live`),
 		renew: r.Replace(`UPDATE {t} SET expires_at = ` + ttlExpr(3) + `
 WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
-		// The done record is written whatever the row held; held says
-		// whether it was this token's live lease. The usual case, the
-		// lease still held, is commit alone: one key lookup and one HOT
-		// update, a statement as lean as the seed's INSERT (a CTE that
-		// would fall back in the same statement costs every commit the
-		// executor's set-up of an INSERT … ON CONFLICT it never runs).
-		// When it updates nothing (the lease ran out, was taken over or
-		// swept), commitAny writes the record over whatever is there.
-		commit: r.Replace(`UPDATE {t} SET lease_token = NULL, processed_at = $4, event_type = $5, fingerprint = $6,
-    message_event_id = NULLIF($7, ''), expires_at = ` + ttlExpr(3) + `
-WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
-		commitAny: r.Replace(`INSERT INTO {t} AS e (event_id, lease_token, processed_at, event_type, fingerprint, message_event_id, expires_at)
-VALUES ($1, NULL, $3, $4, $5, NULLIF($6, ''), ` + ttlExpr(2) + `)
-ON CONFLICT (event_id) DO UPDATE
-  SET lease_token = NULL, processed_at = excluded.processed_at, event_type = excluded.event_type,
-      fingerprint = excluded.fingerprint, message_event_id = excluded.message_event_id,
-      expires_at = excluded.expires_at`),
+		// held is read as of the statement's start; the done record is
+		// written whatever the row held.
+		commit: r.Replace(`WITH prev AS (
+  SELECT lease_token = $2 AND expires_at > now() AS held FROM {t} WHERE event_id = $1
+), put AS (
+  INSERT INTO {t} AS e (event_id, lease_token, processed_at, event_type, fingerprint, message_event_id, expires_at)
+  VALUES ($1, NULL, $4, $5, $6, NULLIF($7, ''), ` + ttlExpr(3) + `)
+  ON CONFLICT (event_id) DO UPDATE
+    SET lease_token = NULL, processed_at = excluded.processed_at, event_type = excluded.event_type,
+        fingerprint = excluded.fingerprint, message_event_id = excluded.message_event_id,
+        expires_at = excluded.expires_at
+)
+SELECT coalesce((SELECT held FROM prev), false)`),
 		channel: forgetChannel(table),
 		// The token's lease, live or a mark: a released lease leaves none.
 		release: r.Replace(`DELETE FROM {t} WHERE event_id = $1 AND lease_token = $2 AND {present}`),
@@ -300,15 +288,8 @@ func (s *Store) Renew(ctx context.Context, key, token string, ttl time.Duration)
 func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRecord, retention time.Duration) (bool, error) {
 	var held bool
 	err := s.op(ctx, func(ctx context.Context) error {
-		at := rec.ProcessedAt.UTC()
-		tag, err := s.db.pool.Exec(ctx, s.db.sql.commit, key, token, micros(retention),
-			at, rec.EventType, rec.Fingerprint, rec.EventID)
-		if held = err == nil && tag.RowsAffected() == 1; held || err != nil {
-			return err
-		}
-		_, err = s.db.pool.Exec(ctx, s.db.sql.commitAny, key, micros(retention),
-			at, rec.EventType, rec.Fingerprint, rec.EventID)
-		return err
+		return s.db.pool.QueryRow(ctx, s.db.sql.commit, key, token, micros(retention),
+			rec.ProcessedAt.UTC(), rec.EventType, rec.Fingerprint, rec.EventID).Scan(&held)
 	})
 	return held, err
 }

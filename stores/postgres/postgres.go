@@ -48,8 +48,7 @@ const (
 // instance that uses the same table. Each claim is one INSERT … ON
 // CONFLICT statement (one round trip) that takes an absent or expired
 // row and otherwise returns the row it found; commit, renew and release
-// are one statement each and check the lease token (a commit whose
-// lease was lost takes a second one to write its record anyway). A done record is as
+// are one statement each and check the lease token. A done record is as
 // durable as the server's commit (synchronous_commit).
 //
 // Caddy starts while PostgreSQL is down, and deliveries are answered as

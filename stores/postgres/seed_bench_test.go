@@ -24,8 +24,7 @@ import (
 // on one server in one run, 32 clients each, synchronous_commit on, with
 // the tables empty and holding 1 M rows (SANGHO_PG_ROWS sets the second
 // size). Reported per event: the server's CPU (postmaster and backends,
-// from /proc), WAL bytes, and for the store the share of HOT updates;
-// beside them the floor of two statements (two-statements).
+// from /proc), WAL bytes, and for the store the share of HOT updates.
 func BenchmarkPostgresVsSeed(b *testing.B) {
 	srv := pgtest.Start(b, "synchronous_commit=on", "max_connections=100")
 	ctx := context.Background()
@@ -104,18 +103,6 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ReportMetric(size/n, "table-B/row")
-		})
-		// The floor of any design with a claim and a commit: the seed's
-		// INSERT, then an UPDATE of the row it wrote, two transactions.
-		b.Run(fmt.Sprintf("rows=%d/two-statements", rows), func(b *testing.B) {
-			run(b, func(key string) error {
-				key = "two_" + key
-				if _, err := pool.Exec(ctx, `INSERT INTO `+seed+` (event_id) VALUES ($1) ON CONFLICT DO NOTHING`, key); err != nil {
-					return err
-				}
-				_, err := pool.Exec(ctx, `UPDATE `+seed+` SET processed_at = now() WHERE event_id = $1`, key)
-				return err
-			})
 		})
 		pool.Close()
 	}
