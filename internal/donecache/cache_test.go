@@ -160,7 +160,10 @@ func TestDropKeepsOtherLookUps(t *testing.T) {
 }
 
 // TestNothingLearnedWhileDown: a look-up's reply is not cached while the
-// connection is down, and the cache is emptied when it goes down.
+// connection is down, nor after it is up again if the look-up was sent
+// while it was down (PostgreSQL: a claim that read a record before the
+// new connection's LISTEN, whose forget notification it missed), and
+// the cache is emptied when it goes down.
 func TestNothingLearnedWhileDown(t *testing.T) {
 	c := New(10)
 	c.Put("k", "done:k", 0, c.Generation())
@@ -173,9 +176,15 @@ func TestNothingLearnedWhileDown(t *testing.T) {
 	if c.Has("k") || c.Live() {
 		t.Fatal("the cache kept an entry, or stayed live, with its connection down")
 	}
-	c.Put("k", "done:k", 0, c.Generation())
+	gen := c.Generation()
+	c.Put("k", "done:k", 0, gen)
 	if c.Has("k") {
 		t.Fatal("learned while the connection was down")
+	}
+	c.up()
+	c.Put("k", "done:k", 0, gen)
+	if c.Has("k") {
+		t.Fatal("a look-up sent while the connection was down learned once it was up")
 	}
 }
 
