@@ -26,7 +26,7 @@ import (
 // whenever that connection is lost, since invalidations may have been
 // missed, or when Redis invalidates every key (FLUSHDB, FLUSHALL, DEBUG
 // RELOAD, a replica's full resync). Redis sends nothing for SWAPDB
-// (tracking is by key name, not database): the README tells the
+// (tracking is by key name, not database): docs/redis.md tells the
 // operator to close the tracking connection after one. Entries also
 // expire with the record's time to live.
 //
