@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -52,22 +53,22 @@ func TestLocalCacheForgetOnAnotherInstance(t *testing.T) {
 	if a.db == b.db {
 		t.Fatal("one pool: not two instances")
 	}
-	waitFor(t, "both caches live", func() bool { return a.db.cache.live.Load() && b.db.cache.live.Load() })
+	waitFor(t, "both caches live", func() bool { return a.db.cache.Live() && b.db.cache.Live() })
 
 	processed(t, a, "evt_1")
 	if res := claimResult(t, b, "evt_1"); res != dedup.AlreadyDone {
 		t.Fatalf("B's first delivery: %v, want already done", res)
 	}
-	hits := b.db.cache.hits.Load()
-	if res := claimResult(t, b, "evt_1"); res != dedup.AlreadyDone || b.db.cache.hits.Load() != hits+1 {
-		t.Fatalf("B's second delivery: %v, cache hits %d→%d: not answered from the cache", res, hits, b.db.cache.hits.Load())
+	hits := b.db.cache.Hits()
+	if res := claimResult(t, b, "evt_1"); res != dedup.AlreadyDone || b.db.cache.Hits() != hits+1 {
+		t.Fatalf("B's second delivery: %v, cache hits %d→%d: not answered from the cache", res, hits, b.db.cache.Hits())
 	}
 
-	inv := b.db.cache.invalidated.Load()
+	inv := b.db.cache.Invalidated()
 	if _, deleted, err := a.Forget(context.Background(), "evt_1", false); err != nil || !deleted {
 		t.Fatalf("forget on A: %v %v", deleted, err)
 	}
-	waitFor(t, "B's listener hears A's forget", func() bool { return b.db.cache.invalidated.Load() > inv })
+	waitFor(t, "B's listener hears A's forget", func() bool { return b.db.cache.Invalidated() > inv })
 	if res := claimResult(t, b, "evt_1"); res != dedup.Claimed {
 		t.Fatalf("B's delivery after the forget on A: %v, want claimed (processed again)", res)
 	}
@@ -91,13 +92,13 @@ func TestLocalCacheFlushAndLostListener(t *testing.T) {
 	table := uniqueTable()
 	s, _ := provision(t, storeJSON(srv.DSN, table, "local_cache", "100"))
 	c := s.db.cache
-	waitFor(t, "cache live", func() bool { return c.live.Load() })
+	waitFor(t, "cache live", func() bool { return c.Live() })
 	learn := func(key string) {
 		t.Helper()
 		processed(t, s, key)
 		claimResult(t, s, key)
-		hits := c.hits.Load()
-		if claimResult(t, s, key) != dedup.AlreadyDone || c.hits.Load() != hits+1 {
+		hits := c.Hits()
+		if claimResult(t, s, key) != dedup.AlreadyDone || c.Hits() != hits+1 {
 			t.Fatalf("%s not answered from the cache", key)
 		}
 	}
@@ -108,12 +109,57 @@ func TestLocalCacheFlushAndLostListener(t *testing.T) {
 	waitFor(t, "the cache emptied by '*'", func() bool { return claimResult(t, s, "evt_1") == dedup.Claimed })
 
 	learn("evt_2")
-	conns := s.db.lis.conns.Load()
+	conns := s.db.lis.conns()
 	srv.Psql(t, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' OR query = 'SELECT 1'")
-	waitFor(t, "the cache off after the listener's connection was lost", func() bool { return !c.live.Load() })
+	waitFor(t, "the cache off after the listener's connection was lost", func() bool { return !c.Live() })
 	srv.Psql(t, "DELETE FROM "+table+" WHERE event_id = 'evt_2'") // no notification: the listener is down
-	waitFor(t, "the listener back", func() bool { return s.db.lis.conns.Load() > conns && c.live.Load() })
+	waitFor(t, "the listener back", func() bool { return s.db.lis.conns() > conns && c.Live() })
 	if res := claimResult(t, s, "evt_2"); res != dedup.Claimed {
 		t.Fatalf("a record deleted while the listener was down: %v, want claimed (the cache was emptied)", res)
+	}
+}
+
+// TestLocalCacheKeepsTheHotDuplicate: a full cache drops the entry least
+// recently used (CLOCK), not an arbitrary one: an event redelivered
+// again and again stays answered from the cache while other processed
+// events pass through it. (Before the stores shared their cache, this
+// store dropped an arbitrary entry, the hot one half the time here;
+// checked to fail that way.)
+func TestLocalCacheKeepsTheHotDuplicate(t *testing.T) {
+	srv := pgtest.Start(t)
+	s, _ := provision(t, storeJSON(srv.DSN, uniqueTable(), "local_cache", "2"))
+	c := s.db.cache
+	waitFor(t, "cache live", c.Live)
+	processed(t, s, "hot")
+	claimResult(t, s, "hot") // learned
+	for i := range 20 {
+		hits := c.Hits()
+		if res := claimResult(t, s, "hot"); res != dedup.AlreadyDone || c.Hits() != hits+1 {
+			t.Fatalf("the hot duplicate not answered from the cache after %d other events: %v", i, res)
+		}
+		key := "evt_" + strconv.Itoa(i)
+		processed(t, s, key)
+		claimResult(t, s, key) // learned: the cache is full
+	}
+}
+
+// TestLocalCacheDroppedByAFailedForget: a forget through this store that
+// fails (its delete may have committed with the answer lost) drops the
+// entry at once, as a forget that succeeds does, rather than leave it to
+// a notification that may never come.
+func TestLocalCacheDroppedByAFailedForget(t *testing.T) {
+	srv := pgtest.Start(t)
+	s, _ := provision(t, storeJSON(srv.DSN, uniqueTable(), "local_cache", "100"))
+	c := s.db.cache
+	waitFor(t, "cache live", c.Live)
+	processed(t, s, "evt_1")
+	claimResult(t, s, "evt_1") // learned
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, _, err := s.Forget(ctx, "evt_1", false); err == nil {
+		t.Fatal("a forget with its context cancelled did not fail")
+	}
+	if _, ok := c.Get(cacheKey("evt_1")); ok {
+		t.Fatal("the cache still serves a record whose forget failed")
 	}
 }

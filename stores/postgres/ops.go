@@ -235,10 +235,10 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 	var gen uint64
 	if c := s.db.cache; c != nil {
 		ck = cacheKey(key)
-		if val, ok := c.get(ck); ok {
+		if val, ok := c.Get(ck); ok {
 			return dedup.AlreadyDone, val, nil
 		}
-		gen = c.generation()
+		gen = c.Generation()
 	}
 	err := s.op(ctx, func(ctx context.Context) error {
 		for range maxClaimTries {
@@ -264,7 +264,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 			case res == dedup.Claimed:
 				found = ""
 			case res == dedup.AlreadyDone && s.db.cache != nil && r.expiresAt != nil:
-				s.db.cache.put(ck, found, *r.expiresAt, gen)
+				s.db.cache.Put(ck, found, expiresAt(s.db.cache, *r.expiresAt), gen)
 			}
 			return nil
 		}
@@ -345,11 +345,14 @@ func (s *Store) Forget(ctx context.Context, key string, force bool) (dedup.Entry
 			return err
 		})
 	})
+	if (deleted || err != nil) && s.db.cache != nil {
+		// here at once, without waiting for our own notification; after
+		// a failure too, since the delete may have committed with its
+		// answer lost
+		s.db.cache.Invalidate(cacheKey(key))
+	}
 	if err != nil {
 		return dedup.Entry{}, false, err
-	}
-	if deleted && s.db.cache != nil {
-		s.db.cache.invalidate(cacheKey(key)) // here at once, without waiting for our own notification
 	}
 	return e, deleted, err
 }

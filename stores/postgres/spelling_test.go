@@ -26,7 +26,7 @@ func TestLocalCacheOneTableTwoSpellings(t *testing.T) {
 	if a.DataID() != b.DataID() {
 		t.Fatalf("state IDs differ: %q %q", a.DataID(), b.DataID())
 	}
-	waitFor(t, "both caches live", func() bool { return a.db.cache.live.Load() && b.db.cache.live.Load() })
+	waitFor(t, "both caches live", func() bool { return a.db.cache.Live() && b.db.cache.Live() })
 	processed(t, a, "evt_1")
 	if res := claimResult(t, b, "evt_1"); res != dedup.AlreadyDone {
 		t.Fatalf("B: %v", res)

@@ -57,7 +57,7 @@ func exerciseStore(t *testing.T, s *Store, admins []*goredis.Client) {
 		}
 	}
 	if s.cache != nil {
-		waitFor(t, "the local cache's tracking connection", s.cache.live.Load)
+		waitFor(t, "the local cache's tracking connection", s.cache.Live)
 	}
 	for round := range 2 {
 		if round == 1 {
@@ -79,10 +79,10 @@ func exerciseStore(t *testing.T, s *Store, admins []*goredis.Client) {
 				res, _, err = s.Claim(ctx, key, "tok2", time.Minute)
 				must("claim after commit "+key, res == dedup.AlreadyDone, err)
 				if s.cache != nil {
-					waitFor(t, "the local cache learning "+key, func() bool { return s.cache.has(key) })
-					hits := s.cache.hits.Load()
+					waitFor(t, "the local cache learning "+key, func() bool { return s.cache.Has(key) })
+					hits := s.cache.Hits()
 					res, _, err = s.Claim(ctx, key, "tok2", time.Minute)
-					must("claim answered from the local cache "+key, res == dedup.AlreadyDone && s.cache.hits.Load() == hits+1, err)
+					must("claim answered from the local cache "+key, res == dedup.AlreadyDone && s.cache.Hits() == hits+1, err)
 				}
 				// the operators' look-up and forget (admin API)
 				e, err := s.Get(ctx, key)
@@ -176,10 +176,10 @@ func duplicatesFromCache(t *testing.T, s *Store, admin *goredis.Client) {
 	t.Helper()
 	key := testKeyPrefix + "evt_cached_as_readme_user"
 	processed(t, s, key)
-	waitFor(t, "the local cache's tracking connection", s.cache.live.Load)
+	waitFor(t, "the local cache's tracking connection", s.cache.Live)
 	beats := s.tracker.beats.Load()
 	waitFor(t, "two heartbeats answered on the tracking connection", func() bool { return s.tracker.beats.Load() >= beats+2 })
-	if !s.cache.live.Load() {
+	if !s.cache.Live() {
 		t.Fatal("the local cache went off after its heartbeats")
 	}
 	cmds := []string{"set", "get", "pttl", "eval", "evalsha"}
@@ -196,7 +196,7 @@ func duplicatesFromCache(t *testing.T, s *Store, admin *goredis.Client) {
 			t.Fatalf("duplicate %d: %v %v", i+1, res, err)
 		}
 		if i == 0 {
-			waitFor(t, "the local cache learning "+key, func() bool { return s.cache.has(key) })
+			waitFor(t, "the local cache learning "+key, func() bool { return s.cache.Has(key) })
 		}
 	}
 	after := calls()
@@ -213,7 +213,7 @@ func duplicatesFromCache(t *testing.T, s *Store, admin *goredis.Client) {
 	if err := admin.Del(context.Background(), key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the invalidation of "+key+" after heartbeats", func() bool { return !s.cache.has(key) })
+	waitFor(t, "the invalidation of "+key+" after heartbeats", func() bool { return !s.cache.Has(key) })
 	if res, _, err := s.Claim(context.Background(), key, "tok-new", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("delivery after DEL: %v %v, want claimed", res, err)
 	}

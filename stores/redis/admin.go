@@ -46,7 +46,7 @@ func (s *Store) Forget(ctx context.Context, key string, force bool) (dedup.Entry
 	if s.cache != nil {
 		// Redis's invalidation comes back on the tracking connection a
 		// moment later: the next delivery must not wait for it.
-		s.cache.forget(key)
+		s.cache.Invalidate(key)
 	}
 	if errors.Is(err, goredis.Nil) {
 		return dedup.Entry{}, false, nil

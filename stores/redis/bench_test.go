@@ -33,7 +33,7 @@ func BenchmarkRedisStore(b *testing.B) {
 		s.logger = zap.NewNop()
 		s = provisionRedisStore(b, s)
 		if s.cache != nil {
-			for deadline := time.Now().Add(10 * time.Second); !s.cache.live.Load(); time.Sleep(time.Millisecond) {
+			for deadline := time.Now().Add(10 * time.Second); !s.cache.Live(); time.Sleep(time.Millisecond) {
 				if time.Now().After(deadline) {
 					b.Fatal("no tracking connection")
 				}

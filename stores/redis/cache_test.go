@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -37,7 +36,7 @@ func cachedStores(t *testing.T, addr string, n int) []*Store {
 				t.Fatal("two instances share a cache")
 			}
 		}
-		waitFor(t, "tracking connection "+strconv.Itoa(i), s.cache.live.Load)
+		waitFor(t, "tracking connection "+strconv.Itoa(i), s.cache.Live)
 		out = append(out, s)
 	}
 	return out
@@ -64,13 +63,13 @@ func learnDuplicate(t *testing.T, s *Store, admin *goredis.Client, key string) {
 	if res, _, err := s.Claim(ctx, key, "tok-dup", time.Minute); err != nil || res != dedup.AlreadyDone {
 		t.Fatalf("claim of a processed event: %v %v", res, err)
 	}
-	waitFor(t, "the done record of "+key+" in the cache", func() bool { return s.cache.has(key) })
+	waitFor(t, "the done record of "+key+" in the cache", func() bool { return s.cache.Has(key) })
 	sets := commandCalls(t, admin, "set")
-	hits := s.cache.hits.Load()
+	hits := s.cache.Hits()
 	if res, _, err := s.Claim(ctx, key, "tok-dup", time.Minute); err != nil || res != dedup.AlreadyDone {
 		t.Fatalf("claim answered from the cache: %v %v", res, err)
 	}
-	if s.cache.hits.Load() != hits+1 || commandCalls(t, admin, "set") != sets {
+	if s.cache.Hits() != hits+1 || commandCalls(t, admin, "set") != sets {
 		t.Fatal("the redelivery was not answered from the cache")
 	}
 }
@@ -106,7 +105,7 @@ func TestRedisLocalCacheInvalidatedByDel(t *testing.T) {
 	if err := admin.Del(context.Background(), key).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the invalidation of "+key, func() bool { return !a.cache.has(key) && !b.cache.has(key) })
+	waitFor(t, "the invalidation of "+key, func() bool { return !a.cache.Has(key) && !b.cache.Has(key) })
 	ctx := context.Background()
 	if res, _, err := a.Claim(ctx, key, "tok-again", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim on instance A after DEL: %v %v, want claimed", res, err)
@@ -131,17 +130,17 @@ func TestRedisLocalCacheInvalidatedByOverwriteAndFlush(t *testing.T) {
 	if err := admin.Set(ctx, k1, "inflight:someone", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the invalidation of a rewritten key", func() bool { return !s.cache.has(k1) })
+	waitFor(t, "the invalidation of a rewritten key", func() bool { return !s.cache.Has(k1) })
 	if res, _, err := s.Claim(ctx, k1, "tok", time.Minute); err != nil || res != dedup.InFlight {
 		t.Fatalf("claim of a key rewritten as a lease: %v %v", res, err)
 	}
-	if !s.cache.has(k2) {
+	if !s.cache.Has(k2) {
 		t.Fatal("an invalidation of one key dropped another")
 	}
 	if err := admin.FlushAll(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "FLUSHALL emptying the cache", func() bool { return s.cache.len() == 0 })
+	waitFor(t, "FLUSHALL emptying the cache", func() bool { return s.cache.Len() == 0 })
 	if res, _, err := s.Claim(ctx, k2, "tok", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim after FLUSHALL: %v %v", res, err)
 	}
@@ -157,19 +156,19 @@ func TestRedisLocalCacheDroppedWithTrackingConnection(t *testing.T) {
 	s := &Store{Address: []string{srv.Addr}, LocalCache: cacheOn}
 	logs := observeStore(s)
 	provisionRedisStore(t, s)
-	waitFor(t, "tracking connection", s.cache.live.Load)
+	waitFor(t, "tracking connection", s.cache.Live)
 	ctx := context.Background()
 	key := testKeyPrefix + "evt_kill"
 	processed(t, s, key)
 	learnDuplicate(t, s, admin, key)
 
-	conns := s.tracker.conns.Load()
+	conns := s.tracker.conns()
 	id := trackingClientID(t, admin)
 	if err := admin.Do(ctx, "CLIENT", "KILL", "ID", id).Err(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the tracker noticing the kill", func() bool {
-		return s.cache.len() == 0 && (!s.cache.live.Load() || s.tracker.conns.Load() > conns)
+		return s.cache.Len() == 0 && (!s.cache.Live() || s.tracker.conns() > conns)
 	})
 	if err := admin.Del(ctx, key).Err(); err != nil {
 		t.Fatal(err)
@@ -178,7 +177,7 @@ func TestRedisLocalCacheDroppedWithTrackingConnection(t *testing.T) {
 		t.Fatalf("claim after DEL while tracking was down: %v %v, want claimed", res, err)
 	}
 
-	waitFor(t, "tracking re-established", func() bool { return s.cache.live.Load() && s.tracker.conns.Load() > conns })
+	waitFor(t, "tracking re-established", func() bool { return s.cache.Live() && s.tracker.conns() > conns })
 	waitFor(t, "the log lines", func() bool {
 		return logs.FilterMessage("local_cache off").FilterField(zap.String("cause", "tracking connection lost")).Len() == 1 &&
 			logs.FilterMessage("local_cache on").Len() == 1
@@ -226,55 +225,9 @@ func TestRedisLocalCacheTTL(t *testing.T) {
 	key := testKeyPrefix + "evt_ttl"
 	processed(t, s, key) // retention 1h
 	learnDuplicate(t, s, admin, key)
-	s.cache.mu.RLock()
-	left := time.Duration(s.cache.m[key].expires - mono.Now())
-	s.cache.mu.RUnlock()
+	left := time.Duration(s.cache.Expires(key) - mono.Now())
 	if left > time.Hour || left < time.Hour-time.Minute {
 		t.Fatalf("entry expires in %v, want about the record's 1h", left)
-	}
-}
-
-// TestDoneCacheExpiryAndBound: entries expire with their time to live,
-// at most max are kept, a recently used one is kept over an unused one,
-// and nothing is served while tracking is not live.
-func TestDoneCacheExpiryAndBound(t *testing.T) {
-	var now int64 = 1000
-	c := newDoneCache(3)
-	c.now = func() int64 { return now }
-	c.live.Store(true)
-	c.heard.Store(now)
-	c.put("a", "done:a", now+100, 0)
-	c.put("b", "done:b", 0, 0)
-	c.put("c", "done:c", 0, 0)
-	if v, ok := c.get("a"); !ok || v != "done:a" {
-		t.Fatalf("get a = %q %v", v, ok)
-	}
-	c.put("d", "done:d", 0, 0)
-	if c.len() != 3 || !c.has("a") || !c.has("d") {
-		t.Fatalf("after a fourth entry: len %d, a %v, d %v; want 3, the used a kept", c.len(), c.has("a"), c.has("d"))
-	}
-	now += 100
-	c.heard.Store(now)
-	if _, ok := c.get("a"); ok || c.has("a") {
-		t.Fatal("an expired entry was served or kept")
-	}
-	if _, ok := c.get("d"); !ok {
-		t.Fatal("an entry without expiry was not served")
-	}
-	now += c.staleness + 1
-	if _, ok := c.get("d"); ok {
-		t.Fatal("served while the tracking connection had not answered for longer than staleness")
-	}
-	c.heard.Store(now)
-	c.live.Store(false)
-	if _, ok := c.get("d"); ok {
-		t.Fatal("served while tracking was not live")
-	}
-	for i := range 100 {
-		c.put("k"+strconv.Itoa(i), "done:", 0, 0)
-	}
-	if c.len() != 3 {
-		t.Fatalf("len %d after 100 puts, want at most 3", c.len())
 	}
 }
 
@@ -316,7 +269,7 @@ func TestRedisLocalCacheWithoutPermission(t *testing.T) {
 	waitFor(t, "the warning", func() bool {
 		return logs.FilterMessage("local_cache off").FilterField(zap.String("cause", "permission")).Len() == 1
 	})
-	if s.cache.live.Load() {
+	if s.cache.Live() {
 		t.Fatal("cache live without CLIENT TRACKING")
 	}
 	key := testKeyPrefix + "evt_noperm"
@@ -326,30 +279,6 @@ func TestRedisLocalCacheWithoutPermission(t *testing.T) {
 	}
 }
 
-// TestDoneCacheGetRacingPut: a record learned again (put of a cached key)
-// while a claim reads it: run with -race, which reported get reading the
-// entry's value and expiry while put rewrote them.
-func TestDoneCacheGetRacingPut(t *testing.T) {
-	c := newDoneCache(16)
-	c.live.Store(true)
-	c.heard.Store(c.now())
-	c.put("k", "done:1", 0, 0)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for i := range 2000 {
-			c.put("k", "done:"+strconv.Itoa(i), 0, 0)
-		}
-	}()
-	for range 2000 {
-		if v, ok := c.get("k"); !ok || !strings.HasPrefix(v, "done:") {
-			t.Fatalf("get: %q %v", v, ok)
-		}
-	}
-	wg.Wait()
-}
-
 // TestRedisForgetDropsTheLocalCacheAtOnce: an event forgotten through
 // this store (the admin API) is processed on its next delivery at once,
 // without waiting for Redis's invalidation to come back on the tracking
@@ -357,7 +286,7 @@ func TestDoneCacheGetRacingPut(t *testing.T) {
 // key then holds the new lease, not a cached duplicate. (Found by CI: a
 // GitHub redelivery right after forget was answered "duplicate".) The
 // narrower race of a look-up's reply arriving after the forget is
-// pinned by TestDoneCacheForgetRefusesEarlierLookUps.
+// pinned by internal/donecache TestInvalidateRefusesEarlierLookUps.
 func TestRedisForgetDropsTheLocalCacheAtOnce(t *testing.T) {
 	srv := startRedis(t)
 	admin := srv.Client(t)
@@ -384,30 +313,6 @@ func TestRedisForgetDropsTheLocalCacheAtOnce(t *testing.T) {
 		if res, _, err := s.Claim(ctx, key, "tok-other", time.Minute); err != nil || res != dedup.InFlight {
 			t.Fatalf("delivery %d after the forget's claim: %v %v, want in flight", i, res, err)
 		}
-	}
-}
-
-// TestDoneCacheForgetRefusesEarlierLookUps: a look-up sent before a
-// forget may carry the record the forget deleted (Redis ran the GET
-// before the DEL, and its invalidation is still on the way): its reply
-// is not cached; a look-up sent after it is.
-func TestDoneCacheForgetRefusesEarlierLookUps(t *testing.T) {
-	c := newDoneCache(10)
-	c.live.Store(true)
-	c.heard.Store(c.now())
-	before := c.generation()
-	c.put("k", "done:old", 0, before)
-	c.forget("k")
-	if _, ok := c.get("k"); ok {
-		t.Fatal("a forgotten record is still served")
-	}
-	c.put("k", "done:old", 0, before)
-	if c.has("k") {
-		t.Fatal("a look-up sent before the forget put its record back")
-	}
-	c.put("k", "done:new", 0, c.generation())
-	if v, ok := c.get("k"); !ok || v != "done:new" {
-		t.Fatalf("a look-up sent after the forget: %q %v, want it cached", v, ok)
 	}
 }
 
@@ -458,7 +363,7 @@ func lookUpPausedAfterGet(t *testing.T, key string) (admin *goredis.Client, tr *
 	cache = newDoneCache(10)
 	tr = newTracker(cs, cache, zap.NewNop())
 	t.Cleanup(tr.close)
-	waitFor(t, "tracking", cache.live.Load)
+	waitFor(t, "tracking", cache.Live)
 	tr.learn(key)
 	<-paused                          // GET written, PTTL not yet
 	time.Sleep(50 * time.Millisecond) // Redis ran the GET, and the reader has its reply
@@ -488,7 +393,7 @@ func TestRedisLocalCacheKeyChangedBetweenGetAndPTTL(t *testing.T) {
 	admin.Set(ctx, key, "inflight:other-instance", time.Minute)
 	close(resume)
 	waitFor(t, "the look-up", func() bool { return !tr.isPending(key) })
-	if v, ok := cache.get(key); ok {
+	if v, ok := cache.Get(key); ok {
 		t.Fatalf("the cache serves %q while Redis holds %q", v, admin.Get(ctx, key).Val())
 	}
 }
@@ -503,10 +408,10 @@ func TestRedisLocalCacheLookUpCutBetweenGetAndPTTL(t *testing.T) {
 	admin, tr, cache, resume := lookUpPausedAfterGet(t, key)
 	admin.Do(ctx, "CLIENT", "KILL", "ID", trackingClientID(t, admin))
 	close(resume)
-	waitFor(t, "a new tracking connection", func() bool { return tr.conns.Load() == 2 && cache.live.Load() })
+	waitFor(t, "a new tracking connection", func() bool { return tr.conns() == 2 && cache.Live() })
 	waitFor(t, "the look-up ended", func() bool { return !tr.isPending(key) })
 	tr.learn(key)
-	waitFor(t, "the key cached on the new connection", func() bool { return cache.has(key) })
+	waitFor(t, "the key cached on the new connection", func() bool { return cache.Has(key) })
 }
 
 // cachedDone provisions a store with its local cache on srv, and a
@@ -569,7 +474,7 @@ func TestRedisLocalCacheSeesBulkChanges(t *testing.T) {
 			must(t, srv.Client(t).Save(ctx).Err())
 			s, admin := cachedDone(t, srv, key)
 			c.change(t, srv, admin)
-			waitFor(t, "the cache dropping "+key, func() bool { return !s.cache.has(key) })
+			waitFor(t, "the cache dropping "+key, func() bool { return !s.cache.Has(key) })
 			if res, _, err := s.Claim(ctx, key, "tok-after", time.Minute); err != nil || res != c.want {
 				t.Fatalf("redelivery after %s: %v %v, want %v", c.name, res, err, c.want)
 			}
@@ -604,7 +509,7 @@ func TestRedisLocalCacheReplicaPromotedByHand(t *testing.T) {
 	waitFor(t, "the old master synced from the new one", func() bool {
 		return strings.Contains(admin.Info(ctx, "replication").Val(), "master_link_status:up") && admin.Exists(ctx, key).Val() == 0
 	})
-	waitFor(t, "the resync emptying the cache", func() bool { return s.cache.len() == 0 })
+	waitFor(t, "the resync emptying the cache", func() bool { return s.cache.Len() == 0 })
 	if res, _, err := s.Claim(ctx, key, "tok-after", time.Minute); err == nil || !strings.Contains(err.Error(), "READONLY") {
 		t.Fatalf("redelivery after the demotion: %v %v, want the demoted server's READONLY refusal", res, err)
 	}
@@ -622,19 +527,19 @@ func TestRedisLocalCacheBlindToSWAPDB(t *testing.T) {
 	s, admin := cachedDone(t, srv, key)
 	must(t, admin.Do(ctx, "SWAPDB", 0, 1).Err())
 	heardAfter(t, s)
-	hits := s.cache.hits.Load()
-	if res, _, err := s.Claim(ctx, key, "tok-swapped", time.Minute); err != nil || res != dedup.AlreadyDone || s.cache.hits.Load() != hits+1 {
+	hits := s.cache.Hits()
+	if res, _, err := s.Claim(ctx, key, "tok-swapped", time.Minute); err != nil || res != dedup.AlreadyDone || s.cache.Hits() != hits+1 {
 		t.Fatalf("redelivery after SWAPDB: %v %v, hits %d -> %d; docs/redis.md says the cache still answers it (update docs/redis.md if Redis now invalidates)",
-			res, err, hits, s.cache.hits.Load())
+			res, err, hits, s.cache.Hits())
 	}
 
-	conns := s.tracker.conns.Load()
+	conns := s.tracker.conns()
 	runREADMELine(t, redistest.DocsCommand(t, "redis-cli CLIENT LIST "), srv.Addr)
-	waitFor(t, "the cache emptied by the remedy of docs/redis.md", func() bool { return !s.cache.has(key) })
+	waitFor(t, "the cache emptied by the remedy of docs/redis.md", func() bool { return !s.cache.Has(key) })
 	if res, _, err := s.Claim(ctx, key, "tok-after", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("redelivery after the remedy: %v %v, want claimed", res, err)
 	}
-	waitFor(t, "tracking back", func() bool { return s.tracker.conns.Load() > conns && s.cache.live.Load() })
+	waitFor(t, "tracking back", func() bool { return s.tracker.conns() > conns && s.cache.Live() })
 }
 
 // TestRedisLongestTTL: a done record whose time to live is longer than

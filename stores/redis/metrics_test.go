@@ -21,7 +21,7 @@ func TestLocalCacheOffGauge(t *testing.T) {
 
 	srv := startRedis(t)
 	s := provisionRedisStore(t, &Store{Address: []string{srv.Addr}, PoolSize: 7, LocalCache: intPtr(10000)})
-	waitFor(t, "tracking connection", s.cache.live.Load)
+	waitFor(t, "tracking connection", s.cache.Live)
 	if g := gauge(); g != 0 {
 		t.Fatalf("cache serving: gauge moved by %v", g)
 	}
@@ -29,7 +29,7 @@ func TestLocalCacheOffGauge(t *testing.T) {
 	pw := redistest.ACLUser(t, srv.Client(t), "notrack", "", "+client|tracking")
 	refused := provisionRedisStore(t, &Store{Address: []string{srv.Addr}, Username: "notrack", Password: pw, LocalCache: intPtr(10000)})
 	time.Sleep(300 * time.Millisecond) // its first tracking attempt is refused
-	if g := gauge(); g != 1 || refused.cache.live.Load() {
+	if g := gauge(); g != 1 || refused.cache.Live() {
 		t.Fatalf("without CLIENT TRACKING: gauge moved by %v, want 1", g)
 	}
 	refused.Cleanup()

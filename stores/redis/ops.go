@@ -63,7 +63,7 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 		return 0, "", errPipeClosed
 	}
 	if s.cache != nil {
-		if val, ok := s.cache.get(key); ok {
+		if val, ok := s.cache.Get(key); ok {
 			return dedup.AlreadyDone, val, nil
 		}
 	}
