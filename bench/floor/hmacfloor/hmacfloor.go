@@ -138,6 +138,10 @@ func (f *Floor) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp
 	b := &body{buf: buf}
 	b.rd.Reset(buf.Bytes())
 	r.Body, r.ContentLength, r.TransferEncoding, r.GetBody = b, int64(buf.Len()), nil, nil
+	// The buffer goes back to the pool when the handler chain is done, as
+	// sangho_dedup's does, also when nothing read the body (respond): a
+	// floor that allocated a new buffer per request would be no floor.
+	defer b.Close()
 	return next.ServeHTTP(w, r)
 }
 
