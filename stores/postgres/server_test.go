@@ -10,12 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 	_ "github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sangho/caddy-sangho-dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/handlertest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
@@ -27,30 +26,16 @@ const secret = "whsec_postgres_server_test"
 func freePort(t *testing.T) int { return netkit.FreePort(t) }
 
 // load adapts a Caddyfile and runs it in this process (a reload if
-// Caddy runs).
+// Caddy runs); Caddy stops when the test ends.
 func load(t *testing.T, caddyfile string) {
 	t.Helper()
-	cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), nil)
-	if err != nil {
-		t.Fatalf("adapting: %v %v", err, warn)
-	}
-	if err := caddy.Load(cfg, true); err != nil {
+	if err := handlertest.Load(t, caddyfile); err != nil {
 		t.Fatalf("loading: %v", err)
 	}
 }
 
 func config(adminPort, port int, backend, dsn, table, extra string) string {
-	return fmt.Sprintf(`{
-	admin 127.0.0.1:%d
-	auto_https off
-	persist_config off
-	log {
-		output discard
-	}
-}
-http://127.0.0.1:%d {
-	bind 127.0.0.1
-	sangho_dedup {
+	return handlertest.Site(adminPort, port, fmt.Sprintf(`	sangho_dedup {
 		secret %s
 		store postgres {
 			dsn "%s"
@@ -58,9 +43,7 @@ http://127.0.0.1:%d {
 		}
 		%s
 	}
-	reverse_proxy %s
-}
-`, adminPort, port, secret, dsn, table, extra, backend)
+	reverse_proxy %s`, secret, dsn, table, extra, backend))
 }
 
 var client = &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -123,7 +106,6 @@ func TestServerPostgres(t *testing.T) {
 	adminPort, port := freePort(t), freePort(t)
 	url := fmt.Sprintf("http://127.0.0.1:%d/webhook", port)
 	load(t, config(adminPort, port, l.Addr, srv.DSN, "processed_webhook_events", ""))
-	t.Cleanup(func() { _ = caddy.Stop() })
 
 	body := `{"id":"evt_pg_1","type":"payment_intent.succeeded","data":{"amount":100}}`
 	if a := send(t, url, body); a.status != 200 || a.dedup == "duplicate" {
