@@ -147,34 +147,14 @@ func TestBackendRecipe(t *testing.T) {
 	}))
 	defer backend.Close()
 
-	type answer struct {
-		status int
-		err    error
-		at     time.Time
-	}
-	post := func(id string, marked bool, timeout time.Duration) <-chan answer {
-		ch := make(chan answer, 1)
-		go func() {
-			req, _ := http.NewRequest(http.MethodPost, backend.URL, strings.NewReader(`{}`))
-			req.Header.Set("Sangho-Event-ID", id)
-			if marked {
-				req.Header.Set(ledger.PriorAttemptHeader, "unknown")
-			}
-			resp, err := (&http.Client{Timeout: timeout}).Do(req)
-			if err != nil {
-				ch <- answer{err: err, at: time.Now()}
-				return
-			}
-			resp.Body.Close()
-			ch <- answer{status: resp.StatusCode, at: time.Now()}
-		}()
-		return ch
+	post := func(id string, marked bool, timeout time.Duration) <-chan ledger.Answer {
+		return ledger.Post(backend.URL, id, marked, timeout)
 	}
 	const long = 30 * time.Second
-	want200 := func(what string, a answer) {
+	want200 := func(what string, a ledger.Answer) {
 		t.Helper()
-		if a.err != nil || a.status != 200 {
-			t.Errorf("%s: %d %v, want 200", what, a.status, a.err)
+		if a.Err != nil || a.Status != 200 {
+			t.Errorf("%s: %d %v, want 200", what, a.Status, a.Err)
 		}
 	}
 	processed := func(id string) int {
@@ -187,22 +167,22 @@ func TestBackendRecipe(t *testing.T) {
 
 	// The first attempt's client (Caddy) goes away mid-work; the marked
 	// retry comes while the work's transaction is open.
-	if a := <-post("evt_crash", false, 100*time.Millisecond); a.err == nil {
-		t.Fatalf("evt_crash: the first attempt answered %d before its work was done", a.status)
+	if a := <-post("evt_crash", false, 100*time.Millisecond); a.Err == nil {
+		t.Fatalf("evt_crash: the first attempt answered %d before its work was done", a.Status)
 	}
 	retry := <-post("evt_crash", true, long)
 	want200("evt_crash, marked retry during the first attempt's work", retry)
 	mu.Lock()
 	firstDone := committed["evt_crash"]
 	mu.Unlock()
-	if firstDone.IsZero() || retry.at.Before(firstDone) {
-		t.Errorf("evt_crash: the marked retry answered at %v, before the first attempt's work committed (%v): it did not wait for it", retry.at, firstDone)
+	if firstDone.IsZero() || retry.At.Before(firstDone) {
+		t.Errorf("evt_crash: the marked retry answered at %v, before the first attempt's work committed (%v): it did not wait for it", retry.At, firstDone)
 	}
 
 	// The first attempt's work failed and rolled back: the marked retry
 	// does it.
-	if a := <-post("evt_failed", false, long); a.status != 500 {
-		t.Errorf("evt_failed, first attempt: %d %v, want 500", a.status, a.err)
+	if a := <-post("evt_failed", false, long); a.Status != 500 {
+		t.Errorf("evt_failed, first attempt: %d %v, want 500", a.Status, a.Err)
 	}
 	want200("evt_failed, marked retry", <-post("evt_failed", true, long))
 

@@ -30,6 +30,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -323,4 +324,34 @@ func (l *Ledger) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Backend", "ledger")
 	w.WriteHeader(a.Status)
 	fmt.Fprintf(w, `{"app":"%s"}`, id)
+}
+
+// Answer is what a delivery sent by Post got back, and when.
+type Answer struct {
+	Status int
+	Err    error // the client's: e.g. its timeout passed first
+	At     time.Time
+}
+
+// Post sends the delivery of event id (an empty JSON body, the ID in
+// Sangho-Event-ID, marked with PriorAttemptHeader if marked) to url in
+// the background, as Caddy's reverse_proxy would, giving up after
+// timeout; the channel gets its answer.
+func Post(url, id string, marked bool, timeout time.Duration) <-chan Answer {
+	ch := make(chan Answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(`{}`))
+		req.Header.Set("Sangho-Event-ID", id)
+		if marked {
+			req.Header.Set(PriorAttemptHeader, "unknown")
+		}
+		resp, err := (&http.Client{Timeout: timeout}).Do(req)
+		if err != nil {
+			ch <- Answer{Err: err, At: time.Now()}
+			return
+		}
+		resp.Body.Close()
+		ch <- Answer{Status: resp.StatusCode, At: time.Now()}
+	}()
+	return ch
 }

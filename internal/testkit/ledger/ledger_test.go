@@ -139,28 +139,8 @@ func TestLedgerMarkerAware(t *testing.T) {
 		}
 		return a
 	})
-	type answer struct {
-		status int
-		err    error
-		at     time.Time
-	}
-	post := func(id string, marked bool, timeout time.Duration) <-chan answer {
-		ch := make(chan answer, 1)
-		go func() {
-			req, _ := http.NewRequest(http.MethodPost, "http://"+l.Addr+"/", strings.NewReader(`{}`))
-			req.Header.Set("Sangho-Event-ID", id)
-			if marked {
-				req.Header.Set(PriorAttemptHeader, "unknown")
-			}
-			resp, err := (&http.Client{Timeout: timeout}).Do(req)
-			if err != nil {
-				ch <- answer{err: err, at: time.Now()}
-				return
-			}
-			resp.Body.Close()
-			ch <- answer{status: resp.StatusCode, at: time.Now()}
-		}()
-		return ch
+	post := func(id string, marked bool, timeout time.Duration) <-chan Answer {
+		return Post("http://"+l.Addr+"/", id, marked, timeout)
 	}
 	// Wait until the ledger works on the first delivery of id.
 	working := func(id string) {
@@ -180,17 +160,17 @@ func TestLedgerMarkerAware(t *testing.T) {
 	// and the marked retry arrives while it does.
 	first := post("evt_beside", false, 50*time.Millisecond)
 	working("evt_beside")
-	if a := <-first; a.err == nil {
-		t.Fatalf("evt_beside: the first delivery answered %d before its work was done", a.status)
+	if a := <-first; a.Err == nil {
+		t.Fatalf("evt_beside: the first delivery answered %d before its work was done", a.Status)
 	}
 	retry := <-post("evt_beside", true, long)
 	// A marked retry after the work was done, and a later unmarked one
 	// (the ledger trusts the edge: done again).
 	later := <-post("evt_beside", true, long)
 	unmarked := <-post("evt_beside", false, long)
-	for name, a := range map[string]answer{"marked retry beside the work": retry, "marked retry after": later, "unmarked": unmarked} {
-		if a.err != nil || a.status != 200 {
-			t.Errorf("evt_beside, %s: %d %v, want 200", name, a.status, a.err)
+	for name, a := range map[string]Answer{"marked retry beside the work": retry, "marked retry after": later, "unmarked": unmarked} {
+		if a.Err != nil || a.Status != 200 {
+			t.Errorf("evt_beside, %s: %d %v, want 200", name, a.Status, a.Err)
 		}
 	}
 	ds := l.Deliveries("evt_beside")
@@ -206,22 +186,22 @@ func TestLedgerMarkerAware(t *testing.T) {
 
 	// A marked delivery of an event never processed, or whose first
 	// attempt failed or was rolled back (its client gone), does the work.
-	if a := <-post("evt_new", true, long); a.status != 200 {
-		t.Errorf("evt_new, marked: %d %v", a.status, a.err)
+	if a := <-post("evt_new", true, long); a.Status != 200 {
+		t.Errorf("evt_new, marked: %d %v", a.Status, a.Err)
 	}
-	if a := <-post("evt_failed", false, long); a.status != 500 {
-		t.Errorf("evt_failed, first: %d %v", a.status, a.err)
+	if a := <-post("evt_failed", false, long); a.Status != 500 {
+		t.Errorf("evt_failed, first: %d %v", a.Status, a.Err)
 	}
-	if a := <-post("evt_failed", true, long); a.status != 200 {
-		t.Errorf("evt_failed, marked retry: %d %v", a.status, a.err)
+	if a := <-post("evt_failed", true, long); a.Status != 200 {
+		t.Errorf("evt_failed, marked retry: %d %v", a.Status, a.Err)
 	}
 	gone := post("evt_rollback", false, 50*time.Millisecond)
 	working("evt_rollback")
-	if a := <-gone; a.err == nil {
-		t.Fatalf("evt_rollback: answered %d before its work was done", a.status)
+	if a := <-gone; a.Err == nil {
+		t.Fatalf("evt_rollback: answered %d before its work was done", a.Status)
 	}
-	if a := <-post("evt_rollback", true, long); a.status != 200 {
-		t.Errorf("evt_rollback, marked retry: %d %v", a.status, a.err)
+	if a := <-post("evt_rollback", true, long); a.Status != 200 {
+		t.Errorf("evt_rollback, marked retry: %d %v", a.Status, a.Err)
 	}
 	for _, id := range []string{"evt_new", "evt_failed", "evt_rollback"} {
 		ds := l.Deliveries(id)
