@@ -9,7 +9,7 @@ test:
 	go test -race -count=1 ./...
 
 # The quick tier: no server and no tool but Go (memory and file stores,
-# verifiers, Caddyfile, handler); under a minute.
+# providers, Caddyfile, handler); under a minute.
 test-short:
 	go test -short -count=1 ./...
 
