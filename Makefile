@@ -47,7 +47,7 @@ soak:
 	status=$$?; grep -E '^(\||soak|FIGURES|--- |ok|FAIL)' bench/out/soak.log; exit $$status
 
 fuzz:
-	for target in ./providers:FuzzSignatureHeader .:FuzzExtractEvent .:FuzzHandler ./providers:FuzzProviderSignatures; do \
+	for target in ./providers:FuzzSignatureHeader .:FuzzExtractEvent .:FuzzHandler .:FuzzScanMatchesReference ./providers:FuzzProviderSignatures ./dedup:FuzzDoneRecordEncodings ./stores/file:FuzzDecodeRecord; do \
 		go test -run '^$$' -fuzz "^$${target#*:}\$$" -fuzztime 60s "$${target%%:*}" || exit 1; \
 	done
 
