@@ -139,3 +139,35 @@ func TestNestedBodySize(t *testing.T) {
 		t.Errorf("the root benchmarks' push is %d bytes, its comments say 69,854", len(b))
 	}
 }
+
+// With Nested, Run sends NestedBodySize's push, exactly BodySize bytes,
+// its top-level "id" the event's header.
+func TestRunNestedBodies(t *testing.T) {
+	var mu sync.Mutex
+	var bad []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var v struct {
+			ID   string
+			Data struct {
+				Object struct{ Commits []any }
+			}
+		}
+		err := json.Unmarshal(body, &v)
+		mu.Lock()
+		defer mu.Unlock()
+		if id := r.Header.Get("Sangho-Event-ID"); err != nil || len(body) != 64<<10 || v.ID != id || len(v.Data.Object.Commits) < 150 {
+			bad = append(bad, id)
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Secret: "s", Concurrency: 2, Events: 20, BodySize: 64 << 10, Nested: true})
+	if err != nil || res.Requests != 20 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 {
+		t.Fatalf("%d of 20 bodies not a nested push of 64 KiB with the event's ID, first %s", len(bad), bad[0])
+	}
+}
