@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
@@ -128,24 +129,10 @@ var benchShapes = []struct {
 }
 
 // nestedBody is an event whose data is a push of n commits, each a
-// small object of strings, numbers, booleans and arrays (about 350
-// bytes each: 185 of them make about 64 KiB).
-func nestedBody(id string, n int) string {
-	var sb strings.Builder
-	sb.WriteString(`{"id":"` + id + `","type":"push","data":{"object":{"ref":"refs/heads/main","forced":false,"commits":[`)
-	for i := range n {
-		if i > 0 {
-			sb.WriteByte(',')
-		}
-		c := strconv.Itoa(i)
-		sb.WriteString(`{"id":"4b1c` + c + `e0f","tree_id":"9a8f` + c + `","distinct":true,"message":"Fix \"parser\" edge ` + c +
-			`","timestamp":"2026-12-05T07:55:37Z","author":{"name":"A. Dev","email":"a@example.com","username":"adev"},` +
-			`"committer":{"name":"A. Dev","email":"a@example.com","date":null},"added":["src/a` + c + `.go"],` +
-			`"removed":[],"modified":["README.md","go.mod","internal/x/y.go"],"stats":{"n":` + c + `,"ok":1.5e3}}`)
-	}
-	sb.WriteString(`]}}}`)
-	return sb.String()
-}
+// small object of strings, numbers, booleans and arrays (about 377
+// bytes each: 185 of them make 69,854 bytes, 68.2 KiB, with a 10-byte
+// ID). The generator is shared with sangho-bench's 64KiB-nested bodies.
+func nestedBody(id string, n int) string { return load.NestedBody(id, n) }
 
 // BenchmarkServeBodies measures ServeHTTP per body shape on the memory
 // store, for new events and for a duplicate, beside the floor: only

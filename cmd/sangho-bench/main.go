@@ -11,6 +11,9 @@
 // file store, on Redis, on PostgreSQL), all on 127.0.0.1, then runs every
 // scenario in interleaved rounds and prints a Markdown report, with the
 // disk's fsync latency and the file store's size over 300,000 events.
+// The throughput scenarios run with 1 KiB and 64 KiB bodies of one long
+// string and with 64 KiB bodies of many small nested values (a push of
+// small commits, the ID scanner's worst case): --bodies picks.
 //
 // With --floor-caddy (a Caddy built from ./bench/floor/hmacfloor/caddy:
 // the plugin and the bench-only floor) that Caddy serves every site, and
@@ -71,7 +74,8 @@ func fileStoreNote(path string) string {
 	return fmt.Sprintf("made by -filescale fill with %d live records, its load ending %s", live, end.UTC().Format("2006-01-02 15:04 MST"))
 }
 
-// bodies is --bodies: the body sizes to run, or "" for all.
+// bodies is --bodies: the body sizes (and shapes) to run, or "" for
+// all.
 var bodies string
 
 // floorCaddy is --floor-caddy: the Caddy with the floor, or "".
@@ -94,7 +98,7 @@ func main() {
 	rate := flag.Float64("rate", 300, "requests per second for the latency runs")
 	redisOpts := flag.String("redis-options", "", "extra lines for the Redis store block, e.g. \"disable_pipeline\"")
 	pgOpts := flag.String("postgres-options", "", "extra lines for the PostgreSQL store block, e.g. \"max_conns 16\"")
-	flag.StringVar(&bodies, "bodies", "", "comma-separated body sizes to run (1KiB,64KiB; the latency runs are 1KiB); default all")
+	flag.StringVar(&bodies, "bodies", "", "comma-separated bodies to run: "+strings.Join(bodyNames, ", ")+" (64KiB is one long string, the ID scanner's best case; 64KiB-nested a push of many small commits, its worst; the latency runs are 1KiB); default all")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
 	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,hmacfloor,memory,file,redis,postgres; the baselines reverse_proxy and respond always run); default all")
 	flag.StringVar(&fileStorePath, "file-store", "", "path of the file store for the request-level runs (default: a new, empty store in the run's temporary folder); a store filled by -filescale fill measures the site on a full store (the run writes to it: copy it first to keep it as filled)")
@@ -267,6 +271,7 @@ type scenario struct {
 	url      string
 	dup      float64
 	body     int
+	nested   bool // the body is a push of many small commits (load.NestedBodySize), not one long string
 	rate     float64
 	latency  bool
 	results  []load.Result
@@ -284,7 +289,19 @@ func (s *scenario) name() string {
 	if s.latency {
 		mode = fmt.Sprintf("%.0f/s", s.rate)
 	}
-	return fmt.Sprintf("%-13s dup %-4s body %-5s %s", s.target, d, sizeName(s.body), mode)
+	return fmt.Sprintf("%-13s dup %-4s body %-5s %s", s.target, d, s.bodyName(), mode)
+}
+
+// bodyNames are the bodies of a run, as --bodies and the report name
+// them.
+var bodyNames = []string{"1KiB", "64KiB", "64KiB-nested"}
+
+// bodyName is the body's size, with -nested for the nested shape.
+func (s *scenario) bodyName() string {
+	if s.nested {
+		return sizeName(s.body) + "-nested"
+	}
+	return sizeName(s.body)
 }
 
 // isDeduped tells the sangho_dedup targets from the baselines.
@@ -300,6 +317,13 @@ func sizeName(n int) string {
 }
 
 func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts, pgOpts string, latencyOnly bool, growthEvents int) error {
+	if bodies != "" {
+		for _, z := range strings.Split(bodies, ",") {
+			if !slices.Contains(bodyNames, z) {
+				return fmt.Errorf("--bodies: %q is not a body of the run (%s)", z, strings.Join(bodyNames, ", "))
+			}
+		}
+	}
 	if fileStorePath != "" {
 		var err error
 		if fileStorePath, err = checkFileStore(fileStorePath); err != nil {
@@ -433,14 +457,17 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	}
 	deduped := isDeduped
 	var all []*scenario
-	for _, body := range []int{1024, 64 * 1024} {
+	for _, body := range []struct {
+		size   int
+		nested bool
+	}{{1024, false}, {64 * 1024, false}, {64 * 1024, true}} {
 		for _, t := range targets {
 			dups := []float64{0}
 			if deduped(t) {
 				dups = []float64{0, 0.5, 1}
 			}
 			for _, d := range dups {
-				all = append(all, &scenario{target: t, url: urls[t], dup: d, body: body})
+				all = append(all, &scenario{target: t, url: urls[t], dup: d, body: body.size, nested: body.nested})
 			}
 		}
 	}
@@ -455,12 +482,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	}
 	if bodies != "" {
 		sizes := strings.Split(bodies, ",")
-		for _, z := range sizes {
-			if z != "1KiB" && z != "64KiB" {
-				return fmt.Errorf("--bodies: %q is not a body size of the run (1KiB, 64KiB)", z)
-			}
-		}
-		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(sizes, sizeName(s.body)) })
+		all = slices.DeleteFunc(all, func(s *scenario) bool { return !slices.Contains(sizes, s.bodyName()) })
 	}
 	if only != "" {
 		keep := append(strings.Split(only, ","), "reverse_proxy", "respond") // the baselines always run
@@ -472,7 +494,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	fmt.Fprintf(os.Stderr, "%d scenarios x %d rounds x %v\n", len(all), rounds, dur)
 	for r := range rounds {
 		for _, s := range all {
-			cfg := load.Config{URL: s.url, Secret: secret, Duration: dur, Duplicates: s.dup, BodySize: s.body, Concurrency: conc}
+			cfg := load.Config{URL: s.url, Secret: secret, Duration: dur, Duplicates: s.dup, BodySize: s.body, Nested: s.nested, Concurrency: conc}
 			if s.latency {
 				cfg.Concurrency, cfg.Rate = 16, s.rate
 			}
@@ -579,6 +601,10 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		fmt.Fprintf(&b, "- load generator: the Go generator (wrk not found): it takes CPU from Caddy on the same cores and pulls every ratio toward 1\n")
 	}
 	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios and CPU differences the median of the per-round figures (each round against the baseline of the same round; min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
+	if slices.ContainsFunc(all, func(s *scenario) bool { return s.nested }) {
+		commits := strings.Count(load.NestedBodySize("evt_x", 64<<10), `"tree_id"`)
+		fmt.Fprintf(&b, "- bodies: 1KiB and 64KiB are mostly one long string (the ID scanner's best case); 64KiB-nested is a push of about %d small commits, exactly 65,536 bytes (many small nested values: its worst case)\n", commits)
+	}
 	if fileStorePath != "" {
 		fmt.Fprintf(&b, "- the file store's site ran on the store at %s (given with --file-store; %s), not on a new, empty one\n", fileStorePath, fileStoreNote(fileStorePath))
 	}
@@ -590,10 +616,10 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 	base, respond := map[string]*scenario{}, map[string]*scenario{}
 	for _, s := range all {
 		if s.target == "respond" && !s.latency {
-			respond[sizeName(s.body)] = s
+			respond[s.bodyName()] = s
 		}
 		if s.target == "reverse_proxy" {
-			key := sizeName(s.body)
+			key := s.bodyName()
 			if s.latency {
 				key = "latency"
 			}
@@ -606,7 +632,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		if s.latency {
 			continue
 		}
-		bs := base[sizeName(s.body)]
+		bs := base[s.bodyName()]
 		thr := median(tp(s.results))
 		fmt.Fprintf(&b, "| %s | %.0f | %s | %.2f | %.2f | %.1f | %s | %.1f | %.2f | %s |\n", s.name(), thr, ratioSpread(s, bs),
 			median(field(s.results, func(r load.Result) float64 { return r.P50 })),
@@ -617,7 +643,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 	fmt.Fprintf(&b, "A duplicate is answered by `sangho_dedup` without the backend, so its floor is Caddy answering by itself: a site with `respond` and the same answer.\n\n")
 	fmt.Fprintf(&b, "| scenario | req/s | × respond | Caddy CPU µs/req | Δ vs respond, µs |\n|---|---|---|---|---|\n")
 	for _, s := range all {
-		rs := respond[sizeName(s.body)]
+		rs := respond[s.bodyName()]
 		if s.latency || (s.dup != 1 && s.target != "floor_respond") || rs == nil {
 			continue
 		}
@@ -662,13 +688,13 @@ func floorSection(all []*scenario, base, respond map[string]*scenario) string {
 		}
 		switch {
 		case s.target == "hmacfloor":
-			floor[sizeName(s.body)] = s
+			floor[s.bodyName()] = s
 		case s.target == "floor_respond":
-			floorRespond[sizeName(s.body)] = s
+			floorRespond[s.bodyName()] = s
 		case s.target == "memory" && s.dup == 0:
-			mem[sizeName(s.body)] = s
+			mem[s.bodyName()] = s
 		case s.target == "memory" && s.dup == 1:
-			dup[sizeName(s.body)] = s
+			dup[s.bodyName()] = s
 		}
 	}
 	if len(floor) == 0 {
@@ -678,8 +704,7 @@ func floorSection(all []*scenario, base, respond map[string]*scenario) string {
 	fmt.Fprintf(&b, "\n## The floor: buffering the body and checking its HMAC\n\n")
 	fmt.Fprintf(&b, "`hmacfloor` is Caddy with a handler that only buffers the body (max_body_size 2MiB, pooled buffers) and checks its Sangho signature (the sangho provider's check), then the same `reverse_proxy` (bench/floor/hmacfloor, not in the plugin); `floor_respond`, the floor of a duplicate, is the same handler followed by `respond` (no backend).\n\n")
 	fmt.Fprintf(&b, "| body | floor × reverse_proxy | memory new × reverse_proxy | floor_respond × respond | memory 100 %% dup × respond |\n|---|---|---|---|---|\n")
-	for _, size := range []int{1024, 64 * 1024} {
-		k := sizeName(size)
+	for _, k := range bodyNames {
 		f := floor[k]
 		if f == nil {
 			continue

@@ -66,16 +66,19 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 
 // wrkData sends cfg.Warmup events (what redeliveries draw from at
 // first), then writes wrk.lua's data file: the body around the event
-// ID, the warmed events, and n new events, all signed now. The ID is the
-// body's last field, so that the body's bytes are the same for every
-// event but the ID. It returns the number of warm-up requests.
+// ID, the warmed events, and n new events, all signed now. Every ID of
+// the run has the same length and the body's bytes are the same for
+// every event but the ID, so that every body is cfg.BodySize bytes. It
+// returns the number of warm-up requests.
 func wrkData(ctx context.Context, path string, cfg load.Config, n int) (int, error) {
 	typ := cfg.Type
 	if typ == "" {
 		typ = "payment_intent.succeeded"
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	prefix, suffix := wrkBody(typ, cfg.BodySize)
+	width := len(strconv.Itoa(max(n, cfg.Warmup)))
+	eventID := func(kind string, i int) string { return fmt.Sprintf("evt_%s_%s%0*d", run, kind, width, i) }
+	prefix, suffix := wrkBody(typ, cfg.BodySize, len(eventID("n", 0)), cfg.Nested)
 	f, err := os.Create(path)
 	if err != nil {
 		return 0, err
@@ -92,7 +95,7 @@ func wrkData(ctx context.Context, path string, cfg load.Config, n int) (int, err
 		client := load.Client(1, 30*time.Second)
 		defer client.CloseIdleConnections()
 		for i := range cfg.Warmup {
-			id := "evt_" + run + "_w" + strconv.Itoa(i)
+			id := eventID("w", i)
 			body := prefix + id + suffix
 			d := load.Delivery{ID: id, Body: []byte(body), Signature: sangho.Sign(now, []byte(body), cfg.Secret)}
 			if status, _, _, err := load.Send(ctx, client, cfg.URL, d); err != nil || status/100 != 2 {
@@ -102,7 +105,7 @@ func wrkData(ctx context.Context, path string, cfg load.Config, n int) (int, err
 		}
 	}
 	for i := range n {
-		w.WriteString(line("n", "evt_"+run+"_"+strconv.Itoa(i)))
+		w.WriteString(line("n", eventID("n", i)))
 	}
 	if err := w.Flush(); err != nil {
 		return 0, err
@@ -110,13 +113,21 @@ func wrkData(ctx context.Context, path string, cfg load.Config, n int) (int, err
 	return cfg.Warmup, f.Close()
 }
 
-// wrkBody is an event body of about size bytes cut around its "id",
-// which comes last: prefix + id + suffix is the body.
-func wrkBody(typ string, size int) (prefix, suffix string) {
+// wrkBody is an event body of size bytes for an ID of idLen bytes, cut
+// around its "id": prefix + id + suffix is the body. The body is one
+// long string, the ID last, or, if nested, load.NestedBodySize's push
+// of many small commits, the ID first (as in the root package's
+// benchmarks).
+func wrkBody(typ string, size, idLen int, nested bool) (prefix, suffix string) {
+	if nested {
+		const head = `{"id":"`
+		body := load.NestedBodySize(strings.Repeat("x", idLen), size)
+		return head, body[len(head)+idLen:]
+	}
 	created := strconv.FormatInt(time.Now().Unix(), 10)
 	head := `{"object":"event","type":"` + typ + `","created":` + created + `,"data":{"object":{"pad":"`
 	tail := `"}},"id":"`
-	pad := max(0, size-len(head)-len(tail)-len(`"}`)-24)
+	pad := max(0, size-len(head)-len(tail)-len(`"}`)-idLen)
 	return head + strings.Repeat("x", pad) + tail, `"}`
 }
 

@@ -30,7 +30,8 @@ type Config struct {
 	Duration    time.Duration // run this long (0: until Events are sent)
 	Events      int           // send this many requests (0: until Duration)
 	Duplicates  float64       // share of requests that redeliver an event already sent (0..1)
-	BodySize    int           // approximate body size in bytes
+	BodySize    int           // approximate body size in bytes (exact with Nested)
+	Nested      bool          // bodies of many small nested values (NestedBodySize), not Body's one long string
 	Rate        float64       // requests per second in all (0: as fast as possible)
 	Warmup      int           // events sent before measuring, the pool duplicates draw from at first
 	Timeout     time.Duration // per request
@@ -175,6 +176,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var seq atomic.Int64
 	newDelivery := func() Delivery {
 		id := "evt_" + run + "_" + strconv.FormatInt(seq.Add(1), 10)
+		if cfg.Nested {
+			return NewDelivery(id, []byte(NestedBodySize(id, cfg.BodySize)), cfg.Secret)
+		}
 		return NewDelivery(id, Body(id, cfg.Type, cfg.BodySize), cfg.Secret)
 	}
 	recent := &pool{ring: make([]Delivery, 256)}

@@ -102,3 +102,72 @@ func TestSinkReadsTheBodyAndAnswers(t *testing.T) {
 		t.Fatalf("read %d of 100000 body bytes", body.n)
 	}
 }
+
+// NestedBodySize is the push of NestedBody, as many of its commits as
+// fit, with the last commit's message filled out to exactly the size:
+// valid JSON, the ID at the top level, many small nested objects.
+func TestNestedBodySize(t *testing.T) {
+	for _, size := range []int{1024, 64 << 10, 69854} {
+		for _, id := range []string{"evt_nested", "evt_dnctbehzyw2j_n0123456"} {
+			b := NestedBodySize(id, size)
+			if len(b) != size {
+				t.Errorf("NestedBodySize(%q, %d) is %d bytes", id, size, len(b))
+			}
+			var v struct {
+				ID   string
+				Data struct {
+					Object struct{ Commits []map[string]any }
+				}
+			}
+			if err := json.Unmarshal([]byte(b), &v); err != nil || v.ID != id {
+				t.Fatalf("NestedBodySize(%q, %d): %v, id %q", id, size, err, v.ID)
+			}
+			n := len(v.Data.Object.Commits)
+			if size >= 64<<10 && n < 150 {
+				t.Errorf("NestedBodySize(%q, %d) has %d commits", id, size, n)
+			}
+			// the same commits as NestedBody's but for the last one's
+			// longer message
+			same := NestedBody(id, n)
+			cut := strings.LastIndex(same, `","timestamp"`)
+			if !strings.HasPrefix(b, same[:cut]) || !strings.HasSuffix(b, same[cut:]) {
+				t.Errorf("NestedBodySize(%q, %d) is not NestedBody(%q, %d) with a longer last message", id, size, id, n)
+			}
+		}
+	}
+	if b := NestedBody("evt_nested", 185); len(b) != 69854 {
+		t.Errorf("the root benchmarks' push is %d bytes, its comments say 69,854", len(b))
+	}
+}
+
+// With Nested, Run sends NestedBodySize's push, exactly BodySize bytes,
+// its top-level "id" the event's header.
+func TestRunNestedBodies(t *testing.T) {
+	var mu sync.Mutex
+	var bad []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var v struct {
+			ID   string
+			Data struct {
+				Object struct{ Commits []any }
+			}
+		}
+		err := json.Unmarshal(body, &v)
+		mu.Lock()
+		defer mu.Unlock()
+		if id := r.Header.Get("Sangho-Event-ID"); err != nil || len(body) != 64<<10 || v.ID != id || len(v.Data.Object.Commits) < 150 {
+			bad = append(bad, id)
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Secret: "s", Concurrency: 2, Events: 20, BodySize: 64 << 10, Nested: true})
+	if err != nil || res.Requests != 20 {
+		t.Fatalf("%+v, %v", res, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(bad) > 0 {
+		t.Fatalf("%d of 20 bodies not a nested push of 64 KiB with the event's ID, first %s", len(bad), bad[0])
+	}
+}
