@@ -583,7 +583,11 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		fmt.Fprintf(&b, "- the file store's site ran on the store at %s (given with --file-store; %s), not on a new, empty one\n", fileStorePath, fileStoreNote(fileStorePath))
 	}
 	if os.Getenv("WALEXP") != "" {
-		fmt.Fprintf(&b, "- WALEXP set: the memory store's site is the durable floor (bench/floor/wal-floor.patch: one write and one fdatasync per group commit), if this Caddy was built with that patch\n")
+		if os.Getenv("WALEXP_LEASE") != "" {
+			fmt.Fprintf(&b, "- WALEXP and WALEXP_LEASE set: the memory store's site is the durable floor with leases (bench/floor/wal-floor.patch: a new event's lease written and fdatasync'ed at its claim, its record at its commit, each by group commit), if this Caddy was built with that patch\n")
+		} else {
+			fmt.Fprintf(&b, "- WALEXP set: the memory store's site is the durable floor (bench/floor/wal-floor.patch: one write and one fdatasync per group commit), if this Caddy was built with that patch\n")
+		}
 	}
 	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
 
