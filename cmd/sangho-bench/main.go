@@ -108,6 +108,7 @@ func main() {
 	fileScaleRecords := flag.Int("filescale-records", 0, "live records for -filescale fill (measure reads them from the note the fill leaves beside the store)")
 	fileScaleWarm := flag.Bool("filescale-warm", false, "-filescale measure: leave the store's files in the page cache (open warm)")
 	fileScaleCache := flag.Int("filescale-cache-mib", 0, "-filescale measure: the block cache in MiB (0: the store's default)")
+	flag.Float64Var(&fileScaleClaimRate, "filescale-claim-rate", 1000, "-filescale measure: after the claim runs as fast as 32 goroutines go, the same at this many claims a second in all, each claim's latency counted from its due time (0: skip)")
 	fileScaleDur := flag.Duration("filescale-duration", 5*time.Second, "-filescale measure: length of each latency and commit run; serve: length of the traffic")
 	fileScaleRate := flag.Float64("filescale-rate", 100, "-filescale serve: events a second")
 	fileScaleResend := flag.Float64("filescale-resend", 0.1, "-filescale serve: share of the events that resend an event answered earlier in the run (0..1)")
