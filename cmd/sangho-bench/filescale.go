@@ -119,61 +119,50 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	// theirs)
 	var nextNew atomic.Uint64
 	nextNew.Store(uint64(time.Now().UnixNano()))
-	claimLat := func(existing bool) ([]time.Duration, error) {
-		var mu sync.Mutex
-		var all []time.Duration
-		var failed atomic.Value
-		var wg sync.WaitGroup
-		end := time.Now().Add(dur)
-		for g := range 32 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano())))
-				var lat []time.Duration
-				for time.Now().Before(end) {
-					var key string
-					if existing {
-						key = filestore.BenchKey(uint64(first + r.IntN(total-first)))
-					} else {
-						key = filestore.BenchKey(nextNew.Add(1))
-					}
-					tok := fmt.Sprint("t", g)
-					t := time.Now()
-					res, _, err := s.Claim(ctx, key, tok, time.Minute)
-					lat = append(lat, time.Since(t))
-					if err != nil || (existing && res != dedup.AlreadyDone) || (!existing && res != dedup.Claimed) {
-						failed.Store(fmt.Errorf("claim %s (existing %v): %v %v", key, existing, res, err))
-						return
-					}
-					if !existing {
-						_, _ = s.Release(ctx, key, tok)
-					}
-				}
-				mu.Lock()
-				all = append(all, lat...)
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		if err, _ := failed.Load().(error); err != nil {
-			return nil, err
-		}
-		slices.Sort(all)
-		return all, nil
+	claimLat := func(existing bool, rate float64) ([]time.Duration, error) {
+		return runClaims(dur, rate, func(g int, r *rand.Rand) error {
+			var key string
+			if existing {
+				key = filestore.BenchKey(uint64(first + r.IntN(total-first)))
+			} else {
+				key = filestore.BenchKey(nextNew.Add(1))
+			}
+			tok := fmt.Sprint("t", g)
+			res, _, err := s.Claim(ctx, key, tok, time.Minute)
+			if err != nil || (existing && res != dedup.AlreadyDone) || (!existing && res != dedup.Claimed) {
+				return fmt.Errorf("claim %s (existing %v): %v %v", key, existing, res, err)
+			}
+			if !existing {
+				_, _ = s.Release(ctx, key, tok)
+			}
+			return nil
+		})
 	}
-	for _, existing := range []bool{true, false} {
-		lat, err := claimLat(existing)
-		if err != nil {
-			return err
+	rates := []float64{0}
+	if fileScaleClaimRate > 0 {
+		rates = append(rates, fileScaleClaimRate)
+	}
+	for _, rate := range rates {
+		for _, existing := range []bool{true, false} {
+			lat, err := claimLat(existing, rate)
+			if err != nil {
+				return err
+			}
+			if len(lat) == 0 {
+				return fmt.Errorf("no claim ran in %v", dur)
+			}
+			what := "new IDs"
+			if existing {
+				what = "existing IDs (duplicates)"
+			}
+			how := "32 goroutines"
+			if rate > 0 {
+				how = fmt.Sprintf("32 goroutines at %.0f claims/s in all (latency from each claim's due time)", rate)
+			}
+			q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
+			fmt.Printf("claim, %s, %s, %v: %d claims (%.0f/s), p50 %v, p99 %v, p99.9 %v, max %v\n",
+				what, how, dur, len(lat), float64(len(lat))/dur.Seconds(), q(0.5), q(0.99), q(0.999), lat[len(lat)-1])
 		}
-		what := "new IDs"
-		if existing {
-			what = "existing IDs (duplicates)"
-		}
-		q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
-		fmt.Printf("claim, %s, 32 goroutines, %v: %d claims (%.0f/s), p50 %v, p99 %v, p99.9 %v, max %v\n",
-			what, dur, len(lat), float64(len(lat))/dur.Seconds(), q(0.5), q(0.99), q(0.999), lat[len(lat)-1])
 	}
 	rss, hwm = memKB(os.Getpid())
 	fmt.Printf("RSS after the claim runs %.0f MiB (peak %.0f MiB): %s\n", float64(rss)/1024, float64(hwm)/1024, s.BenchMemory())
@@ -356,6 +345,9 @@ func dirSize(dir string) (int64, int) {
 // fileScaleCacheMiB is -filescale-cache-mib.
 var fileScaleCacheMiB int
 
+// fileScaleClaimRate is -filescale-claim-rate.
+var fileScaleClaimRate float64
+
 // fileScaleServeConfig is what the flags give -filescale serve.
 var fileScaleServeConfig serveConfig
 
@@ -385,4 +377,58 @@ func fileScaleMain(mode, path string, live int, warm bool, dur time.Duration) er
 		return nil
 	}
 	return fmt.Errorf("-filescale must be fill, measure or serve, not %q", mode)
+}
+
+// runClaims runs claim from 32 goroutines for dur and returns every
+// claim's latency, sorted. rate 0: each goroutine claims as fast as it
+// can (a closed loop: the latency includes waiting for a CPU behind the
+// 31 others). rate > 0: rate claims a second in all, rate/32 each, at
+// due times spread evenly (an open loop): each latency counts from the
+// claim's due time, so a claim held up delays the ones after it and
+// they are counted, not hidden (no coordinated omission).
+func runClaims(dur time.Duration, rate float64, claim func(g int, r *rand.Rand) error) ([]time.Duration, error) {
+	var mu sync.Mutex
+	var all []time.Duration
+	var failed atomic.Value
+	var wg sync.WaitGroup
+	begin := time.Now()
+	end := begin.Add(dur)
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano())))
+			var lat []time.Duration
+			var every time.Duration
+			if rate > 0 {
+				every = time.Duration(32 / rate * float64(time.Second))
+			}
+			start := begin.Add(time.Duration(g) * every / 32)
+			for i := 0; ; i++ {
+				due := time.Now()
+				if rate > 0 {
+					due = start.Add(time.Duration(i) * every)
+					time.Sleep(time.Until(due))
+				}
+				if !due.Before(end) {
+					break
+				}
+				err := claim(g, r)
+				lat = append(lat, time.Since(due))
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+			}
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if err, _ := failed.Load().(error); err != nil {
+		return nil, err
+	}
+	slices.Sort(all)
+	return all, nil
 }

@@ -112,6 +112,7 @@ func main() {
 	fileScaleRecords := flag.Int("filescale-records", 0, "live records for -filescale fill (measure reads them from the note the fill leaves beside the store)")
 	fileScaleWarm := flag.Bool("filescale-warm", false, "-filescale measure: leave the store's files in the page cache (open warm)")
 	fileScaleCache := flag.Int("filescale-cache-mib", 0, "-filescale measure: the block cache in MiB (0: the store's default)")
+	flag.Float64Var(&fileScaleClaimRate, "filescale-claim-rate", 1000, "-filescale measure: after the claim runs as fast as 32 goroutines go, the same at this many claims a second in all, each claim's latency counted from its due time (0: skip)")
 	fileScaleDur := flag.Duration("filescale-duration", 5*time.Second, "-filescale measure: length of each latency and commit run; serve: length of the traffic")
 	fileScaleRate := flag.Float64("filescale-rate", 100, "-filescale serve: events a second")
 	fileScaleResend := flag.Float64("filescale-resend", 0.1, "-filescale serve: share of the events that resend an event answered earlier in the run (0..1)")
@@ -609,7 +610,11 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		fmt.Fprintf(&b, "- the file store's site ran on the store at %s (given with --file-store; %s), not on a new, empty one\n", fileStorePath, fileStoreNote(fileStorePath))
 	}
 	if os.Getenv("WALEXP") != "" {
-		fmt.Fprintf(&b, "- WALEXP set: the memory store's site is the durable floor (bench/floor/wal-floor.patch: one write and one fdatasync per group commit), if this Caddy was built with that patch\n")
+		if os.Getenv("WALEXP_LEASE") != "" {
+			fmt.Fprintf(&b, "- WALEXP and WALEXP_LEASE set: the memory store's site is the durable floor with leases (bench/floor/wal-floor.patch: a new event's lease written and fdatasync'ed at its claim, its record at its commit, each by group commit), if this Caddy was built with that patch\n")
+		} else {
+			fmt.Fprintf(&b, "- WALEXP set: the memory store's site is the durable floor (bench/floor/wal-floor.patch: one write and one fdatasync per group commit), if this Caddy was built with that patch\n")
+		}
 	}
 	fmt.Fprintf(&b, "- reproduce: `make bench` (or `go build -o bench/out/caddy ./cmd/caddy && go run ./cmd/sangho-bench --caddy bench/out/caddy`)\n\n")
 

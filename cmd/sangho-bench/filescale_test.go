@@ -1,0 +1,56 @@
+package main
+
+import (
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// At a rate, runClaims makes about rate × dur claims whatever a claim
+// costs, and a claim held up is counted in the latency of the claims
+// due behind it (open loop), not hidden by the goroutine falling behind.
+func TestRunClaimsPaced(t *testing.T) {
+	const rate, dur = 2000.0, 500 * time.Millisecond
+	var first atomic.Bool
+	lat, err := runClaims(dur, rate, func(g int, _ *rand.Rand) error {
+		if g == 0 && first.CompareAndSwap(false, true) {
+			time.Sleep(100 * time.Millisecond) // one claim held up
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := int(rate * dur.Seconds())
+	if len(lat) < want-64 || len(lat) > want+64 {
+		t.Fatalf("%d claims at %.0f/s for %v, want about %d", len(lat), rate, dur, want)
+	}
+	// goroutine 0 claims every 16 ms: the held-up claim and the ~5
+	// due behind it during its 100 ms each count ≥ 16 ms.
+	slow := 0
+	for _, l := range lat {
+		if l >= 16*time.Millisecond {
+			slow++
+		}
+	}
+	if slow < 5 || lat[len(lat)-1] < 100*time.Millisecond {
+		t.Fatalf("%d claims ≥ 16 ms, max %v: the held-up claim and those due behind it must count (want ≥ 5, max ≥ 100 ms)", slow, lat[len(lat)-1])
+	}
+}
+
+// Without a rate the 32 goroutines claim as fast as they can.
+func TestRunClaimsClosedLoop(t *testing.T) {
+	lat, err := runClaims(100*time.Millisecond, 0, func(int, *rand.Rand) error {
+		time.Sleep(time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 32 goroutines, 1 ms a claim, 100 ms: about 3,200; paced at any
+	// rate it would be far fewer.
+	if len(lat) < 1000 {
+		t.Fatalf("%d claims in a closed loop of 32 goroutines × 100 ms of 1 ms claims", len(lat))
+	}
+}
