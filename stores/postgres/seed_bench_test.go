@@ -24,9 +24,17 @@ import (
 // on one server in one run, 32 clients each, synchronous_commit on, with
 // the tables empty and holding 1 M rows (SANGHO_PG_ROWS sets the second
 // size). Reported per event: the server's CPU (postmaster and backends,
-// from /proc), WAL bytes, and for the store the share of HOT updates.
+// from /proc), WAL bytes, the statements' planning (pg_stat_statements
+// with track_planning) and for the store the share of HOT updates.
+//
+// Each side first runs warmEvents events, untimed, so that the measured
+// ones run on connections as a long-lived pool has them: pgx prepares
+// each statement once per connection, and PostgreSQL plans its first
+// five executions on a connection before it settles on a plan. Their
+// CPU is reported apart (cold-pg-µs/event): what a new connection costs.
 func BenchmarkPostgresVsSeed(b *testing.B) {
-	srv := pgtest.Start(b, "synchronous_commit=on", "max_connections=100")
+	srv := pgtest.Start(b, "synchronous_commit=on", "max_connections=100",
+		"shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_planning=on")
 	ctx := context.Background()
 	big := 1_000_000
 	if v := os.Getenv("SANGHO_PG_ROWS"); v != "" {
@@ -52,16 +60,14 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 			srv.Psql(b, `VACUUM ANALYZE `+table)
 		}
 		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "bench", Fingerprint: "0123456789abcdef0123456789abcdef"}
+		srv.Psql(b, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
 		var seq atomic.Int64
-		run := func(b *testing.B, one func(key string) error) {
-			lsn0 := walLSN(b, srv)
-			cpu0 := serverCPU(b, srv)
-			b.ResetTimer()
+		events := func(b *testing.B, n int, one func(key string) error) {
 			var wg sync.WaitGroup
 			var next atomic.Int64
 			for range 32 {
 				wg.Go(func() {
-					for next.Add(1) <= int64(b.N) {
+					for next.Add(1) <= int64(n) {
 						if err := one(fmt.Sprintf("evt_%d_%d", rows, seq.Add(1))); err != nil {
 							b.Error(err)
 							return
@@ -70,9 +76,32 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 				})
 			}
 			wg.Wait()
+		}
+		run := func(b *testing.B, one func(key string) error) {
+			b.StopTimer()
+			pool.Reset() // every side starts on new connections
+			s.db.pool.Reset()
+			// the closed connections' backends leave /proc (and their
+			// CPU the sum) before the count starts
+			time.Sleep(time.Second)
+			cpu0 := serverCPU(b, srv)
+			events(b, warmEvents, one)
+			b.ReportMetric(float64(serverCPU(b, srv)-cpu0)/float64(time.Microsecond)/warmEvents, "cold-pg-µs/event")
+			srv.Psql(b, `SELECT pg_stat_statements_reset()`)
+			lsn0 := walLSN(b, srv)
+			cpu0 = serverCPU(b, srv)
+			b.StartTimer()
+			events(b, b.N, one)
 			b.StopTimer()
 			b.ReportMetric(float64(serverCPU(b, srv)-cpu0)/float64(time.Microsecond)/float64(b.N), "pg-µs/event")
 			b.ReportMetric(float64(walLSN(b, srv)-lsn0)/float64(b.N), "WAL-B/event")
+			var plans, planMs float64
+			if err := pool.QueryRow(ctx, `SELECT coalesce(sum(plans), 0), coalesce(sum(total_plan_time), 0)
+  FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat_statements%' AND query NOT LIKE '%pg_current_wal_lsn%'`).Scan(&plans, &planMs); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(plans/float64(b.N), "plans/event")
+			b.ReportMetric(planMs*1000/float64(b.N), "plan-µs/event")
 		}
 		b.Run(fmt.Sprintf("rows=%d/seed", rows), func(b *testing.B) {
 			run(b, func(key string) error {
@@ -107,6 +136,11 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 		pool.Close()
 	}
 }
+
+// warmEvents are the events each side runs before the measured ones:
+// 20 per client, so that each of the 32 connections has run its
+// statements past the five custom plans.
+const warmEvents = 32 * 20
 
 func walLSN(b *testing.B, srv *pgtest.Server) int64 {
 	v, err := strconv.ParseInt(strings.TrimSpace(srv.Psql(b, `SELECT pg_current_wal_lsn() - '0/0'`)), 10, 64)
