@@ -51,7 +51,8 @@ func newStatements(table string) statements {
 		// leaves it empty, and the claim statement below decides.
 		insert: r.Replace(`INSERT INTO {t} (event_id, lease_token, expires_at) VALUES ($1, $2, ` + ttlExpr(3) + `)
 ON CONFLICT (event_id) DO NOTHING RETURNING true`),
-		// One statement, one round trip. cur reads the row as of the
+		// The claim of a key that has a row (insert changed nothing), in
+		// one statement. cur reads the row as of the
 		// statement's start; when it holds no live row, ins inserts a
 		// lease, or takes over a row that expired (ON CONFLICT ... WHERE
 		// expired, which sees the latest version of the row). A live row
