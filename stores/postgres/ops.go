@@ -144,13 +144,22 @@ SELECT false, {cols} FROM {t} WHERE event_id = $1 AND {present} AND NOT EXISTS (
 		// One batch: the expired rows of the blocks [$1, $2), found by a
 		// TID range scan (it reads those blocks and no others, whatever
 		// the table's statistics say), locked with SKIP LOCKED so that a
-		// claim holding one keeps it, and checked again when deleted.
-		sweep: r.Replace(`DELETE FROM {t} WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM {t}
-  WHERE ctid >= format('(%s,0)', $1::bigint)::tid AND ctid < format('(%s,0)', $2::bigint)::tid
-    AND expires_at <= now() AND NOT {present}
-  FOR UPDATE SKIP LOCKED
-)) AND expires_at <= now() AND NOT {present}`),
+		// claim holding one keeps it, and checked again when deleted;
+		// only if the sweep's advisory lock $3 was free (lock: taken once,
+		// before any row, held to the end of the statement's own
+		// transaction). One statement, one round trip: it answers whether
+		// it held the lock and how many rows it deleted.
+		sweep: r.Replace(`WITH lock AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($3) AS got), d AS (
+  DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {t}
+    WHERE (SELECT got FROM lock)
+      AND ctid >= format('(%s,0)', $1::bigint)::tid AND ctid < format('(%s,0)', $2::bigint)::tid
+      AND expires_at <= now() AND NOT {present}
+    FOR UPDATE SKIP LOCKED
+  )) AND expires_at <= now() AND NOT {present}
+  RETURNING 1
+)
+SELECT (SELECT got FROM lock), (SELECT count(*) FROM d)`),
 		blocks: r.Replace(`SELECT pg_relation_size('{t}') / current_setting('block_size')::bigint`),
 	}
 }

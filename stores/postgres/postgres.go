@@ -66,8 +66,8 @@ const (
 // checked again at most once a second until it is granted.
 //
 // Expired rows are invisible to the store at once and deleted in the
-// background, in batches of 64 blocks of the table, by one Caddy instance at a time
-// (pg_try_advisory_xact_lock in each batch's transaction).
+// background, in batches of 32 blocks of the table, by one Caddy instance at a time
+// (pg_try_advisory_xact_lock in each batch's statement).
 type Store struct {
 	// DSN is the connection string, a postgres:// URL or key=value
 	// pairs as libpq takes them (sslmode, sslrootcert, sslcert and sslkey
