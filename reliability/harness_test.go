@@ -498,6 +498,26 @@ func check(t *testing.T, name string, s *sender, l *ledger.Ledger, ids []string,
 	if f.twice > 0 && !doublesAllowed {
 		t.Errorf("%d events processed twice or more, e.g. %v", f.twice, head(twiceIDs))
 	}
+	if f.twice > 0 {
+		// What each double was: a store that kept its promise processes
+		// an event again only marked (a lease that ran out and was taken
+		// over, or a delivery passed unchecked by on_store_error pass);
+		// two unmarked processings would be a claim handed out twice.
+		var unmarked []string
+		for _, id := range twiceIDs {
+			n := 0
+			for _, d := range l.Deliveries(id) {
+				if d.Done() && !d.Marked {
+					n++
+				}
+			}
+			if n > 1 {
+				unmarked = append(unmarked, id)
+			}
+		}
+		t.Logf("%s: of %d events processed twice, %d processed twice unmarked %v", name, f.twice, len(unmarked), head(unmarked))
+		fmt.Printf("DOUBLES %s: %d twice, %d processed twice unmarked %v\n", name, f.twice, len(unmarked), head(unmarked))
+	}
 	return f
 }
 

@@ -16,11 +16,11 @@ import (
 // from the server's clock (now(), the statement's start), so that
 // instances with skewed clocks agree.
 type statements struct {
-	claim, renew, commit, release, get, forget string
-	channel                                    string // of forget notifications
-	ddl                                        []string
-	oldIndex                                   string // the index on expires_at of releases before HOT commits
-	sweep, blocks                              string
+	insert, claim, renew, commit, commitAny, release, get, forget string
+	channel                                                       string // of forget notifications
+	ddl                                                           []string
+	oldIndex                                                      string // the index on expires_at of releases before HOT commits
+	sweep, blocks                                                 string
 }
 
 // present is the rows a key holds: a live row, or a lease whose time
@@ -43,7 +43,16 @@ func ttlExpr(n int) string {
 func newStatements(table string) statements {
 	r := strings.NewReplacer("{t}", table, "{cols}", cols, "{present}", present, "{mark}", markFor)
 	return statements{
-		// One statement, one round trip. cur reads the row as of the
+		// A new event's claim: the seed's own statement, one key lookup
+		// and no CTE. It inserts only where the key has no row at all
+		// (live, expired or a mark), so a row it inserts is Claimed with
+		// nothing to report. Any row there (ON CONFLICT, which also
+		// waits for a concurrent insert of the key to commit or abort)
+		// leaves it empty, and the claim statement below decides.
+		insert: r.Replace(`INSERT INTO {t} (event_id, lease_token, expires_at) VALUES ($1, $2, ` + ttlExpr(3) + `)
+ON CONFLICT (event_id) DO NOTHING RETURNING true`),
+		// The claim of a key that has a row (insert changed nothing), in
+		// one statement. cur reads the row as of the
 		// statement's start; when it holds no live row, ins inserts a
 		// lease, or takes over a row that expired (ON CONFLICT ... WHERE
 		// expired, which sees the latest version of the row). A live row
@@ -87,19 +96,22 @@ UNION ALL
 SELECT false, {cols} FROM cur WHERE live`),
 		renew: r.Replace(`UPDATE {t} SET expires_at = ` + ttlExpr(3) + `
 WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
-		// held is read as of the statement's start; the done record is
-		// written whatever the row held.
-		commit: r.Replace(`WITH prev AS (
-  SELECT lease_token = $2 AND expires_at > now() AS held FROM {t} WHERE event_id = $1
-), put AS (
-  INSERT INTO {t} AS e (event_id, lease_token, processed_at, event_type, fingerprint, message_event_id, expires_at)
-  VALUES ($1, NULL, $4, $5, $6, NULLIF($7, ''), ` + ttlExpr(3) + `)
-  ON CONFLICT (event_id) DO UPDATE
-    SET lease_token = NULL, processed_at = excluded.processed_at, event_type = excluded.event_type,
-        fingerprint = excluded.fingerprint, message_event_id = excluded.message_event_id,
-        expires_at = excluded.expires_at
-)
-SELECT coalesce((SELECT held FROM prev), false)`),
+		// A commit whose lease is still held (the usual case): one key
+		// lookup and one HOT update, no CTE. held is whether it updated
+		// the row. When it updates nothing (the lease ran out, was
+		// taken over, released or swept, or this commit already landed
+		// and its answer was lost), commitAny writes the done record
+		// over whatever the key holds: the backend did process the
+		// event.
+		commit: r.Replace(`UPDATE {t} SET lease_token = NULL, processed_at = $4, event_type = $5, fingerprint = $6,
+  message_event_id = NULLIF($7, ''), expires_at = ` + ttlExpr(3) + `
+WHERE event_id = $1 AND lease_token = $2 AND expires_at > now()`),
+		commitAny: r.Replace(`INSERT INTO {t} AS e (event_id, lease_token, processed_at, event_type, fingerprint, message_event_id, expires_at)
+VALUES ($1, NULL, $3, $4, $5, NULLIF($6, ''), ` + ttlExpr(2) + `)
+ON CONFLICT (event_id) DO UPDATE
+  SET lease_token = NULL, processed_at = excluded.processed_at, event_type = excluded.event_type,
+      fingerprint = excluded.fingerprint, message_event_id = excluded.message_event_id,
+      expires_at = excluded.expires_at`),
 		channel: forgetChannel(table),
 		// The token's lease, live or a mark: a released lease leaves none.
 		release: r.Replace(`DELETE FROM {t} WHERE event_id = $1 AND lease_token = $2 AND {present}`),
@@ -132,13 +144,22 @@ SELECT false, {cols} FROM {t} WHERE event_id = $1 AND {present} AND NOT EXISTS (
 		// One batch: the expired rows of the blocks [$1, $2), found by a
 		// TID range scan (it reads those blocks and no others, whatever
 		// the table's statistics say), locked with SKIP LOCKED so that a
-		// claim holding one keeps it, and checked again when deleted.
-		sweep: r.Replace(`DELETE FROM {t} WHERE ctid = ANY(ARRAY(
-  SELECT ctid FROM {t}
-  WHERE ctid >= format('(%s,0)', $1::bigint)::tid AND ctid < format('(%s,0)', $2::bigint)::tid
-    AND expires_at <= now() AND NOT {present}
-  FOR UPDATE SKIP LOCKED
-)) AND expires_at <= now() AND NOT {present}`),
+		// claim holding one keeps it, and checked again when deleted;
+		// only if the sweep's advisory lock $3 was free (lock: taken once,
+		// before any row, held to the end of the statement's own
+		// transaction). One statement, one round trip: it answers whether
+		// it held the lock and how many rows it deleted.
+		sweep: r.Replace(`WITH lock AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($3) AS got), d AS (
+  DELETE FROM {t} WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {t}
+    WHERE (SELECT got FROM lock)
+      AND ctid >= format('(%s,0)', $1::bigint)::tid AND ctid < format('(%s,0)', $2::bigint)::tid
+      AND expires_at <= now() AND NOT {present}
+    FOR UPDATE SKIP LOCKED
+  )) AND expires_at <= now() AND NOT {present}
+  RETURNING 1
+)
+SELECT (SELECT got FROM lock), (SELECT count(*) FROM d)`),
 		blocks: r.Replace(`SELECT pg_relation_size('{t}') / current_setting('block_size')::bigint`),
 	}
 }
@@ -241,6 +262,18 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 		gen = c.Generation()
 	}
 	err := s.op(ctx, func(ctx context.Context) error {
+		// A new event: the insert alone (see statements.insert).
+		var inserted bool
+		err := s.db.pool.QueryRow(ctx, s.db.sql.insert, key, token, micros(ttl)).Scan(&inserted)
+		if err == nil {
+			res, found = dedup.Claimed, ""
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		// The key has a row: a duplicate, a lease (this token's own
+		// included), an expired record or a mark.
 		for range maxClaimTries {
 			var claimed bool
 			var r row
@@ -288,8 +321,18 @@ func (s *Store) Renew(ctx context.Context, key, token string, ttl time.Duration)
 func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRecord, retention time.Duration) (bool, error) {
 	var held bool
 	err := s.op(ctx, func(ctx context.Context) error {
-		return s.db.pool.QueryRow(ctx, s.db.sql.commit, key, token, micros(retention),
-			rec.ProcessedAt.UTC(), rec.EventType, rec.Fingerprint, rec.EventID).Scan(&held)
+		at := rec.ProcessedAt.UTC()
+		tag, err := s.db.pool.Exec(ctx, s.db.sql.commit, key, token, micros(retention),
+			at, rec.EventType, rec.Fingerprint, rec.EventID)
+		if err != nil {
+			return err
+		}
+		if held = tag.RowsAffected() == 1; held {
+			return nil
+		}
+		_, err = s.db.pool.Exec(ctx, s.db.sql.commitAny, key, micros(retention),
+			at, rec.EventType, rec.Fingerprint, rec.EventID)
+		return err
 	})
 	return held, err
 }

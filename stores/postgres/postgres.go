@@ -45,11 +45,14 @@ const (
 )
 
 // Store keeps dedup state in a PostgreSQL table, shared by every Caddy
-// instance that uses the same table. Each claim is one INSERT … ON
-// CONFLICT statement (one round trip) that takes an absent or expired
-// row and otherwise returns the row it found; commit, renew and release
-// are one statement each and check the lease token. A done record is as
-// durable as the server's commit (synchronous_commit).
+// instance that uses the same table. A claim is the seed's own INSERT …
+// ON CONFLICT DO NOTHING (one round trip) when the key has no row;
+// otherwise a second statement takes an expired row and returns the row
+// it found. A commit is one UPDATE of the token's live lease, and writes
+// the record over whatever the key holds in a second statement when that
+// updates nothing; renew and release are one statement each and check
+// the lease token. A done record is as durable as the server's commit
+// (synchronous_commit).
 //
 // Caddy starts while PostgreSQL is down, and deliveries are answered as
 // on_store_error says until it is back. Provision asks the server once
@@ -63,8 +66,8 @@ const (
 // checked again at most once a second until it is granted.
 //
 // Expired rows are invisible to the store at once and deleted in the
-// background, in batches of 64 blocks of the table, by one Caddy instance at a time
-// (pg_try_advisory_xact_lock in each batch's transaction).
+// background, in batches of 32 blocks of the table, by one Caddy instance at a time
+// (pg_try_advisory_xact_lock in each batch's statement).
 type Store struct {
 	// DSN is the connection string, a postgres:// URL or key=value
 	// pairs as libpq takes them (sslmode, sslrootcert, sslcert and sslkey

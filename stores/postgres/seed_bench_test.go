@@ -23,10 +23,21 @@ import (
 // the seed's own recipe, one INSERT … ON CONFLICT DO NOTHING per event,
 // on one server in one run, 32 clients each, synchronous_commit on, with
 // the tables empty and holding 1 M rows (SANGHO_PG_ROWS sets the second
-// size). Reported per event: the server's CPU (postmaster and backends,
-// from /proc), WAL bytes, and for the store the share of HOT updates.
+// size), the sides taking turns of chunkEvents events; beside them the
+// floor of two statements (floor-x-seed). Reported per
+// event and side: the server's CPU (postmaster and backends, from
+// /proc), WAL bytes, the statements' planning (pg_stat_statements with
+// track_planning); the store's CPU as a multiple of the seed's (x-seed),
+// its share of HOT updates and its table's bytes per row.
+//
+// Each side first runs warmEvents events, untimed, so that the measured
+// ones run on connections as a long-lived pool has them: pgx prepares
+// each statement once per connection, and PostgreSQL plans its first
+// five executions on a connection before it settles on a plan. Their
+// CPU is reported apart (cold-pg-µs/event): what a new connection costs.
 func BenchmarkPostgresVsSeed(b *testing.B) {
-	srv := pgtest.Start(b, "synchronous_commit=on", "max_connections=100")
+	srv := pgtest.Start(b, "synchronous_commit=on", "max_connections=100",
+		"shared_preload_libraries=pg_stat_statements", "pg_stat_statements.track_planning=on")
 	ctx := context.Background()
 	big := 1_000_000
 	if v := os.Getenv("SANGHO_PG_ROWS"); v != "" {
@@ -43,25 +54,28 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 			b.Fatal(err)
 		}
 		seed := table + "_seed"
-		srv.Psql(b, `CREATE TABLE `+seed+` (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`)
+		floor := table + "_floor"
+		for _, t := range []string{seed, floor} {
+			srv.Psql(b, `CREATE TABLE `+t+` (event_id text PRIMARY KEY, processed_at timestamptz NOT NULL DEFAULT now())`)
+		}
 		if rows > 0 {
 			srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id) SELECT 'evt_old_' || g FROM generate_series(1, %d) g`, seed, rows))
+			srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id) SELECT 'evt_old_' || g FROM generate_series(1, %d) g`, floor, rows))
+			srv.Psql(b, `VACUUM ANALYZE `+floor)
 			srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id, processed_at, event_type, fingerprint, expires_at)
   SELECT 'sangho_dedup:evt_old_' || g, now(), 'bench', md5(g::text), now() + interval '72 hours' FROM generate_series(1, %d) g`, table, rows))
 			srv.Psql(b, `VACUUM ANALYZE `+seed)
 			srv.Psql(b, `VACUUM ANALYZE `+table)
 		}
 		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "bench", Fingerprint: "0123456789abcdef0123456789abcdef"}
+		srv.Psql(b, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
 		var seq atomic.Int64
-		run := func(b *testing.B, one func(key string) error) {
-			lsn0 := walLSN(b, srv)
-			cpu0 := serverCPU(b, srv)
-			b.ResetTimer()
+		events := func(b *testing.B, n int, one func(key string) error) {
 			var wg sync.WaitGroup
 			var next atomic.Int64
 			for range 32 {
 				wg.Go(func() {
-					for next.Add(1) <= int64(b.N) {
+					for next.Add(1) <= int64(n) {
 						if err := one(fmt.Sprintf("evt_%d_%d", rows, seq.Add(1))); err != nil {
 							b.Error(err)
 							return
@@ -70,26 +84,87 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 				})
 			}
 			wg.Wait()
-			b.StopTimer()
-			b.ReportMetric(float64(serverCPU(b, srv)-cpu0)/float64(time.Microsecond)/float64(b.N), "pg-µs/event")
-			b.ReportMetric(float64(walLSN(b, srv)-lsn0)/float64(b.N), "WAL-B/event")
 		}
-		b.Run(fmt.Sprintf("rows=%d/seed", rows), func(b *testing.B) {
-			run(b, func(key string) error {
+		wal := func(b *testing.B) int64 {
+			var v int64
+			if err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'`).Scan(&v); err != nil {
+				b.Fatal(err)
+			}
+			return v
+		}
+		sides := []struct {
+			name string
+			one  func(key string) error
+		}{
+			{"seed", func(key string) error {
 				_, err := pool.Exec(ctx, `INSERT INTO `+seed+` (event_id) VALUES ($1) ON CONFLICT DO NOTHING`, key)
 				return err
-			})
-		})
-		b.Run(fmt.Sprintf("rows=%d/store", rows), func(b *testing.B) {
-			srv.Psql(b, `SELECT pg_stat_reset()`)
-			run(b, func(key string) error {
+			}},
+			// The floor of any design with a claim and a commit: the
+			// seed's INSERT, then an UPDATE of the row it wrote, two
+			// transactions.
+			{"floor", func(key string) error {
+				if _, err := pool.Exec(ctx, `INSERT INTO `+floor+` (event_id) VALUES ($1) ON CONFLICT DO NOTHING`, key); err != nil {
+					return err
+				}
+				_, err := pool.Exec(ctx, `UPDATE `+floor+` SET processed_at = now() WHERE event_id = $1`, key)
+				return err
+			}},
+			{"store", func(key string) error {
 				key = "sangho_dedup:" + key
 				if res, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil || res != dedup.Claimed {
 					return fmt.Errorf("claim: %v, %v", res, err)
 				}
 				_, err := s.Commit(ctx, key, "tok", rec, 72*time.Hour)
 				return err
-			})
+			}},
+		}
+		b.Run(fmt.Sprintf("rows=%d", rows), func(b *testing.B) {
+			b.StopTimer()
+			pool.Reset() // both sides start on new connections
+			s.db.pool.Reset()
+			// the closed connections' backends leave /proc (and their
+			// CPU the sum) before the count starts
+			time.Sleep(time.Second)
+			for _, side := range sides {
+				cpu0 := serverCPU(b, srv)
+				events(b, warmEvents, side.one)
+				b.ReportMetric(float64(serverCPU(b, srv)-cpu0)/float64(time.Microsecond)/warmEvents, side.name+"-cold-pg-µs/event")
+			}
+			srv.Psql(b, `SELECT pg_stat_statements_reset()`)
+			srv.Psql(b, `SELECT pg_stat_reset()`)
+			cpu := make([]time.Duration, len(sides))
+			wb := make([]int64, len(sides))
+			b.StartTimer()
+			for done := 0; done < b.N; done += chunkEvents {
+				n := min(chunkEvents, b.N-done)
+				for i, side := range sides {
+					cpu0, wal0 := serverCPU(b, srv), wal(b)
+					events(b, n, side.one)
+					cpu[i] += serverCPU(b, srv) - cpu0
+					wb[i] += wal(b) - wal0
+				}
+			}
+			b.StopTimer()
+			per := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(b.N) }
+			for i, side := range sides {
+				b.ReportMetric(per(cpu[i]), side.name+"-pg-µs/event")
+				b.ReportMetric(float64(wb[i])/float64(b.N), side.name+"-WAL-B/event")
+			}
+			b.ReportMetric(float64(cpu[1])/float64(cpu[0]), "floor-x-seed")
+			b.ReportMetric(float64(cpu[2])/float64(cpu[0]), "x-seed")
+			var seedPlans, seedPlanMs, plans, planMs float64
+			if err := pool.QueryRow(ctx, `SELECT
+  coalesce(sum(plans) FILTER (WHERE query LIKE '%_seed %'), 0), coalesce(sum(total_plan_time) FILTER (WHERE query LIKE '%_seed %'), 0),
+  coalesce(sum(plans) FILTER (WHERE query NOT LIKE '%_seed %' AND query NOT LIKE '%_floor %'), 0),
+  coalesce(sum(total_plan_time) FILTER (WHERE query NOT LIKE '%_seed %' AND query NOT LIKE '%_floor %'), 0)
+  FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%' AND query NOT LIKE '%pg_current_wal_lsn%'`).Scan(&seedPlans, &seedPlanMs, &plans, &planMs); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(seedPlans/float64(b.N), "seed-plans/event")
+			b.ReportMetric(seedPlanMs*1000/float64(b.N), "seed-plan-µs/event")
+			b.ReportMetric(plans/float64(b.N), "store-plans/event")
+			b.ReportMetric(planMs*1000/float64(b.N), "store-plan-µs/event")
 			time.Sleep(600 * time.Millisecond) // the statistics collector's flush
 			var upd, hot float64
 			if err := pool.QueryRow(ctx, `SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = $1`, table).Scan(&upd, &hot); err != nil {
@@ -108,13 +183,15 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 	}
 }
 
-func walLSN(b *testing.B, srv *pgtest.Server) int64 {
-	v, err := strconv.ParseInt(strings.TrimSpace(srv.Psql(b, `SELECT pg_current_wal_lsn() - '0/0'`)), 10, 64)
-	if err != nil {
-		b.Fatal(err)
-	}
-	return v
-}
+// warmEvents are the events each side runs before the measured ones:
+// 20 per client, so that each of the 32 connections has run its
+// statements past the five custom plans.
+const warmEvents = 32 * 20
+
+// chunkEvents are the events one side runs before the next takes its
+// turn: the sides alternate through the measured events, so that the
+// load of a shared machine weighs on both alike.
+const chunkEvents = 500
 
 // serverCPU is the user and system time of the postmaster and of every
 // process it forked (one per connection).

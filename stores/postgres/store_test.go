@@ -363,3 +363,53 @@ func TestTableNameTakenByAType(t *testing.T) {
 		t.Fatalf("claim with the table's name taken by a type: %v; want the creation's error (42710)", err)
 	}
 }
+
+// A new event costs the database what the seed's recipe costs it plus
+// one UPDATE: its claim is a plain INSERT … ON CONFLICT DO NOTHING and
+// its commit a plain UPDATE (no CTE, no second lookup of the key); only
+// a key that has a row runs the full claim statement. A commit retried
+// after its answer was lost (it landed) writes the same record again
+// and says the lease is no longer held; the event stays done.
+func TestNewEventTakesTheLeanStatements(t *testing.T) {
+	srv := pgtest.Start(t, "shared_preload_libraries=pg_stat_statements")
+	srv.Psql(t, `CREATE EXTENSION pg_stat_statements`)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table, "cleanup_interval", "1h"))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil { // creates the table
+		t.Fatal(err)
+	}
+	srv.Psql(t, `SELECT pg_stat_statements_reset()`)
+	ran := func() string {
+		t.Helper()
+		return srv.Psql(t, `SELECT string_agg(calls || ' ' || regexp_replace(query, '\s+', ' ', 'g'), E'\n' ORDER BY query)
+  FROM pg_stat_statements WHERE query LIKE '%`+table+`%' AND query NOT LIKE '%pg_stat_statements%'`)
+	}
+	rec := dedup.DoneRecord{ProcessedAt: time.Now().UTC().Truncate(time.Microsecond), EventType: "t", Fingerprint: "x0123456789abcdef"}
+	if res, _, err := s.Claim(ctx, "new", "tok", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	if held, err := s.Commit(ctx, "new", "tok", rec, time.Hour); err != nil || !held {
+		t.Fatalf("commit = %v, %v", held, err)
+	}
+	got := ran()
+	lines := strings.Split(got, "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "1 INSERT INTO ") || !strings.Contains(lines[0], "ON CONFLICT (event_id) DO NOTHING") ||
+		!strings.HasPrefix(lines[1], "1 UPDATE ") || strings.Contains(got, "WITH") {
+		t.Fatalf("a new event ran:\n%s\nwant one INSERT … DO NOTHING and one UPDATE, no CTE", got)
+	}
+
+	// The commit's answer lost, the commit retried with the same token.
+	if held, err := s.Commit(ctx, "new", "tok", rec, time.Hour); err != nil || held {
+		t.Fatalf("retried commit = %v, %v; want not held, no error", held, err)
+	}
+	if e, err := s.Get(ctx, "new"); err != nil || e.Value != rec.Encode() {
+		t.Fatalf("after the retried commit: %q, %v; want %q", e.Value, err, rec.Encode())
+	}
+	if res, found, err := s.Claim(ctx, "new", "tok2", time.Minute); err != nil || res != dedup.AlreadyDone || found != rec.Encode() {
+		t.Fatalf("claim after the retried commit = %v %q, %v; want done", res, found, err)
+	}
+	if got := ran(); !strings.Contains(got, "1 WITH cur AS") {
+		t.Fatalf("a duplicate ran:\n%s\nwant the full claim statement once", got)
+	}
+}
