@@ -19,9 +19,10 @@ import (
 )
 
 // Store keeps the dedup state of events, one key per event. Every
-// method is one atomic operation on one key (one round trip for a
-// network store), so a store can be shared by many Caddy instances and
-// sharded (Redis Cluster) by key.
+// method is one atomic operation on one key (a round trip or two for a
+// network store: PostgreSQL tries a lean statement first and runs the
+// full one only when the lean one changed nothing), so a store can be
+// shared by many Caddy instances and sharded (Redis Cluster) by key.
 //
 // A store may also implement DataSharer, UseCounter and ExitParker.
 type Store interface {
