@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
@@ -14,15 +15,8 @@ func startRedis(t testing.TB) *redistest.Server { return redistest.Start(t) }
 
 func freePort(t testing.TB) int { return netkit.FreePort(t) }
 
-// waitFor polls cond until it holds, and fails the test if it does not
-// within 10 s.
+// waitFor waits for cond, at most 10 s (poll.Until).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, what, cond)
 }

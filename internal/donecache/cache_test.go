@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 )
 
 // liveCache is a cache of max entries on a clock the test moves, its
@@ -308,13 +310,8 @@ func TestKeeperReconnects(t *testing.T) {
 	}
 }
 
-// waitFor polls cond for at most 5s.
+// waitFor waits for cond, at most 5 s (poll.Until).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5s: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, what, cond)
 }

@@ -8,17 +8,13 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 )
 
-// waitFor polls cond for at most 5s.
+// waitFor waits for cond, at most 5 s (poll.Until).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 5s: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.Until(t, 5*time.Second, what, cond)
 }
 
 // processed claims and commits key through s.

@@ -14,19 +14,13 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 )
 
-// waitFor polls cond until it holds, and fails the test if it does not
-// within 10 s: a bound on a liveness wait on a loaded machine, not a
-// timing claim.
+// waitFor waits for cond, at most 10 s (poll.Until).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	poll.Until(t, 10*time.Second, what, cond)
 }
 
 // TestRedisPipeConcurrentClaims: many requests at once through the pipe

@@ -25,6 +25,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard" // respond, reverse_proxy, ...
 
 	sanghodedup "github.com/sangho/caddy-sangho-dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
@@ -141,11 +142,7 @@ http://127.0.0.1:%d {
 // within 10 s.
 func WaitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
+	poll.Until(t, 10*time.Second, what, cond)
 }
 
 // Client opens a connection per request: a config reload closes idle
