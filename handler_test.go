@@ -399,6 +399,10 @@ func TestCommitRetriedWhileLeaseLasts(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	// The retry logs after its write lands: wait for the line too.
+	for logs.FilterMessage("commit retried").Len() == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if logs.FilterMessage("commit retried").Len() != 1 {
 		t.Fatal("the commit did not go through the retry path (did CLIENT PAUSE stall it?)")
 	}
