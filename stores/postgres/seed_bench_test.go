@@ -63,11 +63,12 @@ func BenchmarkPostgresVsSeed(b *testing.B) {
 			srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id) SELECT 'evt_old_' || g FROM generate_series(1, %d) g`, floor, rows))
 			srv.Psql(b, `VACUUM ANALYZE `+floor)
 			srv.Psql(b, fmt.Sprintf(`INSERT INTO %s (event_id, processed_at, event_type, fingerprint, expires_at)
-  SELECT 'sangho_dedup:evt_old_' || g, now(), 'bench', md5(g::text), now() + interval '72 hours' FROM generate_series(1, %d) g`, table, rows))
+  SELECT 'sangho_dedup:evt_old_' || g, now(), 'bench', 'x' || left(md5(g::text), 16), now() + interval '72 hours' FROM generate_series(1, %d) g`, table, rows))
 			srv.Psql(b, `VACUUM ANALYZE `+seed)
 			srv.Psql(b, `VACUUM ANALYZE `+table)
 		}
-		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "bench", Fingerprint: "0123456789abcdef0123456789abcdef"}
+		// the fingerprint as the handler writes it: "x" and 16 hex digits
+		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "bench", Fingerprint: "x0123456789abcdef"}
 		srv.Psql(b, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements`)
 		var seq atomic.Int64
 		events := func(b *testing.B, n int, one func(key string) error) {
