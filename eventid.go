@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"strings"
 
@@ -357,25 +358,26 @@ var strStop = func() (t [256]bool) {
 // skipStr validates the string whose content starts at i (after its
 // opening quote) and returns the index after its closing quote and
 // whether it holds escapes. Short strings (keys, most values) are
-// walked byte by byte; past 16 bytes the closing quote is found with
+// walked 8 bytes at a time: one word tells whether any of its bytes is
+// a quote, a backslash or a control character, and which comes first
+// (strStops). Past 32 bytes the closing quote is found with
 // bytes.IndexByte (vectorised), the run before it is checked for
 // control characters 8 bytes at a time and for escapes with
 // bytes.IndexByte again, so a long string costs a few passes at memory
 // speed instead of a branch per byte.
 func skipStr(b []byte, i int) (end int, escaped, ok bool) {
-	for n := 0; n < 16; n++ {
-		if i >= len(b) {
-			return 0, false, false
-		}
-		c := b[i]
-		if !strStop[c] {
-			i++
+	for n := 0; n < 4 && i+8 <= len(b); {
+		m := strStops(binary.LittleEndian.Uint64(b[i:]))
+		if m == 0 {
+			i += 8
+			n++
 			continue
 		}
-		switch {
-		case c == '"':
+		i += bits.TrailingZeros64(m) >> 3
+		switch b[i] {
+		case '"':
 			return i + 1, escaped, true
-		case c == '\\':
+		case '\\':
 			if i = skipEscape(b, i); i < 0 {
 				return 0, false, false
 			}
@@ -383,6 +385,25 @@ func skipStr(b []byte, i int) (end int, escaped, ok bool) {
 		default: // a control character
 			return 0, false, false
 		}
+	}
+	if i+8 > len(b) { // the body's last few bytes
+		for ; i < len(b); i++ {
+			if c := b[i]; strStop[c] {
+				switch c {
+				case '"':
+					return i + 1, escaped, true
+				case '\\':
+					if i = skipEscape(b, i); i < 0 {
+						return 0, false, false
+					}
+					i-- // the loop's i++
+					escaped = true
+				default:
+					return 0, false, false
+				}
+			}
+		}
+		return 0, false, false
 	}
 	q := -1 // the next quote at or after i, once looked for
 	for {
@@ -449,6 +470,16 @@ func hasCtrl(b []byte) bool {
 		}
 	}
 	return false
+}
+
+// strStops marks (0x80) the bytes of w, little-endian, that stop a run
+// through a string: '"', '\\' and those below 0x20. Only the lowest
+// mark is exact (a borrow may mark a byte above it), and it is the only
+// one skipStr reads: the first stop in the word.
+func strStops(w uint64) uint64 {
+	const lo = 0x0101010101010101
+	q, s := w^(lo*'"'), w^(lo*'\\')
+	return ((q-lo)&^q | (s-lo)&^s | (w-lo*0x20)&^w) & 0x8080808080808080 // the last: hasLess(w, 0x20)
 }
 
 // hasLess reports (non-zero) whether a byte of w is below n (n <= 128).
