@@ -47,6 +47,9 @@ func validID(id string) bool {
 type event struct {
 	id, typ    string
 	fromHeader bool // the ID came from the (unsigned) header, not the body
+	// partial: the body was read up to its ID only (eventOf with toID):
+	// the rest is unchecked, and typ is "" unless "type" came first.
+	partial bool
 }
 
 // Errors of the headers a delivery is read from. A header sent more
@@ -58,8 +61,11 @@ var (
 )
 
 // eventOf returns the event ID and type of a verified delivery, from
-// where the provider says.
-func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified) (event, error) {
+// where the provider says. With toID, a body that holds the ID is read
+// only up to it (event.partial when something is left unread): what it
+// read is checked as in a whole read, and an error found there is the
+// same, but what follows the ID is not read at all.
+func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified, toID bool) (event, error) {
 	s := &h.provider
 	switch s.idSource {
 	case dedup.IDFromSignedHeader:
@@ -86,7 +92,7 @@ func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified) (eve
 	if len(s.idHeaders) > 0 {
 		headerIDs = r.Header[s.idHeaders[0]]
 	}
-	ev, err := extractEventField(body, headerIDs, h.requireBodyID, s.idField)
+	ev, err := extractEventField(body, headerIDs, h.requireBodyID, s.idField, toID)
 	if s.typeHeader != "" {
 		ev.typ = r.Header.Get(s.typeHeader)
 	}
@@ -116,15 +122,15 @@ func (s *provider) typeOf(r *http.Request, body []byte) string {
 // unless requireBodyID (then errIDNotInBody). The type is the body's
 // top-level "type" when it is a string, else "". Errors about a field
 // other than "id" name it.
-func extractEventField(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
-	ev, err := extractEventKey(body, headerIDs, requireBodyID, field)
+func extractEventField(body []byte, headerIDs []string, requireBodyID bool, field string, toID bool) (event, error) {
+	ev, err := extractEventKey(body, headerIDs, requireBodyID, field, toID)
 	if err != nil && field != "id" {
 		err = fmt.Errorf("id_field %q: %w", field, err)
 	}
 	return ev, err
 }
 
-func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
+func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field string, toID bool) (event, error) {
 	if len(headerIDs) > 1 {
 		return event{}, errIDHeaders
 	}
@@ -132,11 +138,11 @@ func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field 
 	if len(headerIDs) == 1 {
 		headerID = headerIDs[0]
 	}
-	f, err := scanTopLevelKey(body, field)
+	f, err := scanTop(body, field, toID)
 	if err != nil {
 		return event{}, err
 	}
-	ev := event{typ: f.typ}
+	ev := event{typ: f.typ, partial: f.partial}
 	switch {
 	case f.hasID:
 		if !validID(f.id) {
@@ -162,6 +168,7 @@ func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field 
 type topLevel struct {
 	id, typ string
 	hasID   bool
+	partial bool // the scan stopped after the ID (scanTop's toID)
 }
 
 // utf8BOM is the byte order mark that RFC 8259 forbids in networked JSON.
@@ -191,6 +198,13 @@ const maxNesting = 10000
 // The same checks apply to idKey when it is not "id": given twice, not
 // a string, present in another case.
 func scanTopLevelKey(b []byte, idKey string) (topLevel, error) {
+	return scanTop(b, idKey, false)
+}
+
+// scanTop is scanTopLevelKey, or with toID the same up to the ID's
+// value: once it is read (a valid string, the first idKey, no key before
+// it in another case) the scan stops there, partial, the rest unread.
+func scanTop(b []byte, idKey string, toID bool) (topLevel, error) {
 	var f topLevel
 	if bytes.HasPrefix(b, []byte(utf8BOM)) {
 		return f, errBodyBOM
@@ -236,6 +250,10 @@ func scanTopLevelKey(b []byte, idKey string) (topLevel, error) {
 				return f, errBodyJSON
 			}
 			f.id, f.hasID = decodeStr(raw, esc), true
+			if toID {
+				f.partial = skipWS(b, s.i) < len(b)
+				return f, nil
+			}
 		case isIDCase:
 			return f, errIDCaseKey
 		case isType && !typSeen && s.peek() == '"':
