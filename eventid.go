@@ -48,8 +48,11 @@ type event struct {
 	id, typ    string
 	fromHeader bool // the ID came from the (unsigned) header, not the body
 	// partial: the body was read up to its ID only (eventOf with toID):
-	// the rest is unchecked, and typ is "" unless "type" came first.
+	// the rest is unchecked (readRest), and typ is "" unless "type" came
+	// first.
 	partial bool
+	scan    topLevel // the body's scan so far, when partial...
+	pos     scanPos  // ... and where it stopped
 }
 
 // Errors of the headers a delivery is read from. A header sent more
@@ -99,6 +102,26 @@ func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified, toID
 	return ev, err
 }
 
+// readRest reads the rest of a body that eventOf read up to its ID
+// (ev.partial), from where it stopped: the same checks, with the same
+// errors, as a whole read. The type is the body's if it came after the
+// ID (unless the provider's type header gives it).
+func (h *Handler) readRest(body []byte, ev event) (event, error) {
+	s := &h.provider
+	f, err := scanRest(body, s.idField, ev.scan, ev.pos)
+	if err != nil {
+		if s.idField != "id" {
+			err = fmt.Errorf("id_field %q: %w", s.idField, err)
+		}
+		return ev, err
+	}
+	if s.typeHeader == "" {
+		ev.typ = f.typ
+	}
+	ev.partial, ev.scan, ev.pos = false, topLevel{}, scanPos{}
+	return ev, nil
+}
+
 // typeOf is the event type of a delivery whose ID does not come from
 // the body: the provider's type header, else the body's top-level "type"
 // when the body is a well-formed JSON object (best effort: a body the
@@ -138,11 +161,11 @@ func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field 
 	if len(headerIDs) == 1 {
 		headerID = headerIDs[0]
 	}
-	f, err := scanTop(body, field, toID)
+	f, pos, err := scanTop(body, field, toID)
 	if err != nil {
 		return event{}, err
 	}
-	ev := event{typ: f.typ, partial: f.partial}
+	ev := event{typ: f.typ, partial: f.partial, scan: f, pos: pos}
 	switch {
 	case f.hasID:
 		if !validID(f.id) {
@@ -169,6 +192,12 @@ type topLevel struct {
 	id, typ string
 	hasID   bool
 	partial bool // the scan stopped after the ID (scanTop's toID)
+}
+
+// scanPos is where a partial scan stopped, for scanRest to go on.
+type scanPos struct {
+	next    int  // the index after the ID's value
+	typSeen bool // a top-level "type" string was read (the first counts)
 }
 
 // utf8BOM is the byte order mark that RFC 8259 forbids in networked JSON.
@@ -198,38 +227,67 @@ const maxNesting = 10000
 // The same checks apply to idKey when it is not "id": given twice, not
 // a string, present in another case.
 func scanTopLevelKey(b []byte, idKey string) (topLevel, error) {
-	return scanTop(b, idKey, false)
+	f, _, err := scanTop(b, idKey, false)
+	return f, err
 }
 
 // scanTop is scanTopLevelKey, or with toID the same up to the ID's
 // value: once it is read (a valid string, the first idKey, no key before
 // it in another case) the scan stops there, partial, the rest unread.
-func scanTop(b []byte, idKey string, toID bool) (topLevel, error) {
+func scanTop(b []byte, idKey string, toID bool) (topLevel, scanPos, error) {
 	var f topLevel
+	var pos scanPos
 	if bytes.HasPrefix(b, []byte(utf8BOM)) {
-		return f, errBodyBOM
+		return f, pos, errBodyBOM
 	}
 	s := jsonScanner{b: b}
 	s.ws()
 	if s.i >= len(b) || b[s.i] != '{' {
-		return f, nil
+		return f, pos, nil
 	}
 	s.i++
 	s.ws()
 	if s.peek() == '}' {
 		s.i++
-		return f, s.end()
+		return f, pos, s.end()
 	}
-	typSeen := false
+	err := scanMembers(&s, &f, &pos, idKey, toID, false)
+	return f, pos, err
+}
+
+// scanRest reads the rest of a body whose scan stopped after its ID
+// (f.partial), from there, as if the scan had gone on.
+func scanRest(b []byte, idKey string, f topLevel, pos scanPos) (topLevel, error) {
+	f.partial = false
+	err := scanMembers(&jsonScanner{b: b, i: pos.next}, &f, &pos, idKey, false, true)
+	return f, err
+}
+
+// scanMembers reads the members of the top-level object at s.i: a
+// member, or with afterValue first the comma or brace after one.
+func scanMembers(s *jsonScanner, f *topLevel, pos *scanPos, idKey string, toID, afterValue bool) error {
 	for {
+		if afterValue {
+			s.ws()
+			switch s.peek() {
+			case ',':
+				s.i++
+			case '}':
+				s.i++
+				return s.end()
+			default:
+				return errBodyJSON
+			}
+		}
+		afterValue = true
 		s.ws()
 		key, keyEsc, ok := s.str()
 		if !ok {
-			return f, errBodyJSON
+			return errBodyJSON
 		}
 		s.ws()
 		if s.peek() != ':' {
-			return f, errBodyJSON
+			return errBodyJSON
 		}
 		s.i++
 		s.ws()
@@ -237,45 +295,35 @@ func scanTop(b []byte, idKey string, toID bool) (topLevel, error) {
 		switch {
 		case isID:
 			if f.hasID {
-				return f, errIDDupKey
+				return errIDDupKey
 			}
 			if s.peek() != '"' {
 				if !s.skipValue() {
-					return f, errBodyJSON
+					return errBodyJSON
 				}
-				return f, errIDNotString
+				return errIDNotString
 			}
 			raw, esc, ok := s.str()
 			if !ok {
-				return f, errBodyJSON
+				return errBodyJSON
 			}
 			f.id, f.hasID = decodeStr(raw, esc), true
 			if toID {
-				f.partial = skipWS(b, s.i) < len(b)
-				return f, nil
+				f.partial, pos.next = true, s.i
+				return nil
 			}
 		case isIDCase:
-			return f, errIDCaseKey
-		case isType && !typSeen && s.peek() == '"':
+			return errIDCaseKey
+		case isType && !pos.typSeen && s.peek() == '"':
 			raw, esc, ok := s.str()
 			if !ok {
-				return f, errBodyJSON
+				return errBodyJSON
 			}
-			f.typ, typSeen = decodeStr(raw, esc), true
+			f.typ, pos.typSeen = decodeStr(raw, esc), true
 		default:
 			if !s.skipValue() {
-				return f, errBodyJSON
+				return errBodyJSON
 			}
-		}
-		s.ws()
-		switch s.peek() {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return f, s.end()
-		default:
-			return f, errBodyJSON
 		}
 	}
 }

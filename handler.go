@@ -115,7 +115,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// unmarked, though the earlier attempt's fate is still unknown.
 	fastDup := ev.partial && err == nil && res == dedup.AlreadyDone && dedup.Fingerprint(found) == fp
 	if ev.partial && !fastDup {
-		whole, werr := h.eventOf(r, body.bytes(), &vd, false)
+		whole, werr := h.readRest(body.bytes(), ev)
 		if werr != nil {
 			if err == nil && res == dedup.Claimed {
 				h.releaseUnread(sctx, key, token, id, werr)
