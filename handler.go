@@ -120,7 +120,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			if err == nil && res == dedup.Claimed {
 				h.releaseUnread(sctx, key, token, id, werr)
 			}
-			return h.reject(w, r, repl, outcomeBadRequest, http.StatusBadRequest, werr, "")
+			return h.reject(w, r, repl, outcomeBadRequest, http.StatusBadRequest, werr, id) // claimed under id
 		}
 		ev = whole
 	}

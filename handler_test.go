@@ -973,20 +973,27 @@ func TestCommitRegistry(t *testing.T) {
 // its ID (or holding a second top-level "id" there) is 400 and reaches
 // nothing, as if read whole before the claim; the lease its claim took
 // is released, so the well-formed delivery of that ID that follows is
-// processed at once (not 409), and processed once.
+// processed at once (not 409), and processed once. The 400's log line
+// names the ID it claimed.
 func TestMalformedAfterTheIDIsRefusedAndReleased(t *testing.T) {
 	for name, bad := range map[string]string{
 		"malformed":    `{"id":"evt_tail","type":"x","data":{"a":nul}}`,
 		"second id":    `{"id":"evt_tail","type":"x","id":"evt_other"}`,
 		"id in a case": `{"id":"evt_tail","type":"x","ID":"evt_other"}`,
 		"trailing":     `{"id":"evt_tail","type":"x"} {}`,
+		"cut after id": `{"id":"evt_tail"`,
+		"cut, spaces":  "{\"id\":\"evt_tail\"  \n",
+		"type, cut":    `{"type":"x","id":"evt_tail"`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			h, _ := newTestHandler(t, nil)
+			h, logs := newTestHandler(t, nil)
 			next := &countingNext{}
 			w, repl, _ := serve(h, signedRequest(bad, ""), next)
 			if w.Code != http.StatusBadRequest || outcomeOf(repl) != outcomeBadRequest || next.calls.Load() != 0 {
 				t.Fatalf("%s: %d %q, %d at the backend; want 400 bad_request, none", bad, w.Code, outcomeOf(repl), next.calls.Load())
+			}
+			if l := logs.FilterMessage("delivery rejected").All(); len(l) != 1 || l[0].ContextMap()["event_id"] != "evt_tail" {
+				t.Fatalf("rejection lines %v; want one naming evt_tail, the ID claimed", l)
 			}
 			if e, err := h.store.Get(context.Background(), h.KeyPrefix+"evt_tail"); err != nil || e.State() != "absent" {
 				t.Fatalf("the key after the 400: %+v, %v; want nothing (the lease released)", e, err)
