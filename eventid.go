@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"strings"
 
@@ -46,6 +47,12 @@ func validID(id string) bool {
 type event struct {
 	id, typ    string
 	fromHeader bool // the ID came from the (unsigned) header, not the body
+	// partial: the body was read up to its ID only (eventOf with toID):
+	// the rest is unchecked (readRest), and typ is "" unless "type" came
+	// first.
+	partial bool
+	scan    topLevel // the body's scan so far, when partial...
+	pos     scanPos  // ... and where it stopped
 }
 
 // Errors of the headers a delivery is read from. A header sent more
@@ -57,8 +64,11 @@ var (
 )
 
 // eventOf returns the event ID and type of a verified delivery, from
-// where the provider says.
-func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified) (event, error) {
+// where the provider says. With toID, a body that holds the ID is read
+// only up to it (event.partial when something is left unread): what it
+// read is checked as in a whole read, and an error found there is the
+// same, but what follows the ID is not read at all.
+func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified, toID bool) (event, error) {
 	s := &h.provider
 	switch s.idSource {
 	case dedup.IDFromSignedHeader:
@@ -85,11 +95,31 @@ func (h *Handler) eventOf(r *http.Request, body []byte, vd *dedup.Verified) (eve
 	if len(s.idHeaders) > 0 {
 		headerIDs = r.Header[s.idHeaders[0]]
 	}
-	ev, err := extractEventField(body, headerIDs, h.requireBodyID, s.idField)
+	ev, err := extractEventField(body, headerIDs, h.requireBodyID, s.idField, toID)
 	if s.typeHeader != "" {
 		ev.typ = r.Header.Get(s.typeHeader)
 	}
 	return ev, err
+}
+
+// readRest reads the rest of a body that eventOf read up to its ID
+// (ev.partial), from where it stopped: the same checks, with the same
+// errors, as a whole read. The type is the body's if it came after the
+// ID (unless the provider's type header gives it).
+func (h *Handler) readRest(body []byte, ev event) (event, error) {
+	s := &h.provider
+	f, err := scanRest(body, s.idField, ev.scan, ev.pos)
+	if err != nil {
+		if s.idField != "id" {
+			err = fmt.Errorf("id_field %q: %w", s.idField, err)
+		}
+		return ev, err
+	}
+	if s.typeHeader == "" {
+		ev.typ = f.typ
+	}
+	ev.partial, ev.scan, ev.pos = false, topLevel{}, scanPos{}
+	return ev, nil
 }
 
 // typeOf is the event type of a delivery whose ID does not come from
@@ -115,15 +145,15 @@ func (s *provider) typeOf(r *http.Request, body []byte) string {
 // unless requireBodyID (then errIDNotInBody). The type is the body's
 // top-level "type" when it is a string, else "". Errors about a field
 // other than "id" name it.
-func extractEventField(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
-	ev, err := extractEventKey(body, headerIDs, requireBodyID, field)
+func extractEventField(body []byte, headerIDs []string, requireBodyID bool, field string, toID bool) (event, error) {
+	ev, err := extractEventKey(body, headerIDs, requireBodyID, field, toID)
 	if err != nil && field != "id" {
 		err = fmt.Errorf("id_field %q: %w", field, err)
 	}
 	return ev, err
 }
 
-func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field string) (event, error) {
+func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field string, toID bool) (event, error) {
 	if len(headerIDs) > 1 {
 		return event{}, errIDHeaders
 	}
@@ -131,11 +161,11 @@ func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field 
 	if len(headerIDs) == 1 {
 		headerID = headerIDs[0]
 	}
-	f, err := scanTopLevelKey(body, field)
+	f, pos, err := scanTop(body, field, toID)
 	if err != nil {
 		return event{}, err
 	}
-	ev := event{typ: f.typ}
+	ev := event{typ: f.typ, partial: f.partial, scan: f, pos: pos}
 	switch {
 	case f.hasID:
 		if !validID(f.id) {
@@ -161,6 +191,13 @@ func extractEventKey(body []byte, headerIDs []string, requireBodyID bool, field 
 type topLevel struct {
 	id, typ string
 	hasID   bool
+	partial bool // the scan stopped after the ID (scanTop's toID)
+}
+
+// scanPos is where a partial scan stopped, for scanRest to go on.
+type scanPos struct {
+	next    int  // the index after the ID's value
+	typSeen bool // a top-level "type" string was read (the first counts)
 }
 
 // utf8BOM is the byte order mark that RFC 8259 forbids in networked JSON.
@@ -190,31 +227,67 @@ const maxNesting = 10000
 // The same checks apply to idKey when it is not "id": given twice, not
 // a string, present in another case.
 func scanTopLevelKey(b []byte, idKey string) (topLevel, error) {
+	f, _, err := scanTop(b, idKey, false)
+	return f, err
+}
+
+// scanTop is scanTopLevelKey, or with toID the same up to the ID's
+// value: once it is read (a valid string, the first idKey, no key before
+// it in another case) the scan stops there, partial, the rest unread.
+func scanTop(b []byte, idKey string, toID bool) (topLevel, scanPos, error) {
 	var f topLevel
+	var pos scanPos
 	if bytes.HasPrefix(b, []byte(utf8BOM)) {
-		return f, errBodyBOM
+		return f, pos, errBodyBOM
 	}
 	s := jsonScanner{b: b}
 	s.ws()
 	if s.i >= len(b) || b[s.i] != '{' {
-		return f, nil
+		return f, pos, nil
 	}
 	s.i++
 	s.ws()
 	if s.peek() == '}' {
 		s.i++
-		return f, s.end()
+		return f, pos, s.end()
 	}
-	typSeen := false
+	err := scanMembers(&s, &f, &pos, idKey, toID, false)
+	return f, pos, err
+}
+
+// scanRest reads the rest of a body whose scan stopped after its ID
+// (f.partial), from there, as if the scan had gone on.
+func scanRest(b []byte, idKey string, f topLevel, pos scanPos) (topLevel, error) {
+	f.partial = false
+	err := scanMembers(&jsonScanner{b: b, i: pos.next}, &f, &pos, idKey, false, true)
+	return f, err
+}
+
+// scanMembers reads the members of the top-level object at s.i: a
+// member, or with afterValue first the comma or brace after one.
+func scanMembers(s *jsonScanner, f *topLevel, pos *scanPos, idKey string, toID, afterValue bool) error {
 	for {
+		if afterValue {
+			s.ws()
+			switch s.peek() {
+			case ',':
+				s.i++
+			case '}':
+				s.i++
+				return s.end()
+			default:
+				return errBodyJSON
+			}
+		}
+		afterValue = true
 		s.ws()
 		key, keyEsc, ok := s.str()
 		if !ok {
-			return f, errBodyJSON
+			return errBodyJSON
 		}
 		s.ws()
 		if s.peek() != ':' {
-			return f, errBodyJSON
+			return errBodyJSON
 		}
 		s.i++
 		s.ws()
@@ -222,41 +295,35 @@ func scanTopLevelKey(b []byte, idKey string) (topLevel, error) {
 		switch {
 		case isID:
 			if f.hasID {
-				return f, errIDDupKey
+				return errIDDupKey
 			}
 			if s.peek() != '"' {
 				if !s.skipValue() {
-					return f, errBodyJSON
+					return errBodyJSON
 				}
-				return f, errIDNotString
+				return errIDNotString
 			}
 			raw, esc, ok := s.str()
 			if !ok {
-				return f, errBodyJSON
+				return errBodyJSON
 			}
 			f.id, f.hasID = decodeStr(raw, esc), true
+			if toID {
+				f.partial, pos.next = true, s.i
+				return nil
+			}
 		case isIDCase:
-			return f, errIDCaseKey
-		case isType && !typSeen && s.peek() == '"':
+			return errIDCaseKey
+		case isType && !pos.typSeen && s.peek() == '"':
 			raw, esc, ok := s.str()
 			if !ok {
-				return f, errBodyJSON
+				return errBodyJSON
 			}
-			f.typ, typSeen = decodeStr(raw, esc), true
+			f.typ, pos.typSeen = decodeStr(raw, esc), true
 		default:
 			if !s.skipValue() {
-				return f, errBodyJSON
+				return errBodyJSON
 			}
-		}
-		s.ws()
-		switch s.peek() {
-		case ',':
-			s.i++
-		case '}':
-			s.i++
-			return f, s.end()
-		default:
-			return f, errBodyJSON
 		}
 	}
 }
@@ -357,25 +424,26 @@ var strStop = func() (t [256]bool) {
 // skipStr validates the string whose content starts at i (after its
 // opening quote) and returns the index after its closing quote and
 // whether it holds escapes. Short strings (keys, most values) are
-// walked byte by byte; past 16 bytes the closing quote is found with
+// walked 8 bytes at a time: one word tells whether any of its bytes is
+// a quote, a backslash or a control character, and which comes first
+// (strStops). Past 32 bytes the closing quote is found with
 // bytes.IndexByte (vectorised), the run before it is checked for
 // control characters 8 bytes at a time and for escapes with
 // bytes.IndexByte again, so a long string costs a few passes at memory
 // speed instead of a branch per byte.
 func skipStr(b []byte, i int) (end int, escaped, ok bool) {
-	for n := 0; n < 16; n++ {
-		if i >= len(b) {
-			return 0, false, false
-		}
-		c := b[i]
-		if !strStop[c] {
-			i++
+	for n := 0; n < 4 && i+8 <= len(b); {
+		m := strStops(binary.LittleEndian.Uint64(b[i:]))
+		if m == 0 {
+			i += 8
+			n++
 			continue
 		}
-		switch {
-		case c == '"':
+		i += bits.TrailingZeros64(m) >> 3
+		switch b[i] {
+		case '"':
 			return i + 1, escaped, true
-		case c == '\\':
+		case '\\':
 			if i = skipEscape(b, i); i < 0 {
 				return 0, false, false
 			}
@@ -383,6 +451,25 @@ func skipStr(b []byte, i int) (end int, escaped, ok bool) {
 		default: // a control character
 			return 0, false, false
 		}
+	}
+	if i+8 > len(b) { // the body's last few bytes
+		for ; i < len(b); i++ {
+			if c := b[i]; strStop[c] {
+				switch c {
+				case '"':
+					return i + 1, escaped, true
+				case '\\':
+					if i = skipEscape(b, i); i < 0 {
+						return 0, false, false
+					}
+					i-- // the loop's i++
+					escaped = true
+				default:
+					return 0, false, false
+				}
+			}
+		}
+		return 0, false, false
 	}
 	q := -1 // the next quote at or after i, once looked for
 	for {
@@ -449,6 +536,16 @@ func hasCtrl(b []byte) bool {
 		}
 	}
 	return false
+}
+
+// strStops marks (0x80) the bytes of w, little-endian, that stop a run
+// through a string: '"', '\\' and those below 0x20. Only the lowest
+// mark is exact (a borrow may mark a byte above it), and it is the only
+// one skipStr reads: the first stop in the word.
+func strStops(w uint64) uint64 {
+	const lo = 0x0101010101010101
+	q, s := w^(lo*'"'), w^(lo*'\\')
+	return ((q-lo)&^q | (s-lo)&^s | (w-lo*0x20)&^w) & 0x8080808080808080 // the last: hasLess(w, 0x20)
 }
 
 // hasLess reports (non-zero) whether a byte of w is below n (n <= 128).

@@ -390,11 +390,20 @@ func sameScan(t testing.TB, body []byte) {
 		if got != want || err != wantErr {
 			t.Fatalf("key %q, body %.300q (%d bytes):\n got  %+v, %v\n want %+v, %v", key, body, len(body), got, err, want, wantErr)
 		}
+		// Read up to the ID, then the rest (as ServeHTTP does): the same
+		// answer as one whole read.
+		split, pos, err := scanTop(body, key, true)
+		if err == nil && split.partial {
+			split, err = scanRest(body, key, split, pos)
+		}
+		if split != want || err != wantErr {
+			t.Fatalf("key %q, body %.300q (%d bytes), read up to the ID then the rest:\n got  %+v, %v\n want %+v, %v", key, body, len(body), split, err, want, wantErr)
+		}
 	}
 }
 
-// TestScanMatchesReference gives the scanner and the reference the same
-// bodies: the fuzz corpus, the benchmarks' bodies, generated ones with
+// TestScanMatchesReference gives the scanner (whole, and split at the
+// ID as ServeHTTP reads a body) and the reference the same bodies: the fuzz corpus, the benchmarks' bodies, generated ones with
 // strings of every length and position of escapes and control
 // characters, and each of them broken in many ways (cut short, a byte
 // replaced, dropped or doubled).
@@ -422,7 +431,8 @@ func TestScanMatchesReference(t *testing.T) {
 	for _, s := range benchShapes {
 		seeds = append(seeds, []byte(s.body("evt_shape")))
 	}
-	seeds = append(seeds, []byte(bodyA), []byte(bodyB), []byte(nestedBody("evt_n", 1)), []byte(nestedBody("evt_n", 3)))
+	seeds = append(seeds, []byte(bodyA), []byte(bodyB), []byte(nestedBody("evt_n", 1)), []byte(nestedBody("evt_n", 3)),
+		[]byte(`{"type":"first","id":"evt_t","type":"second"}`)) // the first type wins, across the split at the ID
 	rng := rand.New(rand.NewPCG(27, 1))
 	for range 200 {
 		seeds = append(seeds, genBody(rng))
@@ -572,8 +582,8 @@ func genBody(rng *rand.Rand) []byte {
 	return b
 }
 
-// FuzzScanMatchesReference: the scanner and the reference give every
-// body the same answer.
+// FuzzScanMatchesReference: the scanner, whole or split at the ID, and
+// the reference give every body the same answer.
 func FuzzScanMatchesReference(f *testing.F) {
 	f.Add(bodyA)
 	f.Add(nestedBody("evt_n", 2))

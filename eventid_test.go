@@ -137,7 +137,7 @@ func TestValidID(t *testing.T) {
 
 // extractEvent is extractEventField with the ID in "id", as Sangho sends it.
 func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, error) {
-	return extractEventField(body, headerIDs, requireBodyID, "id")
+	return extractEventField(body, headerIDs, requireBodyID, "id", false)
 }
 
 // scanTopLevel is scanTopLevelKey with the ID in "id".

@@ -86,13 +86,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.reject(w, r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, "")
 	}
 
-	ev, err := h.eventOf(r, body.bytes(), &vd)
+	// The body is read up to its event ID only, for now: see below.
+	ev, err := h.eventOf(r, body.bytes(), &vd, true)
 	if err != nil {
 		return h.reject(w, r, repl, outcomeBadRequest, http.StatusBadRequest, err, "")
 	}
-	id, typ := ev.id, ev.typ
+	id := ev.id
 	repl.Set("http.sangho_dedup.event_id", id)
-	repl.Set("http.sangho_dedup.event_type", typ)
 
 	// dedup.Store operations run to completion even if the client goes away,
 	// so that a claim that reached the store is always followed by a
@@ -104,6 +104,33 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	token := newToken() + "." + fp // the lease carries the body's fingerprint
 	res, found, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
 	observe(opClaim, start, err)
+	// A duplicate of an event done with this very body (its fingerprint)
+	// is answered without reading the rest of the body: that body was
+	// read whole and found well-formed before it was processed. Every
+	// other delivery is read whole now, before it goes anywhere (to the
+	// backend, or to on_store_error pass) or is answered; one found
+	// malformed is 400 as if read whole first, and its own new lease is
+	// released. A lease it took over from an earlier attempt (Reclaimed)
+	// is kept until lock_ttl: released, it would leave the next attempt
+	// unmarked, though the earlier attempt's fate is still unknown.
+	fastDup := ev.partial && err == nil && res == dedup.AlreadyDone && dedup.Fingerprint(found) == fp
+	if ev.partial && !fastDup {
+		whole, werr := h.readRest(body.bytes(), ev)
+		if werr != nil {
+			if err == nil && res == dedup.Claimed {
+				h.releaseUnread(sctx, key, token, id, werr)
+			}
+			return h.reject(w, r, repl, outcomeBadRequest, http.StatusBadRequest, werr, id) // claimed under id
+		}
+		ev = whole
+	}
+	typ := ev.typ
+	if fastDup && h.provider.typeHeader == "" {
+		if rec, ok := dedup.DecodeDone(found); ok {
+			typ = rec.EventType // the body's, read when it was processed
+		}
+	}
+	repl.Set("http.sangho_dedup.event_type", typ)
 	if err != nil {
 		return h.storeFailed(w, r, next, repl, id, err)
 	}
@@ -169,6 +196,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		h.debug("event passed on", id, typ)
 	}
 	return d.process(w, r, next)
+}
+
+// releaseUnread releases the new lease of a delivery whose body, read
+// whole after its claim, is malformed (see ServeHTTP).
+func (h *Handler) releaseUnread(ctx context.Context, key, token, id string, cause error) {
+	start := time.Now()
+	_, err := h.store.Release(ctx, key, token)
+	observe(opRelease, start, err)
+	if err != nil {
+		h.logger.Warn("release failed", zap.String("event_id", id), zap.NamedError("cause", cause),
+			zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.Error(err))
+	}
 }
 
 // answerDuplicate answers 200 {"received":true} with Sangho-Dedup:

@@ -965,3 +965,118 @@ func TestCommitRegistry(t *testing.T) {
 		t.Fatalf("%d keys left in the registry", len(r.m))
 	}
 }
+
+// A body is read up to its event ID before the claim, the rest only
+// when the delivery is not a duplicate of the same body done before.
+
+// TestMalformedAfterTheIDIsRefusedAndReleased: a body malformed after
+// its ID (or holding a second top-level "id" there) is 400 and reaches
+// nothing, as if read whole before the claim; the lease its claim took
+// is released, so the well-formed delivery of that ID that follows is
+// processed at once (not 409), and processed once. The 400's log line
+// names the ID it claimed.
+func TestMalformedAfterTheIDIsRefusedAndReleased(t *testing.T) {
+	for name, bad := range map[string]string{
+		"malformed":    `{"id":"evt_tail","type":"x","data":{"a":nul}}`,
+		"second id":    `{"id":"evt_tail","type":"x","id":"evt_other"}`,
+		"id in a case": `{"id":"evt_tail","type":"x","ID":"evt_other"}`,
+		"trailing":     `{"id":"evt_tail","type":"x"} {}`,
+		"cut after id": `{"id":"evt_tail"`,
+		"cut, spaces":  "{\"id\":\"evt_tail\"  \n",
+		"type, cut":    `{"type":"x","id":"evt_tail"`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			h, logs := newTestHandler(t, nil)
+			next := &countingNext{}
+			w, repl, _ := serve(h, signedRequest(bad, ""), next)
+			if w.Code != http.StatusBadRequest || outcomeOf(repl) != outcomeBadRequest || next.calls.Load() != 0 {
+				t.Fatalf("%s: %d %q, %d at the backend; want 400 bad_request, none", bad, w.Code, outcomeOf(repl), next.calls.Load())
+			}
+			if l := logs.FilterMessage("delivery rejected").All(); len(l) != 1 || l[0].ContextMap()["event_id"] != "evt_tail" {
+				t.Fatalf("rejection lines %v; want one naming evt_tail, the ID claimed", l)
+			}
+			if e, err := h.store.Get(context.Background(), h.KeyPrefix+"evt_tail"); err != nil || e.State() != "absent" {
+				t.Fatalf("the key after the 400: %+v, %v; want nothing (the lease released)", e, err)
+			}
+			good := `{"id":"evt_tail","type":"x"}`
+			for i, want := range []string{outcomeProcessed, outcomeDuplicate} {
+				w, repl, _ = serve(h, signedRequest(good, ""), next)
+				if w.Code != 200 || outcomeOf(repl) != want {
+					t.Fatalf("well-formed delivery %d: %d %q; want 200 %s", i+1, w.Code, outcomeOf(repl), want)
+				}
+			}
+			if next.calls.Load() != 1 {
+				t.Fatalf("backend called %d times; want 1", next.calls.Load())
+			}
+		})
+	}
+}
+
+// TestDuplicateOfTheSameBodyKeepsItsType: a duplicate of an event done
+// with the same body is answered from its ID alone, the body's "type"
+// (after the ID) unread; the placeholder and the debug line still give
+// it, from the done record.
+func TestDuplicateOfTheSameBodyKeepsItsType(t *testing.T) {
+	h, logs := newTestHandler(t, nil)
+	body := `{"id":"evt_typed","data":{"n":[1,2,{"k":"v"}]},"type":"invoice.paid"}`
+	for i, want := range []string{outcomeProcessed, outcomeDuplicate} {
+		w, repl, _ := serve(h, signedRequest(body, ""), &countingNext{})
+		typ, _ := repl.GetString("http.sangho_dedup.event_type")
+		if w.Code != 200 || outcomeOf(repl) != want || typ != "invoice.paid" {
+			t.Fatalf("delivery %d: %d %q, event_type %q; want 200 %s invoice.paid", i+1, w.Code, outcomeOf(repl), typ, want)
+		}
+	}
+	lines := logs.FilterMessage("duplicate answered").All()
+	if len(lines) != 1 || lines[0].ContextMap()["event_type"] != "invoice.paid" {
+		t.Fatalf("debug lines %v; want one with event_type invoice.paid", lines)
+	}
+}
+
+// TestAnotherBodyUnderADoneIDIsReadWhole: a malformed body under the ID
+// of an event done with another body is 400, as before the claim (not
+// 422 nor a duplicate): only the very body done is answered unread.
+func TestAnotherBodyUnderADoneIDIsReadWhole(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	if w, _, _ := serve(h, signedRequest(`{"id":"evt_done","type":"x"}`, ""), &countingNext{}); w.Code != 200 {
+		t.Fatalf("first delivery: %d", w.Code)
+	}
+	w, repl, _ := serve(h, signedRequest(`{"id":"evt_done","type":"x","a":tru}`, ""), &countingNext{})
+	if w.Code != http.StatusBadRequest || outcomeOf(repl) != outcomeBadRequest {
+		t.Fatalf("malformed body under a done ID: %d %q; want 400 bad_request", w.Code, outcomeOf(repl))
+	}
+}
+
+// TestMalformedTakeoverKeepsTheMark: a malformed body whose claim took
+// over an earlier attempt's lapsed lease (fate unknown) is 400 and keeps
+// that lease until lock_ttl: the well-formed retry after it still
+// reaches the backend marked. Released instead, the retry would go on
+// unmarked.
+func TestMalformedTakeoverKeepsTheMark(t *testing.T) {
+	h, marked := redisHandler(t, 300*time.Millisecond)
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return caddyhttp.Error(504, errors.New("net/http: timeout awaiting response headers"))
+	})
+	good := `{"id":"evt_lapsed","type":"x"}`
+	if _, repl, _ := serve(h, signedRequest(good, ""), held); outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("first attempt: %q; want held", outcomeOf(repl))
+	}
+	time.Sleep(400 * time.Millisecond)
+	w, repl, _ := serve(h, signedRequest(`{"id":"evt_lapsed","type":"x","a":[}`, ""), &countingNext{})
+	if w.Code != http.StatusBadRequest || outcomeOf(repl) != outcomeBadRequest {
+		t.Fatalf("malformed takeover: %d %q; want 400", w.Code, outcomeOf(repl))
+	}
+	time.Sleep(400 * time.Millisecond)
+	var prior []string
+	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		prior = r.Header.Values("Sangho-Dedup-Prior-Attempt")
+		w.WriteHeader(200)
+		return nil
+	}}
+	w, repl, _ = serve(h, signedRequest(good, ""), next)
+	if w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked || len(prior) != 1 || prior[0] != "unknown" {
+		t.Fatalf("retry: %d %q, prior attempt %q; want 200 processed_marked unknown", w.Code, outcomeOf(repl), prior)
+	}
+	if got := marked(); len(got) != 1 || got[0] != "evt_lapsed" {
+		t.Fatalf("marked lines %v; want one for evt_lapsed", got)
+	}
+}

@@ -124,7 +124,7 @@ func TestProviderIDSources(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Verify: %v", err)
 			}
-			ev, err := h.eventOf(r, []byte(c.body), &vd)
+			ev, err := h.eventOf(r, []byte(c.body), &vd, false)
 			if !errors.Is(err, c.wantErr) || ev.id != c.wantID || ev.typ != c.wantType || ev.fromHeader != c.unsigned {
 				t.Errorf("got %q %q unsigned=%v %v; want %q %q unsigned=%v %v", ev.id, ev.typ, ev.fromHeader, err, c.wantID, c.wantType, c.unsigned, c.wantErr)
 			}
@@ -250,7 +250,7 @@ func TestProviderDefaultsAndOverrides(t *testing.T) {
 	h := providerHandler(t, `{"name":"shopify"}`, []string{shopSecret1}, func(h *Handler) { h.EventIDHeader = "X-Mine" })
 	r := post("{}", map[string]string{"X-Shopify-Hmac-Sha256": shopifySig("{}", shopSecret1), "X-Shopify-Event-Id": "ev_1"})
 	vd, _ := h.provider.Verify(r, []byte("{}"))
-	if _, err := h.eventOf(r, []byte("{}"), &vd); !errors.Is(err, errIDHeaderMissing) {
+	if _, err := h.eventOf(r, []byte("{}"), &vd, false); !errors.Is(err, errIDHeaderMissing) {
 		t.Errorf("event_id_header X-Mine: %v, want the ID header missing", err)
 	}
 	// An overridden signature header turns the svix- fallback off.
