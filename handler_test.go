@@ -1045,38 +1045,3 @@ func TestAnotherBodyUnderADoneIDIsReadWhole(t *testing.T) {
 		t.Fatalf("malformed body under a done ID: %d %q; want 400 bad_request", w.Code, outcomeOf(repl))
 	}
 }
-
-// TestMalformedTakeoverKeepsTheMark: a malformed body whose claim took
-// over an earlier attempt's lapsed lease (fate unknown) is 400 and keeps
-// that lease until lock_ttl: the well-formed retry after it still
-// reaches the backend marked. Released instead, the retry would go on
-// unmarked.
-func TestMalformedTakeoverKeepsTheMark(t *testing.T) {
-	h, marked := redisHandler(t, 300*time.Millisecond)
-	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		return caddyhttp.Error(504, errors.New("net/http: timeout awaiting response headers"))
-	})
-	good := `{"id":"evt_lapsed","type":"x"}`
-	if _, repl, _ := serve(h, signedRequest(good, ""), held); outcomeOf(repl) != outcomeHeld {
-		t.Fatalf("first attempt: %q; want held", outcomeOf(repl))
-	}
-	time.Sleep(400 * time.Millisecond)
-	w, repl, _ := serve(h, signedRequest(`{"id":"evt_lapsed","type":"x","a":[}`, ""), &countingNext{})
-	if w.Code != http.StatusBadRequest || outcomeOf(repl) != outcomeBadRequest {
-		t.Fatalf("malformed takeover: %d %q; want 400", w.Code, outcomeOf(repl))
-	}
-	time.Sleep(400 * time.Millisecond)
-	var prior []string
-	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
-		prior = r.Header.Values("Sangho-Dedup-Prior-Attempt")
-		w.WriteHeader(200)
-		return nil
-	}}
-	w, repl, _ = serve(h, signedRequest(good, ""), next)
-	if w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked || len(prior) != 1 || prior[0] != "unknown" {
-		t.Fatalf("retry: %d %q, prior attempt %q; want 200 processed_marked unknown", w.Code, outcomeOf(repl), prior)
-	}
-	if got := marked(); len(got) != 1 || got[0] != "evt_lapsed" {
-		t.Fatalf("marked lines %v; want one for evt_lapsed", got)
-	}
-}

@@ -50,6 +50,16 @@ func redisHandler(t *testing.T, lockTTL time.Duration) (*Handler, func() []strin
 	return h, marked
 }
 
+// priorAttemptBackend is a backend that answers 200 and keeps the
+// Sangho-Dedup-Prior-Attempt values of the last request it got.
+func priorAttemptBackend(got *[]string) *countingNext {
+	return &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		*got = r.Header.Values("Sangho-Dedup-Prior-Attempt")
+		w.WriteHeader(200)
+		return nil
+	}}
+}
+
 // TestReclaimedDeliveryIsMarked: the first attempt is held (a timeout:
 // its fate unknown); once its lease ran out, the retry reclaims the
 // event and reaches the backend with Sangho-Dedup-Prior-Attempt:
@@ -67,11 +77,7 @@ func TestReclaimedDeliveryIsMarked(t *testing.T) {
 	}
 	time.Sleep(400 * time.Millisecond)
 	var got []string
-	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
-		got = r.Header.Values("Sangho-Dedup-Prior-Attempt")
-		w.WriteHeader(200)
-		return nil
-	}}
+	next := priorAttemptBackend(&got)
 	before := testutil.ToFloat64(h.outcomes[outcomeProcessedMarked])
 	w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
 	if w.Code != 200 || len(got) != 1 || got[0] != "unknown" {
@@ -119,11 +125,7 @@ func TestReclaimedDeliveryLikeClaimed(t *testing.T) {
 		t.Fatalf("reclaimed, backend 500: outcome %q, prior attempt %q; want released, unknown", outcomeOf(repl), priorAttemptOf(repl))
 	}
 	var got []string
-	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
-		got = r.Header.Values("Sangho-Dedup-Prior-Attempt")
-		w.WriteHeader(200)
-		return nil
-	}}
+	next := priorAttemptBackend(&got)
 	if _, repl, _ := serve(h, signedRequest(bodyA, ""), next); outcomeOf(repl) != outcomeProcessed || len(got) != 0 {
 		t.Fatalf("after the release: %q, header %q; want processed, unmarked", outcomeOf(repl), got)
 	}
@@ -135,11 +137,7 @@ func TestReclaimedDeliveryLikeClaimed(t *testing.T) {
 // (on_store_error pass) carries exactly the handler's "unknown".
 func TestPriorAttemptHeaderFromClientStripped(t *testing.T) {
 	var got []string
-	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
-		got = r.Header.Values("Sangho-Dedup-Prior-Attempt")
-		w.WriteHeader(200)
-		return nil
-	}}
+	next := priorAttemptBackend(&got)
 	forged := func() *http.Request {
 		r := signedRequest(bodyA, "")
 		r.Header.Add("Sangho-Dedup-Prior-Attempt", "none")
@@ -321,5 +319,36 @@ func TestSpanCarriesPriorAttempt(t *testing.T) {
 		if got != c.want {
 			t.Errorf("span attribute sangho_dedup.prior_attempt = %q, want %q", got, c.want)
 		}
+	}
+}
+
+// TestMalformedTakeoverKeepsTheMark: a malformed body whose claim took
+// over an earlier attempt's lapsed lease (fate unknown) is 400 and keeps
+// that lease until lock_ttl: the well-formed retry after it still
+// reaches the backend marked. Released instead, the retry would go on
+// unmarked.
+func TestMalformedTakeoverKeepsTheMark(t *testing.T) {
+	h, marked := redisHandler(t, 300*time.Millisecond)
+	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		return caddyhttp.Error(504, errors.New("net/http: timeout awaiting response headers"))
+	})
+	good := `{"id":"evt_lapsed","type":"x"}`
+	if _, repl, _ := serve(h, signedRequest(good, ""), held); outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("first attempt: %q; want held", outcomeOf(repl))
+	}
+	time.Sleep(400 * time.Millisecond)
+	w, repl, _ := serve(h, signedRequest(`{"id":"evt_lapsed","type":"x","a":[}`, ""), &countingNext{})
+	if w.Code != http.StatusBadRequest || outcomeOf(repl) != outcomeBadRequest {
+		t.Fatalf("malformed takeover: %d %q; want 400", w.Code, outcomeOf(repl))
+	}
+	time.Sleep(400 * time.Millisecond)
+	var prior []string
+	next := priorAttemptBackend(&prior)
+	w, repl, _ = serve(h, signedRequest(good, ""), next)
+	if w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked || len(prior) != 1 || prior[0] != "unknown" {
+		t.Fatalf("retry: %d %q, prior attempt %q; want 200 processed_marked unknown", w.Code, outcomeOf(repl), prior)
+	}
+	if got := marked(); len(got) != 1 || got[0] != "evt_lapsed" {
+		t.Fatalf("marked lines %v; want one for evt_lapsed", got)
 	}
 }
