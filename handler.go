@@ -126,9 +126,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	typ := ev.typ
 	if fastDup && h.provider.typeHeader == "" {
-		if rec, ok := dedup.DecodeDone(found); ok {
-			typ = rec.EventType // the body's, read when it was processed
-		}
+		typ = dedup.EventType(found) // the body's, read when it was processed
 	}
 	repl.Set("http.sangho_dedup.event_type", typ)
 	if err != nil {

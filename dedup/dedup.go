@@ -391,6 +391,31 @@ func Fingerprint(val string) string {
 	return ""
 }
 
+// EventType returns the event type in a done record ("" in anything
+// else). Cheap, as Fingerprint: JSON is decoded only when the type holds
+// an escape.
+func EventType(val string) string {
+	raw, ok := strings.CutPrefix(val, DonePrefix)
+	if !ok {
+		return ""
+	}
+	if isCompact(raw) {
+		_, _, typ, _ := compactParts(val)
+		return typ
+	}
+	// Encode writes processed_at (a time, no quote in it) and then
+	// event_type: the first match is the key.
+	const k = `"event_type":"`
+	if i := strings.Index(raw, k); i >= 0 {
+		t := raw[i+len(k):]
+		if j := strings.IndexAny(t, `"\`); j >= 0 && t[j] == '"' {
+			return t[:j]
+		}
+	}
+	r, _ := DecodeDone(val)
+	return r.EventType
+}
+
 // TokenFingerprint returns the fingerprint a lease token carries after
 // its last ".", or "".
 func TokenFingerprint(token string) string {

@@ -123,12 +123,13 @@ func TestCompactRecordXXH64(t *testing.T) {
 
 // FuzzDoneRecordEncodings: for any record, the compact form decodes to
 // what the JSON form does (processed_at to the millisecond) and gives
-// the same fingerprint, so the handler's payload comparison cannot tell
+// the same fingerprint, EventType reads what DecodeDone does from each, so the handler's payload comparison cannot tell
 // which form a store wrote.
 func FuzzDoneRecordEncodings(f *testing.F) {
 	f.Add(int64(1733140801123456789), "payment_intent.succeeded", "0123456789abcdef0123456789abcdef", "")
 	f.Add(int64(0), "", "", "evt_1")
 	f.Add(int64(1733140801123456789), "invoice.paid", "x0123456789abcdef", "")
+	f.Add(int64(1733140801123456789), `a"b\\c<\x01é`, "x0123456789abcdef", "")
 	f.Fuzz(func(t *testing.T, ns int64, typ, fp, id string) {
 		rec := DoneRecord{ProcessedAt: time.Unix(0, ns).UTC(), EventType: typ, Fingerprint: fp, EventID: id}
 		c, j := rec.EncodeCompact(), rec.Encode()
@@ -136,6 +137,9 @@ func FuzzDoneRecordEncodings(f *testing.F) {
 		dj, okj := DecodeDone(j)
 		if okc != okj || Fingerprint(c) != Fingerprint(j) {
 			t.Fatalf("%+v: compact %q (%v, fp %q), JSON %q (%v, fp %q)", rec, c, okc, Fingerprint(c), j, okj, Fingerprint(j))
+		}
+		if EventType(c) != dc.EventType || EventType(j) != dj.EventType {
+			t.Fatalf("%+v: event types %q (compact), %q (JSON); decoded %q, %q", rec, EventType(c), EventType(j), dc.EventType, dj.EventType)
 		}
 		// the compact form is exact (JSON replaces invalid UTF-8)
 		if c != j && (!okc || dc.EventType != typ || dc.EventID != "" || dc.Fingerprint != fp ||
