@@ -104,6 +104,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	token := newToken() + "." + fp // the lease carries the body's fingerprint
 	res, found, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
 	observe(opClaim, start, err)
+	// The fingerprint in what the claim found (a record, a lease), if any.
+	other := dedup.Fingerprint(found)
 	// A duplicate of an event done with this very body (its fingerprint)
 	// is answered without reading the rest of the body: that body was
 	// read whole and found well-formed before it was processed. Every
@@ -113,7 +115,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	// released. A lease it took over from an earlier attempt (Reclaimed)
 	// is kept until lock_ttl: released, it would leave the next attempt
 	// unmarked, though the earlier attempt's fate is still unknown.
-	fastDup := ev.partial && err == nil && res == dedup.AlreadyDone && dedup.Fingerprint(found) == fp
+	fastDup := ev.partial && err == nil && res == dedup.AlreadyDone && other == fp
 	if ev.partial && !fastDup {
 		whole, werr := h.readRest(body.bytes(), ev)
 		if werr != nil {
@@ -137,7 +139,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if res != dedup.Claimed {
 		// The body's fingerprint in the format of the one found: a record
 		// or lease of an older version holds its SHA-256 (fingerprintAs).
-		other := dedup.Fingerprint(found)
 		if mine := fingerprintAs(other, fp, body.bytes()); mine != "" && mine != other {
 			if res == dedup.InFlight || res == dedup.Reclaimed {
 				state := "in_flight"
