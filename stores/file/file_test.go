@@ -860,10 +860,12 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 	defer st.Destruct()
 	s := &Store{state: st}
 	ctx := context.Background()
+	// a record as the handler writes it: its body's fingerprint and type
+	rec := dedup.DoneRecord{ProcessedAt: time.Now(), Fingerprint: "x0123456789abcdef", EventType: "payment_intent.succeeded"}
 	for i := range 10000 {
 		key := BenchKey(uint64(i))
 		_, _, _ = s.Claim(ctx, key, "t", time.Minute)
-		if _, err := s.Commit(ctx, key, "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		if _, err := s.Commit(ctx, key, "t", rec, time.Hour); err != nil {
 			b.Fatal(err)
 		}
 	}
