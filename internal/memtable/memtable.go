@@ -15,6 +15,7 @@ import (
 	"hash/maphash"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -49,6 +50,9 @@ func (e memEntry) kept(now time.Time) bool {
 type memShard struct {
 	mu sync.Mutex
 	m  map[string]memEntry
+	// settles counts the Settle calls on the shard's keys (written
+	// under mu): see Settles.
+	settles atomic.Uint64
 }
 
 // Journal is told of every change to the leases (and marks), under the
@@ -265,6 +269,7 @@ func (s *Table) Settle(key, token string) (bool, error) {
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	sh.settles.Add(1)
 	e, ok := s.get(sh, key, now)
 	if !ok || !e.lease() {
 		return false, nil
@@ -277,6 +282,28 @@ func (s *Table) Settle(key, token string) (bool, error) {
 		return false, err
 	}
 	return ours, nil
+}
+
+// Settles returns a count that every Settle of key (and of the other
+// keys of its shard) raises, before it drops a lease. A store whose
+// commit writes its record elsewhere and then settles (the file store)
+// reads it before a claim; if the count is the same once the claim has
+// returned, no commit of key dropped its lease in between, so what the
+// read found is still what there is, and the claim needs no second
+// read. The keys of a shard (a 64th of them) share a count: a change
+// says only that a second read is needed.
+func (s *Table) Settles(key string) uint64 {
+	return s.shard(key).settles.Load()
+}
+
+// Holds reports whether key holds token's lease, live or its mark.
+func (s *Table) Holds(key, token string) bool {
+	sh := s.shard(key)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := s.get(sh, key, now)
+	return ok && dedup.IsLease(e.val, token)
 }
 
 // Release deletes token's lease on key, live or its mark (a release

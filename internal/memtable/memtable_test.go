@@ -123,3 +123,40 @@ func TestJournal(t *testing.T) {
 		t.Fatalf("swept %d; want the mark past MarkFor", n)
 	}
 }
+
+// Settles rises with every Settle of a key, whether or not it drops a
+// lease, and with no other change; Holds tells token's lease, live or
+// its mark, from anyone else's.
+func TestSettlesAndHolds(t *testing.T) {
+	clock := testclock.New()
+	st := New(clock.Now, time.Hour)
+	defer st.Destruct()
+	st.Claim("k", "t", time.Second)
+	n0 := st.Settles("k")
+	if !st.Holds("k", "t") || st.Holds("k", "u") || st.Holds("other", "t") {
+		t.Fatal("Holds: want only t's lease on k")
+	}
+	st.Renew("k", "t", time.Second)
+	st.Claim("j", "t", time.Second)
+	st.Release("j", "t")
+	if n := st.Settles("k"); n != n0 {
+		t.Fatalf("Settles moved from %d to %d without a Settle", n0, n)
+	}
+	if ok, _ := st.Settle("k", "u"); ok {
+		t.Fatal("another token's Settle dropped t's live lease")
+	}
+	if n := st.Settles("k"); n == n0 {
+		t.Fatal("Settles did not rise with a Settle that dropped nothing")
+	}
+	clock.Advance(2 * time.Second) // t's lease is a mark now
+	if !st.Holds("k", "t") {
+		t.Fatal("Holds: t's mark is still t's")
+	}
+	n1 := st.Settles("k")
+	if ok, _ := st.Settle("k", "t"); !ok {
+		t.Fatal("t's Settle did not drop its mark")
+	}
+	if st.Settles("k") == n1 || st.Holds("k", "t") {
+		t.Fatal("after t's Settle: want the count raised and no lease held")
+	}
+}

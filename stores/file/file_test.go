@@ -860,10 +860,12 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 	defer st.Destruct()
 	s := &Store{state: st}
 	ctx := context.Background()
+	// a record as the handler writes it: its body's fingerprint and type
+	rec := dedup.DoneRecord{ProcessedAt: time.Now(), Fingerprint: "x0123456789abcdef", EventType: "payment_intent.succeeded"}
 	for i := range 10000 {
 		key := BenchKey(uint64(i))
 		_, _, _ = s.Claim(ctx, key, "t", time.Minute)
-		if _, err := s.Commit(ctx, key, "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); err != nil {
+		if _, err := s.Commit(ctx, key, "t", rec, time.Hour); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -1387,5 +1389,75 @@ func TestFileStoreClaimOnAStalledDisk(t *testing.T) {
 	syncLog = real
 	if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim once the disk is back = %v, %v; want claimed", res, err)
+	}
+}
+
+// A commit that lands and drops its lease between a claim's lookup of
+// the record and its claim of the lease: the claim finds the record
+// (read again because a commit settled meanwhile) and answers done,
+// leaving no lease. Deterministic, where TestFileStoreClaimRacingCommit
+// races.
+func TestFileStoreClaimAfterACommitInItsWindow(t *testing.T) {
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	if res, _, err := s.Claim(ctx, "k", "owner", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("owner's claim = %v, %v", res, err)
+	}
+	var once sync.Once
+	claimReadHook = func(key string) {
+		once.Do(func() {
+			if ok, err := s.Commit(ctx, key, "owner", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); !ok || err != nil {
+				t.Errorf("owner's commit = %v, %v", ok, err)
+			}
+		})
+	}
+	defer func() { claimReadHook = nil }()
+	res, _, err := s.Claim(ctx, "k", "late", time.Minute)
+	if err != nil || res != dedup.AlreadyDone {
+		t.Fatalf("claim whose lookup came before the commit = %v, %v; want done", res, err)
+	}
+	if e, ok := st.leases.Lookup("k"); ok {
+		t.Fatalf("the late claim left a lease: %+v", e)
+	}
+}
+
+// A commit retried after its first attempt landed late (the disk held
+// it past the caller's wait; the landing dropped the lease) reports
+// success: the record it finds is its own.
+func TestFileStoreRetriedCommitFindsItsRecord(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = time.Second
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "k", "t", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	rec := dedup.DoneRecord{ProcessedAt: time.Now(), Fingerprint: "x0123456789abcdef"}
+	committed := make(chan error, 1)
+	release := HoldInStalledWrite(t, s,
+		func() {
+			go func() {
+				_, err := s.Commit(ctx, "k", "t", rec, time.Hour)
+				committed <- err
+			}()
+		},
+		func() bool {
+			e, ok := st.leases.Lookup("k")
+			return ok && time.Until(e.ExpiresAt) > dedup.CommitRetryFor
+		})
+	if err := <-committed; !errors.Is(err, errFileStalled) {
+		t.Fatalf("commit while the disk holds its write: %v, want it stalled", err)
+	}
+	release()
+	if _, ok := st.leases.Lookup("k"); ok {
+		t.Fatal("the landed commit kept its lease")
+	}
+	if ok, err := s.Commit(ctx, "k", "t", rec, time.Hour); !ok || err != nil {
+		t.Fatalf("the retried commit = %v, %v; want true (its first attempt landed)", ok, err)
+	}
+	if ok, err := s.Commit(ctx, "k", "other", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour); ok || err != nil {
+		t.Fatalf("another token's commit = %v, %v; want false (not its lease, not its record)", ok, err)
 	}
 }

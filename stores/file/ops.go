@@ -23,8 +23,12 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	// A new event's lookup costs the memtable and one bloom filter per
 	// level; a duplicate reads its record (its value carries the
 	// fingerprint).
+	settles := st.leases.Settles(key)
 	if val, done, err := st.read(key); err != nil || done {
 		return dedup.AlreadyDone, val, err
+	}
+	if claimReadHook != nil {
+		claimReadHook(key)
 	}
 	res, val, err := st.leases.Claim(key, token, ttl)
 	if err != nil || (res != dedup.Claimed && res != dedup.Reclaimed) {
@@ -39,6 +43,11 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	}
 	// A commit puts its record in the database before it drops its
 	// lease: if one did both since the lookup above, it is there now.
+	// Only a commit that settled since the lookup can have done both,
+	// and it raised the count (Table.Settles); else the lookup stands.
+	if st.leases.Settles(key) == settles {
+		return res, val, nil
+	}
 	if val, done, err := st.read(key); err != nil || done {
 		_, _ = st.leases.Release(key, token)
 		if err != nil {
@@ -48,6 +57,10 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	}
 	return res, val, nil
 }
+
+// claimReadHook, when set (by a test), runs in Claim between the lookup
+// of the record and the claim of the lease.
+var claimReadHook func(key string)
 
 // Renew implements Store.
 func (s *Store) Renew(_ context.Context, key, token string, ttl time.Duration) (bool, error) {
@@ -73,6 +86,12 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, released bool
 	err = st.writeThen(func(tx *txn) error {
+		if st.leases.Holds(key, token) {
+			// The lease is still ours, so no attempt of this commit
+			// landed (its landing drops the lease, in this order): no
+			// record of ours to find.
+			return tx.set(key, enc, retention)
+		}
 		var err error
 		again, err = tx.replace(key, enc, retention) // a retried commit whose first attempt landed
 		return err

@@ -191,16 +191,20 @@ func (tx *txn) put(key, val string, ttl time.Duration) error {
 	return err
 }
 
-// replace is put, and reports whether key held the same record, live,
+// replace is set, and reports whether key held the same record, live,
 // before.
 func (tx *txn) replace(key string, val doneValue, ttl time.Duration) (same bool, err error) {
-	exp := unixNano(tx.now.Add(ttl))
 	old, oldVal, ok, err := tx.record(key)
 	if err != nil {
 		return false, err
 	}
 	same = ok && unixNano(tx.now) < old && oldVal == val.val
-	return same, tx.b.Set(doneKey(key), val.encode(exp), nil)
+	return same, tx.set(key, val, ttl)
+}
+
+// set sets key to the done record val for ttl, whatever it held.
+func (tx *txn) set(key string, val doneValue, ttl time.Duration) error {
+	return tx.b.Set(doneKey(key), val.encode(unixNano(tx.now.Add(ttl))), nil)
 }
 
 // forget deletes key's done record if it is live, and returns it.
