@@ -47,15 +47,19 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 	if loadStarts != nil {
 		loadStarts()
 	}
-	out, err := exec.CommandContext(ctx, wrk, "-t1", "-c"+strconv.Itoa(cfg.Concurrency),
+	cmd := exec.CommandContext(ctx, wrk, "-t1", "-c"+strconv.Itoa(cfg.Concurrency),
 		"-d"+strconv.Itoa(int(cfg.Duration.Seconds()))+"s", "--timeout", "30s",
-		"-s", script, cfg.URL, "--", data, strconv.FormatFloat(cfg.Duplicates, 'f', -1, 64)).CombinedOutput()
+		"-s", script, cfg.URL, "--", data, strconv.FormatFloat(cfg.Duplicates, 'f', -1, 64))
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return load.Result{}, fmt.Errorf("wrk: %v\n%s", err, out)
 	}
 	res, exhausted, err := parseWrk(string(out))
 	if err != nil {
 		return load.Result{}, err
+	}
+	if ps := cmd.ProcessState; ps != nil && res.Requests > 0 {
+		res.GeneratorCPU = float64((ps.UserTime() + ps.SystemTime()).Microseconds()) / float64(res.Requests)
 	}
 	if exhausted > 0 && unique {
 		return load.Result{}, fmt.Errorf("wrk ran out of the %d signed new events (raise the rate bound): %d requests would have been redeliveries", n, exhausted)

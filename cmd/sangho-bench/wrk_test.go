@@ -118,7 +118,7 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 		if len(bad) > 0 {
 			t.Fatalf("%s: %d bad requests, first: %s", name, len(bad), bad[0])
 		}
-		if res.Requests < 100 || res.ByStatus["2xx"] != res.Requests {
+		if res.Requests < 100 || res.ByStatus["2xx"] != res.Requests || res.GeneratorCPU <= 0 {
 			t.Fatalf("%s: %+v", name, res)
 		}
 		if run.dup == 0 && repeats != 0 {
