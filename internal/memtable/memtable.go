@@ -51,8 +51,10 @@ type memShard struct {
 	mu sync.Mutex
 	m  map[string]memEntry
 	// settles counts the Settle calls on the shard's keys (written
-	// under mu): see Settles.
+	// under mu), landing the keys whose records are on their way to
+	// the file store's disk: see Settles.
 	settles atomic.Uint64
+	landing map[string]int // under mu
 }
 
 // Journal is told of every change to the leases (and marks), under the
@@ -285,15 +287,51 @@ func (s *Table) Settle(key, token string) (bool, error) {
 }
 
 // Settles returns a count that every Settle of key (and of the other
-// keys of its shard) raises, before it drops a lease. A store whose
+// keys of its shard) raises before it drops a lease. A store whose
 // commit writes its record elsewhere and then settles (the file store)
-// reads it before a claim; if the count is the same once the claim has
-// returned, no commit of key dropped its lease in between, so what the
-// read found is still what there is, and the claim needs no second
-// read. The keys of a shard (a 64th of them) share a count: a change
-// says only that a second read is needed.
+// notes it before a claim reads the record, and asks SettledSince once
+// the claim has taken the lease: if no record of key was landing and no
+// Settle of its shard ran in between, what the read found still holds
+// and the claim needs no second read. The keys of a shard (a 64th of
+// them) share the count: a change says only that a second read is
+// needed.
 func (s *Table) Settles(key string) uint64 {
 	return s.shard(key).settles.Load()
+}
+
+// Landing and Landed bracket a record of key on its way to the store's
+// disk: Landing before it can be read there, Landed after its Settle
+// (or its failure). In between, SettledSince reports true for key.
+func (s *Table) Landing(key string) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.landing == nil {
+		sh.landing = make(map[string]int)
+	}
+	sh.landing[key]++
+}
+
+// Landed: see Landing.
+func (s *Table) Landed(key string) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if sh.landing[key]--; sh.landing[key] <= 0 {
+		delete(sh.landing, key)
+	}
+}
+
+// SettledSince reports whether a record of key may have landed since
+// Settles returned n: one is landing, or a Settle of the shard ran. A
+// record that lands is counted landing before it can be read, and its
+// Settle runs before it is counted landed: if it landed after the read
+// that followed Settles, one of the two shows here.
+func (s *Table) SettledSince(key string, n uint64) bool {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.landing[key] > 0 || sh.settles.Load() != n
 }
 
 // Holds reports whether key holds token's lease, live or its mark.

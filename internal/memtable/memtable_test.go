@@ -160,3 +160,26 @@ func TestSettlesAndHolds(t *testing.T) {
 		t.Fatal("after t's Settle: want the count raised and no lease held")
 	}
 }
+
+// SettledSince is true while a record of the shard is landing, and
+// after a Settle; false otherwise.
+func TestSettledSince(t *testing.T) {
+	st := New(time.Now, time.Hour)
+	defer st.Destruct()
+	n := st.Settles("k")
+	if st.SettledSince("k", n) {
+		t.Fatal("SettledSince with nothing landing or settled")
+	}
+	st.Landing("k")
+	if !st.SettledSince("k", n) {
+		t.Fatal("SettledSince false while k's record is landing")
+	}
+	st.Settle("k", "t")
+	st.Landed("k")
+	if !st.SettledSince("k", n) {
+		t.Fatal("SettledSince false after k's record landed and settled")
+	}
+	if st.SettledSince("k", st.Settles("k")) {
+		t.Fatal("SettledSince true from a count taken after the landing")
+	}
+}

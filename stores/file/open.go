@@ -73,6 +73,7 @@ type shared struct {
 	sw sweepState // where the sweeper is in its pass over the records
 
 	txns, writes atomic.Int64 // write batches, and the writes they carried
+	reads        atomic.Int64 // point reads of a done record (claims, commits, gets)
 
 	parkMu sync.Mutex // the exit hook's sync and closing
 	closed bool
@@ -364,6 +365,7 @@ func (st *shared) get(k []byte) (v []byte, ok bool, err error) {
 	if st.isClosed() {
 		return nil, false, errFileClosed
 	}
+	st.reads.Add(1)
 	raw, closer, err := st.db.Get(k)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, false, nil

@@ -43,9 +43,10 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	}
 	// A commit puts its record in the database before it drops its
 	// lease: if one did both since the lookup above, it is there now.
-	// Only a commit that settled since the lookup can have done both,
-	// and it raised the count (Table.Settles); else the lookup stands.
-	if st.leases.Settles(key) == settles {
+	// Only a record that landed since the lookup can be there now, and
+	// it is counted from before it can be read until after its Settle
+	// (Table.SettledSince); else the lookup stands.
+	if !st.leases.SettledSince(key, settles) {
 		return res, val, nil
 	}
 	if val, done, err := st.read(key); err != nil || done {
@@ -85,7 +86,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, released bool
-	err = st.writeThen(func(tx *txn) error {
+	err = st.writeRecordThen(key, func(tx *txn) error {
 		if st.leases.Holds(key, token) {
 			// The lease is still ours, so no attempt of this commit
 			// landed (its landing drops the lease, in this order): no

@@ -16,6 +16,10 @@ import (
 type fileOp struct {
 	fn    func(*txn) error
 	after func() // run by the writer once fn's batch is on disk, if fn succeeded
+	// lands is the key whose done record fn writes, if it writes one:
+	// counted as landing (Table.Landing) from before the batch is
+	// committed until after the op's after.
+	lands string
 	err   error
 	done  chan struct{}
 }
@@ -57,18 +61,29 @@ func (st *shared) write(fn func(*txn) error) error {
 // before any later write. A change to the leases in memory that must
 // follow a write (a commit's release, a forget's) goes there.
 func (st *shared) writeThen(fn func(*txn) error, after func()) error {
+	return st.submit(fn, after, "")
+}
+
+// writeRecordThen is writeThen for a write of key's done record (a
+// commit): a claim of key checks the database again if one is landing
+// (see Table.SettledSince).
+func (st *shared) writeRecordThen(key string, fn func(*txn) error, after func()) error {
+	return st.submit(fn, after, key)
+}
+
+func (st *shared) submit(fn func(*txn) error, after func(), lands string) error {
 	op := fileOpPool.Get().(*fileOp)
-	op.fn, op.after, op.err = fn, after, nil
+	op.fn, op.after, op.lands, op.err = fn, after, lands, nil
 	timer := time.NewTimer(fileWriteTimeout)
 	defer timer.Stop()
 	select {
 	case st.ops <- op:
 	case <-st.stop:
-		op.fn, op.after = nil, nil
+		op.fn, op.after, op.lands = nil, nil, ""
 		fileOpPool.Put(op)
 		return errFileClosed
 	case <-timer.C:
-		op.fn, op.after = nil, nil
+		op.fn, op.after, op.lands = nil, nil, ""
 		fileOpPool.Put(op)
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
 	}
@@ -80,7 +95,7 @@ func (st *shared) writeThen(fn func(*txn) error, after func()) error {
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileWritePending)
 	}
 	err := op.err
-	op.fn, op.after, op.err = nil, nil, nil
+	op.fn, op.after, op.lands, op.err = nil, nil, "", nil
 	fileOpPool.Put(op)
 	return err
 }
@@ -114,25 +129,41 @@ func (st *shared) writer() {
 		tx := txn{b: st.db.NewIndexedBatch(), now: st.now()}
 		for _, op := range batch {
 			op.err = tx.run(st, op.fn)
+			if op.err == nil && op.lands != "" {
+				st.leases.Landing(op.lands) // before the record can be read
+			}
 		}
 		err := tx.b.Commit(pebble.Sync)
 		tx.b.Close()
+		st.reads.Add(tx.reads)
+		if writerCommittedHook != nil {
+			writerCommittedHook()
+		}
 		for _, op := range batch {
+			landed := op.err == nil && op.lands != ""
 			if err != nil {
 				op.err = fmt.Errorf("file store: writing %s: %v", st.path, err)
 			} else if op.err == nil && op.after != nil {
 				op.after()
+			}
+			if landed {
+				st.leases.Landed(op.lands) // after its Settle, or its failure
 			}
 			op.done <- struct{}{}
 		}
 	}
 }
 
+// writerCommittedHook, when set (by a test), runs in the writer once a
+// batch is committed, before the afters of its writes.
+var writerCommittedHook func()
+
 // txn is the store's view of one write batch: an indexed batch, whose
 // reads see the database and the batch's own writes.
 type txn struct {
-	b   *pebble.Batch
-	now time.Time
+	b     *pebble.Batch
+	now   time.Time
+	reads int64 // point reads of done records, added to shared.reads
 }
 
 // run runs fn on tx; a panic in a read of damaged data is an error.
@@ -170,6 +201,7 @@ func (tx *txn) expiry(key string) (exp uint64, ok bool, err error) {
 }
 
 func (tx *txn) decode(key string, dec func([]byte) (uint64, string, error)) (exp uint64, val string, ok bool, err error) {
+	tx.reads++
 	raw, closer, err := tx.b.Get(doneKey(key))
 	if errors.Is(err, pebble.ErrNotFound) {
 		return 0, "", false, nil
