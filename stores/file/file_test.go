@@ -1059,22 +1059,7 @@ func TestFileStoreLateCommitDropsItsLease(t *testing.T) {
 	if _, _, err := s.Claim(ctx, "k", "t", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	committed := make(chan error, 1)
-	release := HoldInStalledWrite(t, s,
-		func() {
-			go func() {
-				_, err := s.Commit(ctx, "k", "t", dedup.DoneRecord{ProcessedAt: time.Now()}, time.Hour)
-				committed <- err
-			}()
-		},
-		func() bool {
-			e, ok := st.leases.Lookup("k")
-			return ok && time.Until(e.ExpiresAt) > dedup.CommitRetryFor
-		})
-	if err := <-committed; !errors.Is(err, errFileStalled) {
-		t.Fatalf("commit while the disk holds its write: %v, want it stalled", err)
-	}
-	release()
+	commitLandingLate(t, s, "k", "t", dedup.DoneRecord{ProcessedAt: time.Now()})
 	if e, err := s.Get(ctx, "k"); err != nil || e.State() != "done" {
 		t.Fatalf("after the write landed: %+v, %v; want done", e, err)
 	}
@@ -1436,22 +1421,7 @@ func TestFileStoreRetriedCommitFindsItsRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := dedup.DoneRecord{ProcessedAt: time.Now(), Fingerprint: "x0123456789abcdef"}
-	committed := make(chan error, 1)
-	release := HoldInStalledWrite(t, s,
-		func() {
-			go func() {
-				_, err := s.Commit(ctx, "k", "t", rec, time.Hour)
-				committed <- err
-			}()
-		},
-		func() bool {
-			e, ok := st.leases.Lookup("k")
-			return ok && time.Until(e.ExpiresAt) > dedup.CommitRetryFor
-		})
-	if err := <-committed; !errors.Is(err, errFileStalled) {
-		t.Fatalf("commit while the disk holds its write: %v, want it stalled", err)
-	}
-	release()
+	commitLandingLate(t, s, "k", "t", rec)
 	if _, ok := st.leases.Lookup("k"); ok {
 		t.Fatal("the landed commit kept its lease")
 	}
@@ -1527,4 +1497,28 @@ func TestFileStoreClaimWhileARecordLands(t *testing.T) {
 			}
 		})
 	}
+}
+
+// commitLandingLate commits key for token while the disk holds the
+// write past the caller's wait (fileWriteTimeout, which the caller
+// shortens): the commit returns stalled, and its write lands once the
+// disk is released, before commitLandingLate returns.
+func commitLandingLate(t *testing.T, s *Store, key, token string, rec dedup.DoneRecord) {
+	t.Helper()
+	committed := make(chan error, 1)
+	release := HoldInStalledWrite(t, s,
+		func() {
+			go func() {
+				_, err := s.Commit(context.Background(), key, token, rec, time.Hour)
+				committed <- err
+			}()
+		},
+		func() bool {
+			e, ok := s.state.leases.Lookup(key)
+			return ok && time.Until(e.ExpiresAt) > dedup.CommitRetryFor
+		})
+	if err := <-committed; !errors.Is(err, errFileStalled) {
+		t.Fatalf("commit while the disk holds its write: %v, want it stalled", err)
+	}
+	release()
 }
