@@ -51,10 +51,11 @@ type memShard struct {
 	mu sync.Mutex
 	m  map[string]memEntry
 	// settles counts the Settle calls on the shard's keys (written
-	// under mu), landing the keys whose records are on their way to
-	// the file store's disk: see Settles.
+	// under mu): see Settles.
 	settles atomic.Uint64
-	landing map[string]int // under mu
+	// landing counts, per key, the records on their way to the file
+	// store's disk (under mu): see Landing.
+	landing map[string]int
 }
 
 // Journal is told of every change to the leases (and marks), under the
