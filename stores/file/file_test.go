@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -681,8 +680,8 @@ func processCPU() time.Duration {
 }
 
 // BenchmarkFileStoreNewEvent: claim + commit of new events from 32
-// goroutines, as under load; reports how many commits share one write
-// transaction (one fsync pair). Keys look random (benchKey).
+// goroutines, as under load; reports the writer's batches (each one
+// fsync of Pebble's log) per event. Keys look random (benchKey).
 //
 //	flock /tmp/bench.lock go test -run '^$' -bench BenchmarkFileStore -benchmem ./stores/file
 func BenchmarkFileStoreNewEvent(b *testing.B) {
@@ -695,13 +694,13 @@ func BenchmarkFileStoreNewEvent(b *testing.B) {
 }
 
 // benchNewEvents claims and commits b.N new events from 32 goroutines
-// (16 per CPU on 2) in st, and reports the CPU per operation and how many
-// commits shared one write transaction.
+// (16 per CPU on 2) in st, and reports the CPU per operation and the
+// writer's batches (fsyncs) per event.
 func benchNewEvents(b *testing.B, st *shared) {
 	s := &Store{state: st}
 	var n atomic.Int64
 	rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
-	txns0, writes0, reads0 := st.txns.Load(), st.writes.Load(), st.reads.Load()
+	txns0, reads0 := st.txns.Load(), st.reads.Load()
 	b.SetParallelism(16)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -719,7 +718,9 @@ func benchNewEvents(b *testing.B, st *shared) {
 			}
 		}
 	})
-	b.ReportMetric(float64(st.writes.Load()-writes0)/float64(st.txns.Load()-txns0), "commits/txn")
+	// Each batch is one fsync; it carries commits, the leases of
+	// claims, and their syncs.
+	b.ReportMetric(float64(st.txns.Load()-txns0)/float64(b.N), "fsyncs/event")
 	b.ReportMetric(float64(st.reads.Load()-reads0)/float64(b.N), "reads/event")
 }
 
@@ -1345,16 +1346,19 @@ func TestFileStoreCreateRemovesCrashedTakeovers(t *testing.T) {
 // TestFileStoreClaimOnAStalledDisk: a claim whose lease the disk does not
 // sync within fileWriteTimeout fails (the handler answers 503, or passes
 // under on_store_error pass) instead of holding the sender, and leaves no
-// lease: once the disk is back the event is claimed as new.
+// lease, in memory or, once the disk is back, on disk (the lease and its
+// deletion land in order): after a restart the event is claimed as new.
 func TestFileStoreClaimOnAStalledDisk(t *testing.T) {
 	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
 	fileWriteTimeout = 300 * time.Millisecond
-	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
 	s, ctx := &Store{state: st}, context.Background()
-	stall := make(chan struct{})
-	defer func(f func(*pebble.DB) error) { syncLog = f }(syncLog)
-	real := syncLog
-	syncLog = func(db *pebble.DB) error { <-stall; return real(db) }
+	stalled, release := holdWriter(st)
+	<-stalled
 	claimed := make(chan error, 1)
 	start := time.Now()
 	go func() { _, _, err := s.Claim(ctx, "k", "t1", time.Minute); claimed <- err }()
@@ -1365,14 +1369,23 @@ func TestFileStoreClaimOnAStalledDisk(t *testing.T) {
 		}
 		t.Logf("claim failed after %v: %v", time.Since(start).Round(time.Millisecond), err)
 	case <-time.After(5 * time.Second):
-		close(stall)
+		release()
 		t.Fatal("a claim waited 5 s for a stalled disk")
 	}
 	if e, err := s.Get(ctx, "k"); err != nil || e.Value != "" {
 		t.Fatalf("after the failed claim: %+v, %v; want no lease", e, err)
 	}
-	close(stall)
-	syncLog = real
+	release()
+	if err := Sync(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s = &Store{state: openTestShared(t, path, time.Now)}
+	if e, err := s.Get(ctx, "k"); err != nil || e.Value != "" {
+		t.Fatalf("after a restart: %+v, %v; want no lease", e, err)
+	}
 	if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim once the disk is back = %v, %v; want claimed", res, err)
 	}
@@ -1521,4 +1534,51 @@ func commitLandingLate(t *testing.T, s *Store, key, token string, rec dedup.Done
 		t.Fatalf("commit while the disk holds its write: %v, want it stalled", err)
 	}
 	release()
+}
+
+// A release's deletion of the lease is queued for the writer's next
+// batch, not waited for; a clean stop writes what is still queued, so
+// that the lease does not come back at the next start although no write
+// came after it.
+func TestFileStoreQueuedLeaseChangesWrittenAtStop(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st := openUnclosed(t, path, time.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	if res, _, err := s.Claim(ctx, "k", "tok", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	if ok, err := s.Release(ctx, "k", "tok"); err != nil || !ok {
+		t.Fatalf("release = %v, %v", ok, err)
+	}
+	if raw, ok, err := st.get(leaseKey("k")); err != nil || !ok {
+		t.Fatalf("setup: the lease is not on disk before the release's deletion is written (%q, %v, %v)", raw, ok, err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s = &Store{state: openTestShared(t, path, time.Now)}
+	if res, _, err := s.Claim(ctx, "k", "tok2", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim after a clean stop = %v, %v; want claimed (the released lease gone)", res, err)
+	}
+}
+
+// Once a batch with lease changes in it failed, a change queued before
+// it may not be on disk: every claim and renewal fails from then on (as
+// Pebble's log does after a failed write), and the claim leaves no lease.
+func TestFileStoreLeaseWriteFailureIsFinal(t *testing.T) {
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	if res, _, err := s.Claim(ctx, "held", "tok", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	st.lq.fail(errors.New("injected: the log's write failed"))
+	if _, _, err := s.Claim(ctx, "k", "tok", time.Minute); err == nil || !strings.Contains(err.Error(), "injected") {
+		t.Fatalf("claim after a failed lease write = %v; want the failure", err)
+	}
+	if e, ok := st.leases.Lookup("k"); ok {
+		t.Fatalf("the failed claim left a lease: %+v", e)
+	}
+	if ok, err := s.Renew(ctx, "held", "tok", time.Minute); ok || err == nil {
+		t.Fatalf("renew after a failed lease write = %v, %v; want the failure", ok, err)
+	}
 }

@@ -78,11 +78,7 @@ type shared struct {
 	parkMu sync.Mutex // the exit hook's sync and closing
 	closed bool
 
-	// dbMu keeps the leases' writes (under their shard's lock, see
-	// leaseJournal) from a closed database: Destruct closes it under
-	// the write lock.
-	dbMu     sync.RWMutex
-	dbClosed bool
+	lq leaseQueue // the leases' changes on their way to the writer
 }
 
 // pebbleOptions are the store's Pebble options. ErrorIfNotExists: a
@@ -480,20 +476,40 @@ func (st *shared) leaseLoadErr(err error) error {
 	return fmt.Errorf("file store: reading the leases in %s (folder %s): %v", st.path, st.dir, err)
 }
 
-// syncLeases makes every lease write so far durable (the deletions,
-// which are not synced when written): at exit.
+// syncLeases makes every lease change so far durable (the deletions,
+// which are queued, not waited for): at exit, and after an operator's
+// forget. It waits for a batch of the writer, or, once the writer has
+// stopped (Destruct is under way), writes the queue itself.
 func (st *shared) syncLeases() error {
-	st.dbMu.RLock()
-	defer st.dbMu.RUnlock()
-	if st.dbClosed {
-		return nil
+	if err := st.syncWrites(); err != errFileClosed {
+		return err
 	}
-	return st.db.LogData(nil, pebble.Sync)
+	st.wg.Wait()
+	return st.flushLeases(false)
 }
 
-// Destruct stops the writer and the sweepers and closes the database
-// (which syncs its log: the leases are all in it already); the usage
-// pool calls it when the last config using the store is cleaned up.
+// flushLeases writes the queued lease changes, synced, once the writer
+// has stopped; close: no change is queued after them (the database
+// closes next).
+func (st *shared) flushLeases(close bool) error {
+	changes, err := st.lq.take(close)
+	if err != nil || len(changes) == 0 {
+		if err == errFileClosed {
+			err = nil // closed: flushed then
+		}
+		return err
+	}
+	b := st.db.NewBatch()
+	defer b.Close()
+	if err := writeLeases(b, changes); err != nil {
+		return err
+	}
+	return b.Commit(pebble.Sync)
+}
+
+// Destruct stops the writer and the sweepers, writes the lease changes
+// still queued and closes the database; the usage pool calls it when
+// the last config using the store is cleaned up.
 func (st *shared) Destruct() error {
 	close(st.stop)
 	st.wg.Wait()
@@ -501,10 +517,13 @@ func (st *shared) Destruct() error {
 	openFiles.Delete(st)
 	st.parkMu.Lock()
 	defer st.parkMu.Unlock()
-	st.dbMu.Lock()
-	defer st.dbMu.Unlock()
-	st.dbClosed = true
-	err := st.db.Close()
+	err := st.flushLeases(true)
+	if err != nil {
+		st.logger.Error("writing the leases at close", zap.String("path", st.path), zap.Error(err))
+	}
+	if cerr := st.db.Close(); err == nil {
+		err = cerr
+	}
 	st.closed = true
 	return err
 }
