@@ -52,12 +52,14 @@ var errFileLocked = errors.New("in use by another process")
 // dedup.MarkFor) are kept in memory, where claims race atomically (the
 // store is locked by this process, so every delivery that can compete
 // for a key is served here), and written through to the database ('l'
-// keys, see leaseJournal): a claim's and a renewal's write is synced
-// before they return, so a lease outlives a kill -9 of Caddy and a
-// power cut; a release's, a commit's and a sweep's deletion is not
-// synced (lost in a crash, the lease comes back and ends at its time: a
-// redelivery waits, then is marked; never processed unmarked beside an
-// attempt). The next start takes the leases back from the database.
+// keys, see leaseJournal, in the writer's batches): a claim's and a
+// renewal's write is synced before they return, so a lease outlives a
+// kill -9 of Caddy and a power cut; a commit deletes its lease in the
+// batch of its record; a release's and a sweep's deletion is queued for
+// the next batch, not waited for (lost in a crash, the lease comes back
+// and ends at its time: a redelivery waits, then is marked; never
+// processed unmarked beside an attempt). The next start takes the
+// leases back from the database.
 type shared struct {
 	path   string // the store's path, as errors name it
 	dir    string // its folder (StoreDir)
