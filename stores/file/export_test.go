@@ -27,20 +27,29 @@ func SetWriteTimeout(d time.Duration) (restore func()) {
 // once the writer holds it. The batches before it, the claims' lease
 // syncs among them, go on.
 func Stall(s *Store) (stalled <-chan struct{}, release func()) {
+	return stallWhen(s.state, func() bool { return true })
+}
+
+// stallWhen is Stall for the first such batch in which when() holds (as
+// the writer runs it).
+func stallWhen(st *shared, when func() bool) (stalled <-chan struct{}, release func()) {
 	held, free := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	hook := func(ops []*fileOp) {
+	var hold, done sync.Once
+	hook := beforeCommitHook(func(ops []*fileOp, _ int) error {
 		for _, op := range ops {
-			if !op.sync {
-				once.Do(func() { close(held); <-free })
-				return
+			if !op.sync && when() {
+				hold.Do(func() { close(held); <-free })
+				return nil
 			}
 		}
-	}
-	writerBeforeCommitHook.Store(&hook)
+		return nil
+	})
+	st.beforeCommitHook.Store(&hook)
 	return held, func() {
-		writerBeforeCommitHook.Store(nil)
-		close(free)
+		done.Do(func() {
+			st.beforeCommitHook.Store(nil)
+			close(free)
+		})
 	}
 }
 
@@ -64,14 +73,15 @@ func Sync(s *Store) error { return s.state.syncWrites() }
 func Lease(s *Store, key string) (dedup.Entry, bool) { return s.state.leases.Lookup(key) }
 
 // HoldInStalledWrite has the file's disk hold a write: it stalls the
-// next batch that carries a write (Stall), calls start to begin the
-// write (ready reports when it has), and waits until the writer holds
-// the batch with that write in it: the writer has taken the write but
-// does not complete it. release lets the disk go on and returns once
+// next batch that carries a write once ready reports that the write has
+// begun (Stall), calls start to begin it, and waits until the writer
+// holds the batch with that write in it: the writer has taken the write
+// but does not complete it. release lets the disk go on and returns once
 // the held write is on disk.
 func HoldInStalledWrite(t testing.TB, s *Store, start func(), ready func() bool) (release func()) {
 	t.Helper()
-	stalled, release1 := Stall(s)
+	stalled, release1 := stallWhen(s.state, ready) // not a sweep's batch before the write
+	t.Cleanup(release1)
 	start()
 	for deadline := time.Now().Add(10 * time.Second); !ready(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {

@@ -44,9 +44,12 @@ func (j leaseJournal) Set(key, val string, expires time.Time) error {
 func (j leaseJournal) Delete(keys ...string) error {
 	j.st.lq.mu.Lock()
 	defer j.st.lq.mu.Unlock()
-	if err := j.st.lq.refused(); err != nil {
-		return err
+	if j.st.lq.closed {
+		return errFileClosed
 	}
+	// Queued even after a failed batch (q.err): the lease of a claim
+	// that failed with it must leave memory; whether the deletion
+	// reaches the disk is Pebble's to say.
 	for _, k := range keys {
 		j.st.lq.changes = append(j.st.lq.changes, leaseChange{key: k, del: true})
 	}
@@ -130,7 +133,7 @@ func (q *leaseQueue) fail(err error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.err == nil {
-		q.err = fmt.Errorf("file store: a write of the leases failed: %w", err)
+		q.err = fmt.Errorf("file store: a write of the leases failed (claims are refused until Caddy restarts): %w", err)
 	}
 }
 

@@ -68,9 +68,10 @@ type shared struct {
 	logger *zap.Logger
 	leases *memtable.Table
 
-	ops  chan *fileOp
-	stop chan struct{}
-	wg   sync.WaitGroup
+	ops      chan *fileOp
+	stop     chan struct{} // closed by stopWorkers
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 
 	sw sweepState // where the sweeper is in its pass over the records
 
@@ -81,6 +82,11 @@ type shared struct {
 	closed bool
 
 	lq leaseQueue // the leases' changes on their way to the writer
+	// closeMu orders the writes of the lease queue once the writer has
+	// stopped (syncLeases) with Destruct's last one and the close.
+	closeMu sync.Mutex
+
+	beforeCommitHook atomic.Pointer[beforeCommitHook] // tests only
 }
 
 // pebbleOptions are the store's Pebble options. ErrorIfNotExists: a
@@ -494,12 +500,21 @@ func (st *shared) syncLeases() error {
 // has stopped; close: no change is queued after them (the database
 // closes next).
 func (st *shared) flushLeases(close bool) error {
+	st.closeMu.Lock()
+	defer st.closeMu.Unlock()
+	return st.flushLeasesLocked(close)
+}
+
+func (st *shared) flushLeasesLocked(close bool) error {
 	changes, err := st.lq.take(close)
 	if err != nil || len(changes) == 0 {
 		if err == errFileClosed {
 			err = nil // closed: flushed then
 		}
 		return err
+	}
+	if flushLeasesHook != nil {
+		flushLeasesHook()
 	}
 	b := st.db.NewBatch()
 	defer b.Close()
@@ -509,17 +524,29 @@ func (st *shared) flushLeases(close bool) error {
 	return b.Commit(pebble.Sync)
 }
 
+// flushLeasesHook, when set (by a test), runs in flushLeases between
+// taking the queue and writing it.
+var flushLeasesHook func()
+
+// stopWorkers stops the writer and the sweeper (once), and waits for
+// them.
+func (st *shared) stopWorkers() {
+	st.stopOnce.Do(func() { close(st.stop) })
+	st.wg.Wait()
+}
+
 // Destruct stops the writer and the sweepers, writes the lease changes
 // still queued and closes the database; the usage pool calls it when
 // the last config using the store is cleaned up.
 func (st *shared) Destruct() error {
-	close(st.stop)
-	st.wg.Wait()
+	st.stopWorkers()
 	st.leases.Destruct()
 	openFiles.Delete(st)
 	st.parkMu.Lock()
 	defer st.parkMu.Unlock()
-	err := st.flushLeases(true)
+	st.closeMu.Lock()
+	defer st.closeMu.Unlock()
+	err := st.flushLeasesLocked(true)
 	if err != nil {
 		st.logger.Error("writing the leases at close", zap.String("path", st.path), zap.Error(err))
 	}

@@ -46,15 +46,14 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	// Only a record that landed since the lookup can be there now, and
 	// it is counted from before it can be read until after its Settle
 	// (Table.SettledSince); else the lookup stands. Asked once the
-	// lease is ours in memory, before its sync: a record that lands
-	// after that was not in this claim's way.
-	if st.leases.SettledSince(key, settles) {
+	// lease is ours in memory, before its sync: a record that starts
+	// landing after that was not in this claim's way. One landing then
+	// may not be on disk yet (its batch held by the disk): read once
+	// more after the sync, which completes after that batch.
+	again := st.leases.SettledSince(key, settles)
+	if again {
 		if val, done, err := st.read(key); err != nil || done {
-			_, _ = st.leases.Release(key, token)
-			if err != nil {
-				return 0, "", err
-			}
-			return dedup.AlreadyDone, val, nil
+			return st.claimFoundDone(key, token, val, err)
 		}
 	}
 	if wrote {
@@ -64,7 +63,22 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 			return 0, "", err
 		}
 	}
+	if again {
+		if val, done, err := st.read(key); err != nil || done {
+			return st.claimFoundDone(key, token, val, err)
+		}
+	}
 	return res, val, nil
+}
+
+// claimFoundDone releases the lease of a claim that found key's done
+// record (val) after taking it, or failed to read it (err).
+func (st *shared) claimFoundDone(key, token, val string, err error) (dedup.ClaimResult, string, error) {
+	_, _ = st.leases.Release(key, token)
+	if err != nil {
+		return 0, "", err
+	}
+	return dedup.AlreadyDone, val, nil
 }
 
 // claimReadHook, when set (by a test), runs in Claim between the lookup

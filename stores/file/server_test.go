@@ -97,6 +97,7 @@ func TestFileStoreStalledDisk(t *testing.T) {
 	})
 	fs := openAt(t, path)
 	stalled, unblock := file.Stall(fs) // an fsync that hangs, once the lease is synced
+	defer unblock()
 	next := &handlertest.Next{}
 	first := make(chan int, 1)
 	go func() {

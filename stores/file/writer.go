@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -150,10 +149,10 @@ func (st *shared) writer() {
 				st.leases.Landing(op.lands) // before the record can be read
 			}
 		}
-		if h := writerBeforeCommitHook.Load(); h != nil {
-			(*h)(batch)
-		}
 		err := leaseErr
+		if h := st.beforeCommitHook.Load(); h != nil && err == nil {
+			err = (*h)(batch, len(leases))
+		}
 		if err == nil {
 			err = tx.b.Commit(pebble.Sync)
 		}
@@ -184,10 +183,12 @@ func (st *shared) writer() {
 // batch is committed, before the afters of its writes.
 var writerCommittedHook func()
 
-// writerBeforeCommitHook, when set (by a test), runs in the writer once
-// the writes of a batch ran, before the batch is committed: a disk that
-// holds the batch.
-var writerBeforeCommitHook atomic.Pointer[func([]*fileOp)]
+// beforeCommitHook is shared.beforeCommitHook's type: set by a test, it
+// runs in the writer once the writes of a batch (and its leases lease
+// changes) ran, before the batch is committed: a disk that holds the
+// batch, or fails it (an error: the batch is not committed and fails
+// with it).
+type beforeCommitHook func(ops []*fileOp, leases int) error
 
 // txn is the store's view of one write batch: an indexed batch, whose
 // reads see the database and the batch's own writes.
