@@ -136,8 +136,9 @@ func (s *Table) drop(sh *memShard, key string) error {
 	return nil
 }
 
-// sync makes a claim's or a renewal's journal entry durable.
-func (s *Table) sync() error {
+// Sync makes the journal's entries so far (a claim's or a renewal's)
+// durable.
+func (s *Table) Sync() error {
 	if s.journal == nil {
 		return nil
 	}
@@ -148,36 +149,44 @@ func (s *Table) sync() error {
 // absent key; the mark it took over if Reclaimed). The lease is in the
 // journal, synced, when it returns.
 func (s *Table) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
-	sh := s.shard(key)
-	now := s.now()
-	res, found := dedup.Claimed, ""
-	sh.mu.Lock()
-	if e, ok := s.get(sh, key, now); ok {
-		live := now.Before(e.expires)
-		switch {
-		case live && dedup.IsLease(e.val, token):
-			sh.mu.Unlock()
-			return dedup.Claimed, "", nil // a retried claim: ours already
-		case live:
-			sh.mu.Unlock()
-			return dedup.Classify(e.val, token), e.val, nil
-		case !dedup.IsLease(e.val, token):
-			res, found = dedup.Reclaimed, e.val // another attempt's mark
-		}
+	res, found, wrote, err := s.Take(key, token, ttl)
+	if err != nil || !wrote {
+		return res, found, err
 	}
-	val := dedup.LeaseValue(token)
-	if err := s.setLease(sh, key, val, now.Add(ttl)); err != nil {
-		sh.mu.Unlock()
-		return 0, "", err
-	}
-	sh.mu.Unlock()
-	if err := s.sync(); err != nil {
+	if err := s.Sync(); err != nil {
 		// Not durable: the claim failed, and its lease goes (unless
 		// it is another's by now).
 		_, _ = s.Release(key, token)
 		return 0, "", err
 	}
 	return res, found, nil
+}
+
+// Take is Claim up to the journal's sync: the lease is taken in memory
+// and recorded in the journal (wrote), not synced. The caller calls
+// Sync before it relies on the lease, and releases the lease if Sync
+// fails.
+func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResult, found string, wrote bool, err error) {
+	sh := s.shard(key)
+	now := s.now()
+	res = dedup.Claimed
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e, ok := s.get(sh, key, now); ok {
+		live := now.Before(e.expires)
+		switch {
+		case live && dedup.IsLease(e.val, token):
+			return dedup.Claimed, "", false, nil // a retried claim: ours already
+		case live:
+			return dedup.Classify(e.val, token), e.val, false, nil
+		case !dedup.IsLease(e.val, token):
+			res, found = dedup.Reclaimed, e.val // another attempt's mark
+		}
+	}
+	if err := s.setLease(sh, key, dedup.LeaseValue(token), now.Add(ttl)); err != nil {
+		return 0, "", false, err
+	}
+	return res, found, s.journal != nil, nil
 }
 
 // Lookup returns key's kept entry: live, or a mark.
@@ -227,7 +236,7 @@ func (s *Table) Renew(key, token string, ttl time.Duration) (bool, error) {
 	err := s.setLease(sh, key, e.val, now.Add(ttl))
 	sh.mu.Unlock()
 	if err == nil {
-		err = s.sync()
+		err = s.Sync()
 	}
 	return err == nil, err
 }
@@ -268,6 +277,17 @@ func (s *Table) Commit(key, token, rec string, retention time.Duration) bool {
 // commit replaces it); another token's live lease stays. It reports
 // whether key held token's lease.
 func (s *Table) Settle(key, token string) (bool, error) {
+	return s.settle(key, token, true)
+}
+
+// SettleWritten is Settle for a store that deleted token's lease from
+// the journal's data itself, in the write of the done record: the drop
+// is not recorded in the journal.
+func (s *Table) SettleWritten(key, token string) (bool, error) {
+	return s.settle(key, token, false)
+}
+
+func (s *Table) settle(key, token string, journal bool) (bool, error) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -280,6 +300,10 @@ func (s *Table) Settle(key, token string) (bool, error) {
 	ours := dedup.IsLease(e.val, token)
 	if !ours && now.Before(e.expires) {
 		return false, nil
+	}
+	if !journal && ours {
+		delete(sh.m, key)
+		return true, nil
 	}
 	if err := s.drop(sh, key); err != nil {
 		return false, err

@@ -124,6 +124,52 @@ func TestJournal(t *testing.T) {
 	}
 }
 
+// SettleWritten drops token's lease (live or its mark) as Settle does,
+// without telling the journal (the store deleted it with the record);
+// Settle tells it. Another token's live lease stays with both.
+func TestSettleWritten(t *testing.T) {
+	clock := testclock.New()
+	j := &failing{}
+	st := NewJournaled(clock.Now, time.Hour, j)
+	defer st.Destruct()
+	for _, k := range []string{"a", "b", "c"} {
+		if res, _, err := st.Claim(k, "t1", time.Second); err != nil || res != dedup.Claimed {
+			t.Fatalf("claim %s = %v, %v", k, res, err)
+		}
+	}
+	j.calls = nil
+	if ok, err := st.SettleWritten("a", "t1"); !ok || err != nil {
+		t.Fatalf("SettleWritten = %v, %v; want the lease dropped", ok, err)
+	}
+	clock.Advance(2 * time.Second) // b's lease is a mark now
+	if ok, err := st.SettleWritten("b", "t1"); !ok || err != nil {
+		t.Fatalf("SettleWritten of the mark = %v, %v; want it dropped", ok, err)
+	}
+	if len(j.calls) != 0 {
+		t.Fatalf("SettleWritten told the journal %q", j.calls)
+	}
+	if ok, err := st.Settle("c", "t1"); !ok || err != nil {
+		t.Fatalf("Settle = %v, %v", ok, err)
+	}
+	if want := []string{"delete c"}; !slices.Equal(j.calls, want) {
+		t.Fatalf("journal = %q, want %q", j.calls, want)
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if e, ok := st.Lookup(k); ok {
+			t.Fatalf("%s still holds %+v", k, e)
+		}
+	}
+	if res, _, err := st.Claim("d", "t2", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim d = %v, %v", res, err)
+	}
+	if ok, err := st.SettleWritten("d", "t1"); ok || err != nil {
+		t.Fatalf("SettleWritten of another token's live lease = %v, %v; want it kept", ok, err)
+	}
+	if _, ok := st.Lookup("d"); !ok {
+		t.Fatal("another token's live lease was dropped")
+	}
+}
+
 // Settles rises with every Settle of a key, whether or not it drops a
 // lease, and with no other change; Holds tells token's lease, live or
 // its mark, from anyone else's.

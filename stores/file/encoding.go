@@ -121,8 +121,13 @@ func newDoneValue(rec dedup.DoneRecord) doneValue {
 	body = append(body, rec.EventID...)
 	// Whatever the compact form would lose or change (an upper-case
 	// fingerprint, a field DoneRecord gains later) keeps the record in
-	// recordV1: the other layers compare the string it reads back.
-	if back, err := decodeBody(v, at, body); err != nil || back.Encode() != d.val {
+	// recordV1: the other layers compare the string it reads back,
+	// Encode's, which the record's fields make (a comparison of the
+	// fields, not a second encoding: a field DoneRecord gains is
+	// compared too).
+	want := rec
+	want.ProcessedAt = time.Unix(0, at).UTC()
+	if back, err := decodeBody(v, at, body); err != nil || back != want {
 		return d
 	}
 	d.at, d.body, d.v = at, body, v

@@ -2,6 +2,7 @@ package file
 
 import (
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -13,14 +14,13 @@ import (
 var leaseWrites = leaseSynced
 
 const (
-	// leaseSynced: a claim's and a renewal's write is synced (an
-	// fdatasync of Pebble's log, shared by the claims and commits that
-	// wait at the same time) before they return.
+	// leaseSynced: a claim's and a renewal's write is synced (in a
+	// batch of the writer: one fsync of Pebble's log, shared by the
+	// claims and commits that wait at the same time) before they return.
 	leaseSynced = iota
-	// leaseNoSync: written, not synced. Not even a kill -9 is survived:
-	// Pebble keeps an unsynced write in its log's buffer, in the
-	// process, until a later synced write or a full 32 KiB block sends
-	// it to the OS.
+	// leaseNoSync: queued, not waited for: written by the writer's next
+	// batch, whenever another write comes. Not even a kill -9 is
+	// survived.
 	leaseNoSync
 	// leaseInMemory: not written at all (the releases before this one).
 	leaseInMemory
@@ -28,79 +28,127 @@ const (
 
 // leaseJournal writes the leases' changes to the database, as 'l' keys
 // (encodeRecord: the lease's expiry and "inflight:<token>"). memtable
-// calls Set and Delete under the lock of the key's shard, so the writes
-// of one key reach Pebble in the order they happened in memory (Pebble
-// orders its writes as they enter its commit pipeline); they are
-// written unsynced there (a few µs), and a claim or a renewal then calls
-// Sync, outside the lock, so that concurrent claims share an fsync.
+// calls Set and Delete under the lock of the key's shard, so they queue
+// the changes of one key in the order they happened in memory; the
+// writer puts what is queued at the head of its next batch (in that
+// order), and a claim or a renewal then calls Sync, outside the lock,
+// which waits for a batch of the writer: the lease is on disk in the
+// same group commit as the claims and commits waiting with it, one
+// fsync for all (see leaseQueue).
 type leaseJournal struct{ st *shared }
 
 func (j leaseJournal) Set(key, val string, expires time.Time) error {
-	st := j.st
-	st.dbMu.RLock()
-	defer st.dbMu.RUnlock()
-	if st.dbClosed {
-		return errFileClosed
-	}
-	if err := st.db.Set(leaseKey(key), encodeRecord(unixNano(expires), val), pebble.NoSync); err != nil {
-		return fmt.Errorf("file store: writing a lease to %s: %v", st.path, err)
-	}
-	return nil
+	return j.st.lq.add(leaseChange{key: key, val: val, expires: unixNano(expires)})
 }
 
 func (j leaseJournal) Delete(keys ...string) error {
-	st := j.st
-	st.dbMu.RLock()
-	defer st.dbMu.RUnlock()
-	if st.dbClosed {
+	j.st.lq.mu.Lock()
+	defer j.st.lq.mu.Unlock()
+	if j.st.lq.closed {
 		return errFileClosed
 	}
-	b := st.db.NewBatch()
-	defer b.Close()
+	// Queued even after a failed batch (q.err): the lease of a claim
+	// that failed with it must leave memory; whether the deletion
+	// reaches the disk is Pebble's to say.
 	for _, k := range keys {
-		if err := b.Delete(leaseKey(k), nil); err != nil {
-			return err
-		}
-	}
-	if err := b.Commit(pebble.NoSync); err != nil {
-		return fmt.Errorf("file store: deleting a lease from %s: %v", st.path, err)
+		j.st.lq.changes = append(j.st.lq.changes, leaseChange{key: k, del: true})
 	}
 	return nil
 }
 
-// Sync syncs Pebble's log up to here: every write before it, the
-// caller's lease among them, is on disk when it returns. Pebble's log
-// writer serves the syncs waiting at one time with one fdatasync. A disk
-// that does not answer within fileWriteTimeout is an error (a claim's
-// caller answers 503 rather than hold the sender); the sync goes on, and
-// its lease lands when the disk answers.
+// Sync returns once every change queued before it is on disk: it waits
+// for a batch of the writer (which takes the queue first), synced with
+// the writes waiting with it. A disk that does not answer within
+// fileWriteTimeout is an error (a claim's caller answers 503 rather
+// than hold the sender); the batch goes on, and its lease lands when
+// the disk answers.
 func (j leaseJournal) Sync() error {
 	if leaseWrites != leaseSynced {
 		return nil
 	}
-	st, sync := j.st, syncLog
-	done := make(chan error, 1)
-	go func() {
-		st.dbMu.RLock()
-		defer st.dbMu.RUnlock()
-		if st.dbClosed {
-			done <- errFileClosed
-			return
-		}
-		done <- sync(st.db)
-	}()
-	timer := time.NewTimer(fileWriteTimeout)
-	defer timer.Stop()
-	select {
-	case err := <-done:
-		if err != nil && err != errFileClosed {
-			return fmt.Errorf("file store: syncing a lease to %s: %v", st.path, err)
-		}
+	st := j.st
+	if err := st.syncWrites(); err != nil {
 		return err
-	case <-timer.C:
-		return fmt.Errorf("file store: syncing a lease to %s: %w", st.path, errFileStalled)
+	}
+	// A batch that failed with the change in it (before the one that
+	// synced here): the change is not on disk.
+	return st.lq.failed()
+}
+
+// leaseChange is a lease set (val until expires) or deleted.
+type leaseChange struct {
+	key, val string
+	expires  uint64
+	del      bool
+}
+
+// leaseQueue holds the leases' changes on their way to the database.
+type leaseQueue struct {
+	mu      sync.Mutex
+	changes []leaseChange
+	closed  bool  // the database is closed (Destruct): no more changes
+	err     error // a batch with changes in it failed: no more changes
+}
+
+func (q *leaseQueue) add(c leaseChange) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.refused(); err != nil {
+		return err
+	}
+	q.changes = append(q.changes, c)
+	return nil
+}
+
+// refused is why no change can be queued, if one cannot (q.mu held).
+func (q *leaseQueue) refused() error {
+	if q.closed {
+		return errFileClosed
+	}
+	return q.err
+}
+
+func (q *leaseQueue) failed() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// take returns the queued changes and empties the queue; close: for
+// good (the database is closing).
+func (q *leaseQueue) take(close bool) ([]leaseChange, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return nil, errFileClosed
+	}
+	c := q.changes
+	q.changes, q.closed = nil, close
+	return c, nil
+}
+
+// fail records that a batch with changes in it failed with err: every
+// later change and sync fails (Pebble's log fails for good too).
+func (q *leaseQueue) fail(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.err == nil {
+		q.err = fmt.Errorf("file store: a write of the leases failed (claims are refused until Caddy restarts): %w", err)
 	}
 }
 
-// syncLog syncs Pebble's log (a test stalls it).
-var syncLog = func(db *pebble.DB) error { return db.LogData(nil, pebble.Sync) }
+// writeLeases puts changes in b, in order.
+func writeLeases(b *pebble.Batch, changes []leaseChange) error {
+	for _, c := range changes {
+		var err error
+		if c.del {
+			err = b.Delete(leaseKey(c.key), nil)
+		} else {
+			err = b.Set(leaseKey(c.key), encodeRecord(c.expires, c.val), nil)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -52,12 +52,14 @@ var errFileLocked = errors.New("in use by another process")
 // dedup.MarkFor) are kept in memory, where claims race atomically (the
 // store is locked by this process, so every delivery that can compete
 // for a key is served here), and written through to the database ('l'
-// keys, see leaseJournal): a claim's and a renewal's write is synced
-// before they return, so a lease outlives a kill -9 of Caddy and a
-// power cut; a release's, a commit's and a sweep's deletion is not
-// synced (lost in a crash, the lease comes back and ends at its time: a
-// redelivery waits, then is marked; never processed unmarked beside an
-// attempt). The next start takes the leases back from the database.
+// keys, see leaseJournal, in the writer's batches): a claim's and a
+// renewal's write is synced before they return, so a lease outlives a
+// kill -9 of Caddy and a power cut; a commit deletes its lease in the
+// batch of its record; a release's and a sweep's deletion is queued for
+// the next batch, not waited for (lost in a crash, the lease comes back
+// and ends at its time: a redelivery waits, then is marked; never
+// processed unmarked beside an attempt). The next start takes the
+// leases back from the database.
 type shared struct {
 	path   string // the store's path, as errors name it
 	dir    string // its folder (StoreDir)
@@ -66,9 +68,10 @@ type shared struct {
 	logger *zap.Logger
 	leases *memtable.Table
 
-	ops  chan *fileOp
-	stop chan struct{}
-	wg   sync.WaitGroup
+	ops      chan *fileOp
+	stop     chan struct{} // closed by stopWorkers
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 
 	sw sweepState // where the sweeper is in its pass over the records
 
@@ -78,11 +81,12 @@ type shared struct {
 	parkMu sync.Mutex // the exit hook's sync and closing
 	closed bool
 
-	// dbMu keeps the leases' writes (under their shard's lock, see
-	// leaseJournal) from a closed database: Destruct closes it under
-	// the write lock.
-	dbMu     sync.RWMutex
-	dbClosed bool
+	lq leaseQueue // the leases' changes on their way to the writer
+	// closeMu orders the writes of the lease queue once the writer has
+	// stopped (syncLeases) with Destruct's last one and the close.
+	closeMu sync.Mutex
+
+	beforeCommitHook atomic.Pointer[beforeCommitHook] // tests only
 }
 
 // pebbleOptions are the store's Pebble options. ErrorIfNotExists: a
@@ -480,31 +484,75 @@ func (st *shared) leaseLoadErr(err error) error {
 	return fmt.Errorf("file store: reading the leases in %s (folder %s): %v", st.path, st.dir, err)
 }
 
-// syncLeases makes every lease write so far durable (the deletions,
-// which are not synced when written): at exit.
+// syncLeases makes every lease change so far durable (the deletions,
+// which are queued, not waited for): at exit, and after an operator's
+// forget. It waits for a batch of the writer, or, once the writer has
+// stopped (Destruct is under way), writes the queue itself.
 func (st *shared) syncLeases() error {
-	st.dbMu.RLock()
-	defer st.dbMu.RUnlock()
-	if st.dbClosed {
-		return nil
+	if err := st.syncWrites(); err != errFileClosed {
+		return err
 	}
-	return st.db.LogData(nil, pebble.Sync)
+	st.wg.Wait()
+	return st.flushLeases(false)
 }
 
-// Destruct stops the writer and the sweepers and closes the database
-// (which syncs its log: the leases are all in it already); the usage
-// pool calls it when the last config using the store is cleaned up.
-func (st *shared) Destruct() error {
-	close(st.stop)
+// flushLeases writes the queued lease changes, synced, once the writer
+// has stopped; close: no change is queued after them (the database
+// closes next).
+func (st *shared) flushLeases(close bool) error {
+	st.closeMu.Lock()
+	defer st.closeMu.Unlock()
+	return st.flushLeasesLocked(close)
+}
+
+func (st *shared) flushLeasesLocked(close bool) error {
+	changes, err := st.lq.take(close)
+	if err != nil || len(changes) == 0 {
+		if err == errFileClosed {
+			err = nil // closed: flushed then
+		}
+		return err
+	}
+	if flushLeasesHook != nil {
+		flushLeasesHook()
+	}
+	b := st.db.NewBatch()
+	defer b.Close()
+	if err := writeLeases(b, changes); err != nil {
+		return err
+	}
+	return b.Commit(pebble.Sync)
+}
+
+// flushLeasesHook, when set (by a test), runs in flushLeases between
+// taking the queue and writing it.
+var flushLeasesHook func()
+
+// stopWorkers stops the writer and the sweeper (once), and waits for
+// them.
+func (st *shared) stopWorkers() {
+	st.stopOnce.Do(func() { close(st.stop) })
 	st.wg.Wait()
+}
+
+// Destruct stops the writer and the sweepers, writes the lease changes
+// still queued and closes the database; the usage pool calls it when
+// the last config using the store is cleaned up.
+func (st *shared) Destruct() error {
+	st.stopWorkers()
 	st.leases.Destruct()
 	openFiles.Delete(st)
 	st.parkMu.Lock()
 	defer st.parkMu.Unlock()
-	st.dbMu.Lock()
-	defer st.dbMu.Unlock()
-	st.dbClosed = true
-	err := st.db.Close()
+	st.closeMu.Lock()
+	defer st.closeMu.Unlock()
+	err := st.flushLeasesLocked(true)
+	if err != nil {
+		st.logger.Error("writing the leases at close", zap.String("path", st.path), zap.Error(err))
+	}
+	if cerr := st.db.Close(); err == nil {
+		err = cerr
+	}
 	st.closed = true
 	return err
 }

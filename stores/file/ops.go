@@ -30,7 +30,7 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	if claimReadHook != nil {
 		claimReadHook(key)
 	}
-	res, val, err := st.leases.Claim(key, token, ttl)
+	res, val, wrote, err := st.leases.Take(key, token, ttl)
 	if err != nil || (res != dedup.Claimed && res != dedup.Reclaimed) {
 		return res, val, err
 	}
@@ -45,18 +45,40 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	// lease: if one did both since the lookup above, it is there now.
 	// Only a record that landed since the lookup can be there now, and
 	// it is counted from before it can be read until after its Settle
-	// (Table.SettledSince); else the lookup stands.
-	if !st.leases.SettledSince(key, settles) {
-		return res, val, nil
+	// (Table.SettledSince); else the lookup stands. Asked once the
+	// lease is ours in memory, before its sync: a record that starts
+	// landing after that was not in this claim's way. One landing then
+	// may not be on disk yet (its batch held by the disk): read once
+	// more after the sync, which completes after that batch.
+	again := st.leases.SettledSince(key, settles)
+	if again {
+		if val, done, err := st.read(key); err != nil || done {
+			return st.claimFoundDone(key, token, val, err)
+		}
 	}
-	if val, done, err := st.read(key); err != nil || done {
-		_, _ = st.leases.Release(key, token)
-		if err != nil {
+	if wrote {
+		if err := st.leases.Sync(); err != nil {
+			// Not durable: the claim failed, and its lease goes.
+			_, _ = st.leases.Release(key, token)
 			return 0, "", err
 		}
-		return dedup.AlreadyDone, val, nil
+	}
+	if again {
+		if val, done, err := st.read(key); err != nil || done {
+			return st.claimFoundDone(key, token, val, err)
+		}
 	}
 	return res, val, nil
+}
+
+// claimFoundDone releases the lease of a claim that found key's done
+// record (val) after taking it, or failed to read it (err).
+func (st *shared) claimFoundDone(key, token, val string, err error) (dedup.ClaimResult, string, error) {
+	_, _ = st.leases.Release(key, token)
+	if err != nil {
+		return 0, "", err
+	}
+	return dedup.AlreadyDone, val, nil
 }
 
 // claimReadHook, when set (by a test), runs in Claim between the lookup
@@ -85,13 +107,17 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// expires after the commit retries give up): a redelivery meanwhile
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
-	var again, released bool
+	var again, held, released bool
 	err = st.writeRecordThen(key, func(tx *txn) error {
-		if st.leases.Holds(key, token) {
+		if held = st.leases.Holds(key, token); held {
 			// The lease is still ours, so no attempt of this commit
 			// landed (its landing drops the lease, in this order): no
-			// record of ours to find.
-			return tx.set(key, enc, retention)
+			// record of ours to find. The lease leaves the disk with
+			// the record's write, in the same batch.
+			if err := tx.set(key, enc, retention); err != nil {
+				return err
+			}
+			return tx.b.Delete(leaseKey(key), nil)
 		}
 		var err error
 		again, err = tx.replace(key, enc, retention) // a retried commit whose first attempt landed
@@ -101,7 +127,11 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 		// order with the other writes, even if this caller gave up
 		// waiting: a forget that follows finds the record, not a lease.
 		// A mark there (an earlier attempt's) is replaced too.
-		released, _ = st.leases.Settle(key, token)
+		if held {
+			released, _ = st.leases.SettleWritten(key, token)
+		} else {
+			released, _ = st.leases.Settle(key, token)
+		}
 	})
 	if err != nil {
 		return false, err

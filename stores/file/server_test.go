@@ -96,8 +96,8 @@ func TestFileStoreStalledDisk(t *testing.T) {
 		StoreRaw: json.RawMessage(`{"type":"file","path":"` + path + `"}`),
 	})
 	fs := openAt(t, path)
-	stalled, unblock := file.Stall(fs) // an fsync that hangs
-	<-stalled
+	stalled, unblock := file.Stall(fs) // an fsync that hangs, once the lease is synced
+	defer unblock()
 	next := &handlertest.Next{}
 	first := make(chan int, 1)
 	go func() {
@@ -112,6 +112,7 @@ func TestFileStoreStalledDisk(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the backend's answer was held by the stalled disk")
 	}
+	<-stalled               // the commit's write was held
 	time.Sleep(time.Second) // Sangho's retry comes later than lock_ttl
 	if w, _ := handlertest.Serve(h, handlertest.SignedRequest(sangho.BodyA, ""), next); w.Code != http.StatusConflict {
 		t.Fatalf("redelivery while the record is not on disk: %d, want 409", w.Code)

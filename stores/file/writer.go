@@ -20,8 +20,10 @@ type fileOp struct {
 	// counted as landing (Table.Landing) from before the batch is
 	// committed until after the op's after.
 	lands string
-	err   error
-	done  chan struct{}
+	// sync: fn writes nothing; the op waits for a batch (a lease's sync).
+	sync bool
+	err  error
+	done chan struct{}
 }
 
 var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan struct{}, 1)} }}
@@ -61,29 +63,38 @@ func (st *shared) write(fn func(*txn) error) error {
 // before any later write. A change to the leases in memory that must
 // follow a write (a commit's release, a forget's) goes there.
 func (st *shared) writeThen(fn func(*txn) error, after func()) error {
-	return st.submit(fn, after, "")
+	return st.submit(&fileOp{fn: fn, after: after})
 }
+
+// syncWrites returns once every write queued before it (the leases'
+// changes too) is on disk: it waits for a batch of the writer.
+func (st *shared) syncWrites() error {
+	return st.submit(&fileOp{fn: nopWrite, sync: true})
+}
+
+func nopWrite(*txn) error { return nil }
 
 // writeRecordThen is writeThen for a write of key's done record (a
 // commit): a claim of key checks the database again if one is landing
 // (see Table.SettledSince).
 func (st *shared) writeRecordThen(key string, fn func(*txn) error, after func()) error {
-	return st.submit(fn, after, key)
+	return st.submit(&fileOp{fn: fn, after: after, lands: key})
 }
 
-func (st *shared) submit(fn func(*txn) error, after func(), lands string) error {
+// submit has the writer run w's fn, after and lands (see fileOp).
+func (st *shared) submit(w *fileOp) error {
 	op := fileOpPool.Get().(*fileOp)
-	op.fn, op.after, op.lands, op.err = fn, after, lands, nil
+	op.fn, op.after, op.lands, op.sync, op.err = w.fn, w.after, w.lands, w.sync, nil
 	timer := time.NewTimer(fileWriteTimeout)
 	defer timer.Stop()
 	select {
 	case st.ops <- op:
 	case <-st.stop:
-		op.fn, op.after, op.lands = nil, nil, ""
+		op.fn, op.after, op.lands, op.sync = nil, nil, "", false
 		fileOpPool.Put(op)
 		return errFileClosed
 	case <-timer.C:
-		op.fn, op.after, op.lands = nil, nil, ""
+		op.fn, op.after, op.lands, op.sync = nil, nil, "", false
 		fileOpPool.Put(op)
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileStalled)
 	}
@@ -95,7 +106,7 @@ func (st *shared) submit(fn func(*txn) error, after func(), lands string) error 
 		return fmt.Errorf("file store: writing %s: %w", st.path, errFileWritePending)
 	}
 	err := op.err
-	op.fn, op.after, op.lands, op.err = nil, nil, "", nil
+	op.fn, op.after, op.lands, op.sync, op.err = nil, nil, "", false, nil
 	fileOpPool.Put(op)
 	return err
 }
@@ -127,14 +138,28 @@ func (st *shared) writer() {
 		st.txns.Add(1)
 		st.writes.Add(int64(len(batch)))
 		tx := txn{b: st.db.NewIndexedBatch(), now: st.now()}
+		// The leases' changes queued so far go first: a claim queues its
+		// lease before it sends its sync (an op) here, so the batch that
+		// carries the op carries the lease, or follows the one that did.
+		leases, _ := st.lq.take(false)
+		leaseErr := writeLeases(tx.b, leases)
 		for _, op := range batch {
 			op.err = tx.run(st, op.fn)
 			if op.err == nil && op.lands != "" {
 				st.leases.Landing(op.lands) // before the record can be read
 			}
 		}
-		err := tx.b.Commit(pebble.Sync)
+		err := leaseErr
+		if h := st.beforeCommitHook.Load(); h != nil && err == nil {
+			err = (*h)(batch, len(leases))
+		}
+		if err == nil {
+			err = tx.b.Commit(pebble.Sync)
+		}
 		tx.b.Close()
+		if err != nil && len(leases) > 0 {
+			st.lq.fail(err)
+		}
 		st.reads.Add(tx.reads)
 		if writerCommittedHook != nil {
 			writerCommittedHook()
@@ -157,6 +182,13 @@ func (st *shared) writer() {
 // writerCommittedHook, when set (by a test), runs in the writer once a
 // batch is committed, before the afters of its writes.
 var writerCommittedHook func()
+
+// beforeCommitHook is shared.beforeCommitHook's type: set by a test, it
+// runs in the writer once the writes of a batch (and its leases lease
+// changes) ran, before the batch is committed: a disk that holds the
+// batch, or fails it (an error: the batch is not committed and fails
+// with it).
+type beforeCommitHook func(ops []*fileOp, leases int) error
 
 // txn is the store's view of one write batch: an indexed batch, whose
 // reads see the database and the batch's own writes.
