@@ -44,6 +44,15 @@ func waitIdle(l *ledger.Ledger) {
 // have died before writing it, however long the commit took on a loaded
 // disk). Only these events can be processed twice by a kill: the backend
 // did work that no store recorded.
+//
+// A request that Caddy wrote to the backend's socket just before it
+// died is still delivered by the kernel, and the backend's handler may
+// begin it after the process is gone (a loaded machine, -race): a work
+// that begins within killDeliverySlack after a kill counts as working
+// at it. (Seen once in CI: a by-nature double, marked, reported as
+// stray.) A double of an event first sent through the surviving
+// instance in that window would need a mark to pass checkMarks, and
+// only a killed instance's lease leaves one.
 func atTheKills(l *ledger.Ledger, s *sender, ids []string, kills []killSpan) (working, answered map[string]bool) {
 	working, answered = map[string]bool{}, map[string]bool{}
 	for _, id := range ids {
@@ -54,7 +63,7 @@ func atTheKills(l *ledger.Ledger, s *sender, ids []string, kills []killSpan) (wo
 			}
 			for _, k := range kills {
 				switch {
-				case !d.Began.After(k.to) && !d.Ended.Before(k.from):
+				case !d.Began.After(k.to.Add(killDeliverySlack)) && !d.Ended.Before(k.from):
 					working[id] = true
 				case d.Ended.Before(k.from) && (acked.IsZero() || acked.After(k.from)):
 					answered[id] = true
@@ -67,6 +76,9 @@ func atTheKills(l *ledger.Ledger, s *sender, ids []string, kills []killSpan) (wo
 	}
 	return working, answered
 }
+
+// killDeliverySlack: see atTheKills.
+const killDeliverySlack = time.Second
 
 // checkDoublesAtTheKills fails the test for every event processed twice
 // that was not at the backend at a kill (atTheKills): something else
