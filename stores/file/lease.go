@@ -42,18 +42,11 @@ func (j leaseJournal) Set(key, val string, expires time.Time) error {
 }
 
 func (j leaseJournal) Delete(keys ...string) error {
-	j.st.lq.mu.Lock()
-	defer j.st.lq.mu.Unlock()
-	if j.st.lq.closed {
-		return errFileClosed
+	changes := make([]leaseChange, len(keys))
+	for i, k := range keys {
+		changes[i] = leaseChange{key: k, del: true}
 	}
-	// Queued even after a failed batch (q.err): the lease of a claim
-	// that failed with it must leave memory; whether the deletion
-	// reaches the disk is Pebble's to say.
-	for _, k := range keys {
-		j.st.lq.changes = append(j.st.lq.changes, leaseChange{key: k, del: true})
-	}
-	return nil
+	return j.st.lq.add(changes...)
 }
 
 // Sync returns once every change queued before it is on disk: it waits
@@ -90,22 +83,22 @@ type leaseQueue struct {
 	err     error // a batch with changes in it failed: no more changes
 }
 
-func (q *leaseQueue) add(c leaseChange) error {
+// add queues changes, all sets or all deletions. After a failed batch
+// (q.err) a set is refused, since it might not reach the disk; a
+// deletion is not: the lease of a claim that failed with the batch
+// must leave memory, and whether the deletion reaches the disk is
+// Pebble's to say.
+func (q *leaseQueue) add(changes ...leaseChange) error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if err := q.refused(); err != nil {
-		return err
-	}
-	q.changes = append(q.changes, c)
-	return nil
-}
-
-// refused is why no change can be queued, if one cannot (q.mu held).
-func (q *leaseQueue) refused() error {
 	if q.closed {
 		return errFileClosed
 	}
-	return q.err
+	if q.err != nil && len(changes) > 0 && !changes[0].del {
+		return q.err
+	}
+	q.changes = append(q.changes, changes...)
+	return nil
 }
 
 func (q *leaseQueue) failed() error {

@@ -50,8 +50,8 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	// landing after that was not in this claim's way. One landing then
 	// may not be on disk yet (its batch held by the disk): read once
 	// more after the sync, which completes after that batch.
-	again := st.leases.SettledSince(key, settles)
-	if again {
+	mayHaveLanded := st.leases.SettledSince(key, settles)
+	if mayHaveLanded {
 		if val, done, err := st.read(key); err != nil || done {
 			return st.claimFoundDone(key, token, val, err)
 		}
@@ -63,7 +63,7 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 			return 0, "", err
 		}
 	}
-	if again {
+	if mayHaveLanded && wrote { // no sync, nothing new to find
 		if val, done, err := st.read(key); err != nil || done {
 			return st.claimFoundDone(key, token, val, err)
 		}

@@ -20,7 +20,8 @@ type fileOp struct {
 	// counted as landing (Table.Landing) from before the batch is
 	// committed until after the op's after.
 	lands string
-	// sync: fn writes nothing; the op waits for a batch (a lease's sync).
+	// sync: fn writes nothing; the op waits for a batch (a lease's
+	// sync). The tests' stall hooks tell a sync from a write by it.
 	sync bool
 	err  error
 	done chan struct{}
@@ -184,10 +185,10 @@ func (st *shared) writer() {
 var writerCommittedHook func()
 
 // beforeCommitHook is shared.beforeCommitHook's type: set by a test, it
-// runs in the writer once the writes of a batch (and its leases lease
-// changes) ran, before the batch is committed: a disk that holds the
-// batch, or fails it (an error: the batch is not committed and fails
-// with it).
+// runs in the writer once the writes of a batch and its lease changes
+// (leases of them) are in the batch, before it is committed: a disk
+// that holds the batch, or fails it (an error: the batch is not
+// committed and fails with it).
 type beforeCommitHook func(ops []*fileOp, leases int) error
 
 // txn is the store's view of one write batch: an indexed batch, whose
