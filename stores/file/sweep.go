@@ -9,6 +9,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 )
 
 // The sweeper. There is no index by expiry: an index entry repeats the
@@ -113,22 +115,38 @@ func (st *shared) sweep() (int, error) {
 // to go on from, nil at the end of the records.
 func (st *shared) sweepSlice(from []byte, n int) (next []byte, read, deleted int, err error) {
 	now := unixNano(st.now())
+	mark := st.leases.Mark() // before the read: see deleteExpired
 	expired, next, read, bad, err := st.readExpired(from, n, now)
 	if err != nil {
 		return from, read, 0, err
 	}
-	deleted, err = st.deleteExpired(expired)
+	if sweepReadHook != nil {
+		sweepReadHook()
+	}
+	deleted, err = st.deleteExpired(expired, mark)
 	if err != nil {
 		return from, read, deleted, err
 	}
 	return next, read, deleted, bad
 }
 
+// sweepReadHook, when set (by a test), runs in sweepSlice between the
+// read of the slice and the deletion of its expired records.
+var sweepReadHook func()
+
 // deleteExpired deletes, through the writer, fileSweepBatch per batch,
-// the done records of keys that have expired when the writer takes
-// them: each is checked again there, as a commit may have written it
-// anew since it was read.
-func (st *shared) deleteExpired(keys []string) (deleted int, err error) {
+// the done records of keys read as expired after mark was taken. A
+// commit may have written a key anew since it was read (an event
+// redelivered after its record expired, processed again): only the
+// commits write done records, and each is counted landing from before
+// its record can be read until after its Settle, which raises its
+// shard's count (Table.SettledSince). So a key whose shard's count is
+// still mark's, with nothing landing, holds what the read found, and
+// its record is deleted without reading it again; any other is read
+// again in the writer, and deleted only if it has expired. The writer,
+// which every claim and commit waits for, is held for the deletions,
+// not for 500 point reads (a read of a cold block is a disk read).
+func (st *shared) deleteExpired(keys []string, mark *memtable.SettlesMark) (deleted int, err error) {
 	for len(keys) > 0 {
 		chunk := keys[:min(len(keys), fileSweepBatch)]
 		keys = keys[len(chunk):]
@@ -137,6 +155,13 @@ func (st *shared) deleteExpired(keys []string) (deleted int, err error) {
 			k = 0
 			now := unixNano(tx.now)
 			for _, key := range chunk {
+				if !st.leases.SettledSinceMark(key, mark) {
+					if err := tx.b.Delete(doneKey(key), nil); err != nil {
+						return err
+					}
+					k++
+					continue
+				}
 				exp, ok, err := tx.expiry(key)
 				if err != nil {
 					return err

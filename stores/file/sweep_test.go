@@ -98,6 +98,7 @@ func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 		}
 	}
 	clock.Advance(time.Hour)
+	mark := st.leases.Mark()
 	expired, next, read, bad, err := st.readExpired(nil, 10, unixNano(clock.Now()))
 	if err != nil || bad != nil || read != 2 || len(expired) != 2 || next != nil {
 		t.Fatalf("read %d, expired %q, next %q, %v %v; want both", read, expired, next, bad, err)
@@ -105,11 +106,80 @@ func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 	if _, err := s.Commit(ctx, "b", "t", rec, time.Minute); err != nil { // written anew meanwhile
 		t.Fatal(err)
 	}
-	if n, err := st.deleteExpired(expired); err != nil || n != 1 {
+	if n, err := st.deleteExpired(expired, mark); err != nil || n != 1 {
 		t.Fatalf("deleted %d, %v; want 1 (a)", n, err)
 	}
 	if res, _, err := s.Claim(ctx, "b", "u", time.Minute); err != nil || res != dedup.AlreadyDone {
 		t.Fatalf("claim of the record written anew: %v %v; want already done", res, err)
+	}
+}
+
+// The same through the sweeper's own slice: a record committed anew
+// between the slice's read and its deletions is kept, also when the
+// deletions read no record (the keys that nothing wrote since the read
+// are deleted without a read: the sweep takes its mark of the commits
+// before it reads).
+func TestFileStoreSweepKeepsARecordWrittenAnewDuringItsSlice(t *testing.T) {
+	clock := testclock.New()
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := s.Commit(ctx, k, "t", rec, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Hour)
+	sweepReadHook = func() {
+		if _, err := s.Commit(ctx, "b", "t", rec, time.Minute); err != nil { // written anew meanwhile
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { sweepReadHook = nil })
+	if n, err := st.sweep(); err != nil || n != 2 {
+		t.Fatalf("deleted %d, %v; want 2 (a and c)", n, err)
+	}
+	sweepReadHook = nil
+	for k, want := range map[string]dedup.ClaimResult{"a": dedup.Claimed, "b": dedup.AlreadyDone, "c": dedup.Claimed} {
+		if res, _, err := s.Claim(ctx, k, "u", time.Minute); err != nil || res != want {
+			t.Errorf("claim of %s after the sweep: %v %v; want %v", k, res, err, want)
+		}
+	}
+}
+
+// A sweep batch deletes the expired records it read without reading
+// them again in the writer, which every claim and commit waits for,
+// when no record of their keys can have landed since the sweep read
+// them (no commit settled in their shards of the lease table): the
+// writer is held for the deletions only.
+func TestFileStoreSweepHoldsTheWriterWithoutReads(t *testing.T) {
+	clock := testclock.New()
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
+	const n = 3*fileSweepBatch/2 + 7 // two batches
+	for i := range n {
+		if _, err := s.Commit(ctx, fmt.Sprintf("evt_%d", i), "t", rec, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Hour)
+	reads, txns := st.reads.Load(), st.txns.Load()
+	if deleted, err := st.sweep(); err != nil || deleted != n {
+		t.Fatalf("sweep: deleted %d, %v; want %d", deleted, err, n)
+	}
+	if r := st.reads.Load() - reads; r != 0 {
+		t.Errorf("the sweep's batches read %d records in the writer; want 0 (nothing was written since it read them)", r)
+	}
+	if b := st.txns.Load() - txns; b < 2 {
+		t.Errorf("the sweep wrote %d batches; want at least 2 of at most %d deletions", b, fileSweepBatch)
+	}
+	for i := range n {
+		if _, ok, err := st.get(doneKey(fmt.Sprintf("evt_%d", i))); err != nil || ok {
+			t.Fatalf("evt_%d after the sweep: present %v, %v; want deleted", i, ok, err)
+		}
 	}
 }
 
