@@ -3,6 +3,7 @@ package memtable
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -227,5 +228,38 @@ func TestSettledSince(t *testing.T) {
 	}
 	if st.SettledSince("k", st.Settles("k")) {
 		t.Fatal("SettledSince true from a count taken after the landing")
+	}
+}
+
+// A Mark taken before a Settle or a landing of key says so for key
+// (SettledSinceMark), as SettledSince of Settles(key) would; a key of
+// another shard, which nothing touched, is not flagged.
+func TestSettledSinceMark(t *testing.T) {
+	st := New(time.Now, time.Hour)
+	defer st.Destruct()
+	other := ""
+	for i := 0; other == ""; i++ {
+		if k := "o" + strconv.Itoa(i); st.shardOf(k) != st.shardOf("k") {
+			other = k
+		}
+	}
+	m := st.Mark()
+	if st.SettledSinceMark("k", m) || st.SettledSinceMark(other, m) {
+		t.Fatal("SettledSinceMark with nothing landing or settled")
+	}
+	st.Landing("k")
+	if !st.SettledSinceMark("k", m) {
+		t.Fatal("SettledSinceMark false while k's record is landing")
+	}
+	st.Settle("k", "t")
+	st.Landed("k")
+	if !st.SettledSinceMark("k", m) {
+		t.Fatal("SettledSinceMark false after k's record landed and settled")
+	}
+	if st.SettledSinceMark(other, m) {
+		t.Fatalf("SettledSinceMark true for %s, of a shard nothing settled in", other)
+	}
+	if st.SettledSinceMark("k", st.Mark()) {
+		t.Fatal("SettledSinceMark true from a mark taken after the landing")
 	}
 }

@@ -98,18 +98,198 @@ func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 		}
 	}
 	clock.Advance(time.Hour)
-	expired, next, read, bad, err := st.readExpired(nil, 10, unixNano(clock.Now()))
+	mark := st.leases.Mark()
+	expired, next, read, bad, err := st.readExpired(nil, 10, 10, unixNano(clock.Now()))
 	if err != nil || bad != nil || read != 2 || len(expired) != 2 || next != nil {
-		t.Fatalf("read %d, expired %q, next %q, %v %v; want both", read, expired, next, bad, err)
+		t.Fatalf("read %d, expired %v, next %q, %v %v; want both", read, expired, next, bad, err)
 	}
 	if _, err := s.Commit(ctx, "b", "t", rec, time.Minute); err != nil { // written anew meanwhile
 		t.Fatal(err)
 	}
-	if n, err := st.deleteExpired(expired); err != nil || n != 1 {
+	if n, err := st.deleteExpired(expired, mark); err != nil || n != 1 {
 		t.Fatalf("deleted %d, %v; want 1 (a)", n, err)
 	}
 	if res, _, err := s.Claim(ctx, "b", "u", time.Minute); err != nil || res != dedup.AlreadyDone {
 		t.Fatalf("claim of the record written anew: %v %v; want already done", res, err)
+	}
+}
+
+// The same through the sweeper's own slice: a record committed anew
+// once the slice's read has begun (its iterator open: the read finds
+// the expired record) is kept, also when the deletions read no record
+// (the keys that nothing wrote since the read are deleted without a
+// read: the sweep takes its mark of the commits before it reads).
+func TestFileStoreSweepKeepsARecordWrittenAnewDuringItsSlice(t *testing.T) {
+	clock := testclock.New()
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := s.Commit(ctx, k, "t", rec, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Hour)
+	sweepReadHook = func() {
+		if _, err := s.Commit(ctx, "b", "t", rec, time.Minute); err != nil { // written anew meanwhile
+			t.Error(err)
+		}
+	}
+	t.Cleanup(func() { sweepReadHook = nil })
+	if n, err := st.sweep(); err != nil || n != 2 {
+		t.Fatalf("deleted %d, %v; want 2 (a and c)", n, err)
+	}
+	sweepReadHook = nil
+	for k, want := range map[string]dedup.ClaimResult{"a": dedup.Claimed, "b": dedup.AlreadyDone, "c": dedup.Claimed} {
+		if res, _, err := s.Claim(ctx, k, "u", time.Minute); err != nil || res != want {
+			t.Errorf("claim of %s after the sweep: %v %v; want %v", k, res, err, want)
+		}
+	}
+}
+
+// A commit of a key in the same writer batch as, and before, the sweep's
+// deletion of that key's expired record keeps the record: it is
+// counted landing there, before its Settle (which runs once the batch
+// is on disk), so the deletion reads the record again and finds it
+// written anew.
+func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
+	clock := testclock.New()
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
+	for attempt := 0; ; attempt++ {
+		key := fmt.Sprintf("evt_%d", attempt)
+		if _, err := s.Commit(ctx, key, "t", rec, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		clock.Advance(time.Hour)
+		mark := st.leases.Mark()
+		all, _, _, _, err := st.readExpired(nil, 10, 10, unixNano(clock.Now()))
+		var expired []expiredRecord
+		for _, r := range all {
+			if r.key == key { // not an earlier attempt's
+				expired = append(expired, r)
+			}
+		}
+		if err != nil || len(expired) != 1 {
+			t.Fatalf("read %v, %v; want %s among them", all, err, key)
+		}
+		// The writer held; the commit queued, then the deletion: the
+		// writer's next batch takes both, in that order (as a rule:
+		// the batch is checked below, and the case tried again if not).
+		var batch []string
+		hook := beforeCommitHook(func(ops []*fileOp, _ int) error {
+			ours := false
+			for _, op := range ops {
+				ours = ours || op.lands == key
+			}
+			if ours && batch == nil { // the batch that carries the commit
+				for _, op := range ops {
+					batch = append(batch, "lands:"+op.lands)
+				}
+			}
+			return nil
+		})
+		held, release := holdWriter(st)
+		<-held
+		st.beforeCommitHook.Store(&hook)
+		committed, deletedCh := make(chan error, 1), make(chan int, 1)
+		go func() {
+			_, err := s.Commit(ctx, key, "t", rec, time.Minute)
+			committed <- err
+		}()
+		time.Sleep(20 * time.Millisecond) // the commit waits for the writer first
+		go func() {
+			n, err := st.deleteExpired(expired, mark)
+			if err != nil {
+				t.Error(err)
+			}
+			deletedCh <- n
+		}()
+		time.Sleep(20 * time.Millisecond)
+		release()
+		if err := <-committed; err != nil {
+			t.Fatal(err)
+		}
+		n := <-deletedCh
+		st.beforeCommitHook.Store(nil)
+		if len(batch) != 2 || batch[0] != "lands:"+key || batch[1] != "lands:" {
+			if attempt < 5 {
+				t.Logf("attempt %d: the writer's batch was %q, not the commit then the deletion: again", attempt, batch)
+				continue
+			}
+			t.Fatalf("the writer's batch was %q, not the commit then the deletion, 6 times", batch)
+		}
+		if n != 0 {
+			t.Errorf("the deletion deleted %d records; want 0 (%s was written anew before it, in its batch)", n, key)
+		}
+		if res, _, err := s.Claim(ctx, key, "u", time.Minute); err != nil || res != dedup.AlreadyDone {
+			t.Fatalf("claim of the record written anew in the deletion's batch: %v %v; want already done", res, err)
+		}
+		return
+	}
+}
+
+// A record read as expired whose expiry has not passed by the writer's
+// clock when its deletion runs (the clock stepped back in between) is
+// not deleted on the read's word: it is read again, and kept.
+func TestFileStoreSweepDeletesOnTheWritersClock(t *testing.T) {
+	clock := testclock.New()
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	if _, err := s.Commit(ctx, "a", "t", dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(time.Hour)
+	mark := st.leases.Mark()
+	expired, _, _, _, err := st.readExpired(nil, 10, 10, unixNano(clock.Now()))
+	if err != nil || len(expired) != 1 {
+		t.Fatalf("read %v, %v; want a", expired, err)
+	}
+	clock.Advance(-time.Hour) // stepped back
+	if n, err := st.deleteExpired(expired, mark); err != nil || n != 0 {
+		t.Fatalf("deleted %d, %v; want 0: a has not expired by the writer's clock", n, err)
+	}
+	if res, _, err := s.Claim(ctx, "a", "u", time.Minute); err != nil || res != dedup.AlreadyDone {
+		t.Fatalf("claim of a: %v %v; want already done", res, err)
+	}
+}
+
+// A sweep batch deletes the expired records it read without reading
+// them again in the writer, which every claim and commit waits for,
+// when no record of their keys can have landed since the sweep read
+// them (no commit settled in their shards of the lease table): the
+// writer is held for the deletions only.
+func TestFileStoreSweepHoldsTheWriterWithoutReads(t *testing.T) {
+	clock := testclock.New()
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	s := &Store{state: st}
+	ctx := context.Background()
+	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
+	const n = 3*fileSweepBatch/2 + 7 // two batches
+	for i := range n {
+		if _, err := s.Commit(ctx, fmt.Sprintf("evt_%d", i), "t", rec, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Hour)
+	reads, txns := st.reads.Load(), st.txns.Load()
+	if deleted, err := st.sweep(); err != nil || deleted != n {
+		t.Fatalf("sweep: deleted %d, %v; want %d", deleted, err, n)
+	}
+	if r := st.reads.Load() - reads; r != 0 {
+		t.Errorf("the sweep's batches read %d records in the writer; want 0 (nothing was written since it read them)", r)
+	}
+	if b := st.txns.Load() - txns; b < 2 {
+		t.Errorf("the sweep wrote %d batches; want at least 2 of at most %d deletions", b, fileSweepBatch)
+	}
+	for i := range n {
+		if _, ok, err := st.get(doneKey(fmt.Sprintf("evt_%d", i))); err != nil || ok {
+			t.Fatalf("evt_%d after the sweep: present %v, %v; want deleted", i, ok, err)
+		}
 	}
 }
 
