@@ -263,7 +263,7 @@ func (tx *txn) replace(key string, val doneValue, ttl time.Duration) (same bool,
 	if err != nil {
 		return false, err
 	}
-	same = ok && unixNano(tx.now) < old && oldVal == val.val
+	same = ok && unixNano(tx.now) < old && oldVal == val.str()
 	return same, tx.set(key, val, ttl)
 }
 
