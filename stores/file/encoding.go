@@ -99,8 +99,8 @@ type doneValue struct {
 
 // str is the record as the store gives it back, "done:{...}". A compact
 // record builds it only when asked (a retried commit compares it), not
-// for every commit: the JSON encoding was a tenth of a new event's CPU
-// in the store.
+// for every commit (newDoneValue with the encoding was 7 % of a profile
+// of BenchmarkFileStoreNewEvent).
 func (d doneValue) str() string {
 	if d.body == nil {
 		return d.val
