@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
@@ -82,36 +83,69 @@ func TestFileStoreSweepsInSlices(t *testing.T) {
 	}
 }
 
+// sweepCase is a store on a test clock whose records, committed for a
+// minute, the sweep tests then let expire.
+type sweepCase struct {
+	st    *shared
+	s     *Store
+	clock *testclock.Clock
+	rec   dedup.DoneRecord
+}
+
+func newSweepCase(t *testing.T) *sweepCase {
+	clock := testclock.New()
+	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	return &sweepCase{st: st, s: &Store{state: st}, clock: clock, rec: dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}}
+}
+
+// commit commits the keys' records, for a minute.
+func (c *sweepCase) commit(t *testing.T, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, err := c.s.Commit(context.Background(), k, "t", c.rec, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// read takes a mark and reads the expired records, as sweepSlice does.
+func (c *sweepCase) read(t *testing.T) ([]expiredRecord, *memtable.SettlesMark) {
+	t.Helper()
+	mark := c.st.leases.Mark()
+	expired, next, _, bad, err := c.st.readExpired(nil, 1000, 1000, unixNano(c.clock.Now()))
+	if err != nil || bad != nil || next != nil {
+		t.Fatalf("read %v, next %q, %v %v", expired, next, bad, err)
+	}
+	return expired, mark
+}
+
+// wantClaim claims each key and checks the answer.
+func (c *sweepCase) wantClaim(t *testing.T, want map[string]dedup.ClaimResult) {
+	t.Helper()
+	for k, w := range want {
+		if res, _, err := c.s.Claim(context.Background(), k, "u", time.Minute); err != nil || res != w {
+			t.Errorf("claim of %s after the sweep: %v %v; want %v", k, res, err, w)
+		}
+	}
+}
+
 // A record read as expired but written anew before the sweeper's
 // deletion reaches the writer (an event redelivered after its record
 // expired, processed and committed again) is kept: the writer checks
 // the expiry again.
 func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
-	clock := testclock.New()
-	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
-	s := &Store{state: st}
-	ctx := context.Background()
-	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
-	for _, k := range []string{"a", "b"} {
-		if _, err := s.Commit(ctx, k, "t", rec, time.Minute); err != nil {
-			t.Fatal(err)
-		}
+	c := newSweepCase(t)
+	c.commit(t, "a", "b")
+	c.clock.Advance(time.Hour)
+	expired, mark := c.read(t)
+	if len(expired) != 2 {
+		t.Fatalf("read %v; want both", expired)
 	}
-	clock.Advance(time.Hour)
-	mark := st.leases.Mark()
-	expired, next, read, bad, err := st.readExpired(nil, 10, 10, unixNano(clock.Now()))
-	if err != nil || bad != nil || read != 2 || len(expired) != 2 || next != nil {
-		t.Fatalf("read %d, expired %v, next %q, %v %v; want both", read, expired, next, bad, err)
-	}
-	if _, err := s.Commit(ctx, "b", "t", rec, time.Minute); err != nil { // written anew meanwhile
-		t.Fatal(err)
-	}
-	if n, err := st.deleteExpired(expired, mark); err != nil || n != 1 {
+	c.commit(t, "b") // written anew meanwhile
+	if n, err := c.st.deleteExpired(expired, mark); err != nil || n != 1 {
 		t.Fatalf("deleted %d, %v; want 1 (a)", n, err)
 	}
-	if res, _, err := s.Claim(ctx, "b", "u", time.Minute); err != nil || res != dedup.AlreadyDone {
-		t.Fatalf("claim of the record written anew: %v %v; want already done", res, err)
-	}
+	c.wantClaim(t, map[string]dedup.ClaimResult{"a": dedup.Claimed, "b": dedup.AlreadyDone})
 }
 
 // The same through the sweeper's own slice: a record committed anew
@@ -120,32 +154,16 @@ func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 // (the keys that nothing wrote since the read are deleted without a
 // read: the sweep takes its mark of the commits before it reads).
 func TestFileStoreSweepKeepsARecordWrittenAnewDuringItsSlice(t *testing.T) {
-	clock := testclock.New()
-	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
-	s := &Store{state: st}
-	ctx := context.Background()
-	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
-	for _, k := range []string{"a", "b", "c"} {
-		if _, err := s.Commit(ctx, k, "t", rec, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-	clock.Advance(time.Hour)
-	sweepReadHook = func() {
-		if _, err := s.Commit(ctx, "b", "t", rec, time.Minute); err != nil { // written anew meanwhile
-			t.Error(err)
-		}
-	}
+	c := newSweepCase(t)
+	c.commit(t, "a", "b", "c")
+	c.clock.Advance(time.Hour)
+	sweepReadHook = func() { c.commit(t, "b") } // written anew meanwhile
 	t.Cleanup(func() { sweepReadHook = nil })
-	if n, err := st.sweep(); err != nil || n != 2 {
+	if n, err := c.st.sweep(); err != nil || n != 2 {
 		t.Fatalf("deleted %d, %v; want 2 (a and c)", n, err)
 	}
 	sweepReadHook = nil
-	for k, want := range map[string]dedup.ClaimResult{"a": dedup.Claimed, "b": dedup.AlreadyDone, "c": dedup.Claimed} {
-		if res, _, err := s.Claim(ctx, k, "u", time.Minute); err != nil || res != want {
-			t.Errorf("claim of %s after the sweep: %v %v; want %v", k, res, err, want)
-		}
-	}
+	c.wantClaim(t, map[string]dedup.ClaimResult{"a": dedup.Claimed, "b": dedup.AlreadyDone, "c": dedup.Claimed})
 }
 
 // A commit of a key in the same writer batch as, and before, the sweep's
@@ -154,27 +172,20 @@ func TestFileStoreSweepKeepsARecordWrittenAnewDuringItsSlice(t *testing.T) {
 // is on disk), so the deletion reads the record again and finds it
 // written anew.
 func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
-	clock := testclock.New()
-	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
-	s := &Store{state: st}
-	ctx := context.Background()
-	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
+	c := newSweepCase(t)
 	for attempt := 0; ; attempt++ {
 		key := fmt.Sprintf("evt_%d", attempt)
-		if _, err := s.Commit(ctx, key, "t", rec, time.Minute); err != nil {
-			t.Fatal(err)
-		}
-		clock.Advance(time.Hour)
-		mark := st.leases.Mark()
-		all, _, _, _, err := st.readExpired(nil, 10, 10, unixNano(clock.Now()))
+		c.commit(t, key)
+		c.clock.Advance(time.Hour)
+		all, mark := c.read(t)
 		var expired []expiredRecord
 		for _, r := range all {
 			if r.key == key { // not an earlier attempt's
 				expired = append(expired, r)
 			}
 		}
-		if err != nil || len(expired) != 1 {
-			t.Fatalf("read %v, %v; want %s among them", all, err, key)
+		if len(expired) != 1 {
+			t.Fatalf("read %v; want %s among them", all, key)
 		}
 		// The writer held; the commit queued, then the deletion: the
 		// writer's next batch takes both, in that order (as a rule:
@@ -192,17 +203,17 @@ func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
 			}
 			return nil
 		})
-		held, release := holdWriter(st)
+		held, release := holdWriter(c.st)
 		<-held
-		st.beforeCommitHook.Store(&hook)
+		c.st.beforeCommitHook.Store(&hook)
 		committed, deletedCh := make(chan error, 1), make(chan int, 1)
 		go func() {
-			_, err := s.Commit(ctx, key, "t", rec, time.Minute)
+			_, err := c.s.Commit(context.Background(), key, "t", c.rec, time.Minute)
 			committed <- err
 		}()
 		time.Sleep(20 * time.Millisecond) // the commit waits for the writer first
 		go func() {
-			n, err := st.deleteExpired(expired, mark)
+			n, err := c.st.deleteExpired(expired, mark)
 			if err != nil {
 				t.Error(err)
 			}
@@ -214,7 +225,7 @@ func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		n := <-deletedCh
-		st.beforeCommitHook.Store(nil)
+		c.st.beforeCommitHook.Store(nil)
 		if len(batch) != 2 || batch[0] != "lands:"+key || batch[1] != "lands:" {
 			if attempt < 5 {
 				t.Logf("attempt %d: the writer's batch was %q, not the commit then the deletion: again", attempt, batch)
@@ -225,9 +236,7 @@ func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
 		if n != 0 {
 			t.Errorf("the deletion deleted %d records; want 0 (%s was written anew before it, in its batch)", n, key)
 		}
-		if res, _, err := s.Claim(ctx, key, "u", time.Minute); err != nil || res != dedup.AlreadyDone {
-			t.Fatalf("claim of the record written anew in the deletion's batch: %v %v; want already done", res, err)
-		}
+		c.wantClaim(t, map[string]dedup.ClaimResult{key: dedup.AlreadyDone})
 		return
 	}
 }
@@ -236,26 +245,18 @@ func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
 // clock when its deletion runs (the clock stepped back in between) is
 // not deleted on the read's word: it is read again, and kept.
 func TestFileStoreSweepDeletesOnTheWritersClock(t *testing.T) {
-	clock := testclock.New()
-	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
-	s := &Store{state: st}
-	ctx := context.Background()
-	if _, err := s.Commit(ctx, "a", "t", dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}, time.Minute); err != nil {
-		t.Fatal(err)
+	c := newSweepCase(t)
+	c.commit(t, "a")
+	c.clock.Advance(time.Hour)
+	expired, mark := c.read(t)
+	if len(expired) != 1 {
+		t.Fatalf("read %v; want a", expired)
 	}
-	clock.Advance(time.Hour)
-	mark := st.leases.Mark()
-	expired, _, _, _, err := st.readExpired(nil, 10, 10, unixNano(clock.Now()))
-	if err != nil || len(expired) != 1 {
-		t.Fatalf("read %v, %v; want a", expired, err)
-	}
-	clock.Advance(-time.Hour) // stepped back
-	if n, err := st.deleteExpired(expired, mark); err != nil || n != 0 {
+	c.clock.Advance(-time.Hour) // stepped back
+	if n, err := c.st.deleteExpired(expired, mark); err != nil || n != 0 {
 		t.Fatalf("deleted %d, %v; want 0: a has not expired by the writer's clock", n, err)
 	}
-	if res, _, err := s.Claim(ctx, "a", "u", time.Minute); err != nil || res != dedup.AlreadyDone {
-		t.Fatalf("claim of a: %v %v; want already done", res, err)
-	}
+	c.wantClaim(t, map[string]dedup.ClaimResult{"a": dedup.AlreadyDone})
 }
 
 // A sweep batch deletes the expired records it read without reading
@@ -264,18 +265,15 @@ func TestFileStoreSweepDeletesOnTheWritersClock(t *testing.T) {
 // them (no commit settled in their shards of the lease table): the
 // writer is held for the deletions only.
 func TestFileStoreSweepHoldsTheWriterWithoutReads(t *testing.T) {
-	clock := testclock.New()
-	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
-	s := &Store{state: st}
-	ctx := context.Background()
-	rec := dedup.DoneRecord{ProcessedAt: clock.Now(), EventType: "t"}
+	c := newSweepCase(t)
 	const n = 3*fileSweepBatch/2 + 7 // two batches
-	for i := range n {
-		if _, err := s.Commit(ctx, fmt.Sprintf("evt_%d", i), "t", rec, time.Minute); err != nil {
-			t.Fatal(err)
-		}
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("evt_%d", i)
 	}
-	clock.Advance(time.Hour)
+	c.commit(t, keys...)
+	c.clock.Advance(time.Hour)
+	st := c.st
 	reads, txns := st.reads.Load(), st.txns.Load()
 	if deleted, err := st.sweep(); err != nil || deleted != n {
 		t.Fatalf("sweep: deleted %d, %v; want %d", deleted, err, n)
@@ -286,9 +284,9 @@ func TestFileStoreSweepHoldsTheWriterWithoutReads(t *testing.T) {
 	if b := st.txns.Load() - txns; b < 2 {
 		t.Errorf("the sweep wrote %d batches; want at least 2 of at most %d deletions", b, fileSweepBatch)
 	}
-	for i := range n {
-		if _, ok, err := st.get(doneKey(fmt.Sprintf("evt_%d", i))); err != nil || ok {
-			t.Fatalf("evt_%d after the sweep: present %v, %v; want deleted", i, ok, err)
+	for _, k := range keys {
+		if _, ok, err := st.get(doneKey(k)); err != nil || ok {
+			t.Fatalf("%s after the sweep: present %v, %v; want deleted", k, ok, err)
 		}
 	}
 }
