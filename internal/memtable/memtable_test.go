@@ -209,32 +209,10 @@ func TestSettlesAndHolds(t *testing.T) {
 }
 
 // SettledSince is true while a record of the shard is landing, and
-// after a Settle; false otherwise.
+// after a Settle; false otherwise. SettledSinceMark says the same of a
+// Mark taken where Settles was; a key of another shard, which nothing
+// touched, is not flagged by it.
 func TestSettledSince(t *testing.T) {
-	st := New(time.Now, time.Hour)
-	defer st.Destruct()
-	n := st.Settles("k")
-	if st.SettledSince("k", n) {
-		t.Fatal("SettledSince with nothing landing or settled")
-	}
-	st.Landing("k")
-	if !st.SettledSince("k", n) {
-		t.Fatal("SettledSince false while k's record is landing")
-	}
-	st.Settle("k", "t")
-	st.Landed("k")
-	if !st.SettledSince("k", n) {
-		t.Fatal("SettledSince false after k's record landed and settled")
-	}
-	if st.SettledSince("k", st.Settles("k")) {
-		t.Fatal("SettledSince true from a count taken after the landing")
-	}
-}
-
-// A Mark taken before a Settle or a landing of key says so for key
-// (SettledSinceMark), as SettledSince of Settles(key) would; a key of
-// another shard, which nothing touched, is not flagged.
-func TestSettledSinceMark(t *testing.T) {
 	st := New(time.Now, time.Hour)
 	defer st.Destruct()
 	other := ""
@@ -243,23 +221,26 @@ func TestSettledSinceMark(t *testing.T) {
 			other = k
 		}
 	}
-	m := st.Mark()
-	if st.SettledSinceMark("k", m) || st.SettledSinceMark(other, m) {
-		t.Fatal("SettledSinceMark with nothing landing or settled")
+	n, m := st.Settles("k"), st.Mark()
+	check := func(when string, want bool) {
+		t.Helper()
+		if got := st.SettledSince("k", n); got != want {
+			t.Fatalf("SettledSince %v %s; want %v", got, when, want)
+		}
+		if got := st.SettledSinceMark("k", m); got != want {
+			t.Fatalf("SettledSinceMark %v %s; want %v", got, when, want)
+		}
+		if st.SettledSinceMark(other, m) {
+			t.Fatalf("SettledSinceMark true for %s, of a shard nothing settled in, %s", other, when)
+		}
 	}
+	check("with nothing landing or settled", false)
 	st.Landing("k")
-	if !st.SettledSinceMark("k", m) {
-		t.Fatal("SettledSinceMark false while k's record is landing")
-	}
+	check("while k's record is landing", true)
 	st.Settle("k", "t")
 	st.Landed("k")
-	if !st.SettledSinceMark("k", m) {
-		t.Fatal("SettledSinceMark false after k's record landed and settled")
-	}
-	if st.SettledSinceMark(other, m) {
-		t.Fatalf("SettledSinceMark true for %s, of a shard nothing settled in", other)
-	}
-	if st.SettledSinceMark("k", st.Mark()) {
-		t.Fatal("SettledSinceMark true from a mark taken after the landing")
+	check("after k's record landed and settled", true)
+	if st.SettledSince("k", st.Settles("k")) || st.SettledSinceMark("k", st.Mark()) {
+		t.Fatal("settled since a count or mark taken after the landing")
 	}
 }
