@@ -261,6 +261,11 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	}
 	fmt.Printf("durable commits (claim + commit of new IDs), 32 goroutines, %v each: %.0f/s; with the sweeper (%d ticks, %.0f records read/s, %.0f expired records deleted/s): %.0f/s; without again: %.0f/s (%.2fx slower than the mean of the two); backlog swept first: %d; a whole pass takes %v\n",
 		sweepDur, base, stats.ticks, float64(stats.read)/sweepDur.Seconds(), float64(stats.deleted)/sweepDur.Seconds(), withSweep, base2, (base+base2)/2/withSweep, backlog, pass)
+	if fileScaleBacklog > 0 {
+		if _, err := backlogRuns(s, &offset, sweepDur, filestore.BenchSweepEvery, func() uint64 { return nextNew.Add(1) }, now, &committed); err != nil {
+			return err
+		}
+	}
 	rss, hwm = memKB(os.Getpid())
 	fmt.Printf("RSS at the end %.0f MiB (peak %.0f MiB): %s\n", float64(rss)/1024, float64(hwm)/1024, s.BenchMemory())
 	if err := s.BenchClose(); err != nil {
@@ -347,6 +352,112 @@ var fileScaleCacheMiB int
 
 // fileScaleClaimRate is -filescale-claim-rate.
 var fileScaleClaimRate float64
+
+// fileScaleBacklog is -filescale-backlog.
+var fileScaleBacklog time.Duration
+
+// backlogRuns is -filescale measure's last part with -filescale-backlog:
+// the clock jumps by that much, so that the records of that time wait
+// for the sweeper, as after Caddy was stopped that long; then new IDs
+// are claimed and committed from 32 goroutines for dur while the
+// sweeper ticks every `every` (the store's own interval in measure),
+// each tick deleting the expired records of its slice, many more than
+// at the steady expiry, each claim timed (a claim waits for the
+// writer, so it waits behind the sweep's batches); then the same for
+// dur without the sweeper. It returns the two runs' figures, with the
+// sweeper first.
+func backlogRuns(s *filestore.Store, offset *atomic.Int64, dur, every time.Duration, next func() uint64, now func() time.Time, committed *atomic.Int64) ([]backlogRun, error) {
+	offset.Add(int64(fileScaleBacklog))
+	ctx := context.Background()
+	run := func(sweep bool) (rate float64, lat []time.Duration, read, deleted int, err error) {
+		stop := make(chan struct{})
+		var sw sync.WaitGroup
+		var sweepErr error
+		if sweep {
+			sw.Add(1)
+			go func() {
+				defer sw.Done()
+				tk := time.NewTicker(every)
+				defer tk.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tk.C:
+					}
+					r, d, err := s.BenchSweepTick()
+					read, deleted = read+r, deleted+d
+					if err != nil {
+						sweepErr = err
+						return
+					}
+				}
+			}()
+		}
+		var mu sync.Mutex
+		var failed atomic.Value
+		var wg sync.WaitGroup
+		end := time.Now().Add(dur)
+		for g := range 32 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var mine []time.Duration
+				defer func() { mu.Lock(); lat = append(lat, mine...); mu.Unlock() }()
+				tok := fmt.Sprint("b", g)
+				for time.Now().Before(end) {
+					key := filestore.BenchKey(next())
+					t0 := time.Now()
+					if _, _, err := s.Claim(ctx, key, tok, time.Minute); err != nil {
+						failed.Store(err)
+						return
+					}
+					mine = append(mine, time.Since(t0))
+					if _, err := s.Commit(ctx, key, tok, filestore.BenchRecord(key, now()), scaleRetention); err != nil {
+						failed.Store(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(stop)
+		sw.Wait()
+		committed.Add(int64(len(lat)))
+		if err, _ := failed.Load().(error); err != nil {
+			return 0, nil, read, deleted, err
+		}
+		slices.Sort(lat)
+		return float64(len(lat)) / dur.Seconds(), lat, read, deleted, sweepErr
+	}
+	q := func(lat []time.Duration, p float64) time.Duration {
+		if len(lat) == 0 {
+			return 0
+		}
+		return lat[min(len(lat)-1, int(float64(len(lat))*p))]
+	}
+	var runs []backlogRun
+	for _, sweep := range []bool{true, false} {
+		rate, lat, read, deleted, err := run(sweep)
+		if err != nil {
+			return runs, err
+		}
+		runs = append(runs, backlogRun{claims: len(lat), deleted: deleted, p99: q(lat, 0.99)})
+		what := "without the sweeper"
+		if sweep {
+			what = fmt.Sprintf("with the sweeper (a tick every %v: %d records read, %d deleted)", every, read, deleted)
+		}
+		fmt.Printf("backlog of %v (the clock jumped): claim + commit of new IDs, 32 goroutines, %v, %s: %.0f/s; claims p50 %v, p99 %v, p99.9 %v, max %v\n",
+			fileScaleBacklog, dur, what, rate, q(lat, 0.5), q(lat, 0.99), q(lat, 0.999), q(lat, 1))
+	}
+	return runs, nil
+}
+
+// backlogRun is what one of backlogRuns' runs measured.
+type backlogRun struct {
+	claims, deleted int
+	p99             time.Duration
+}
 
 // fileScaleServeConfig is what the flags give -filescale serve.
 var fileScaleServeConfig serveConfig

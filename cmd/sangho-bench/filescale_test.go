@@ -2,9 +2,12 @@ package main
 
 import (
 	"math/rand/v2"
+	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
 // At a rate, runClaims makes about rate × dur claims whatever a claim
@@ -52,5 +55,43 @@ func TestRunClaimsClosedLoop(t *testing.T) {
 	// rate it would be far fewer.
 	if len(lat) < 1000 {
 		t.Fatalf("%d claims in a closed loop of 32 goroutines × 100 ms of 1 ms claims", len(lat))
+	}
+}
+
+// The backlog runs on a real filled store: the clock's jump leaves
+// expired records that the run with the sweeper deletes while its
+// claims and commits go on (each claim timed and its record written),
+// and the run without it deletes none.
+func TestBacklogRuns(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	const live = 20000
+	if err := filestore.BenchFill(path, live, time.Now(), scaleHours, scaleRetention, func(string, int, int) {}); err != nil {
+		t.Fatal(err)
+	}
+	var offset atomic.Int64
+	now := func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }
+	s, err := filestore.OpenForBench(path, now, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.BenchClose()
+	fileScaleBacklog = 24 * time.Hour // a third of the records
+	defer func() { fileScaleBacklog = 0 }()
+	var next atomic.Uint64
+	next.Store(1 << 40)
+	var committed atomic.Int64
+	runs, err := backlogRuns(s, &offset, 500*time.Millisecond, 50*time.Millisecond, func() uint64 { return next.Add(1) }, now, &committed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 {
+		t.Fatalf("%d runs; want 2 (with the sweeper, then without)", len(runs))
+	}
+	with, without := runs[0], runs[1]
+	if with.deleted < live/4 || without.deleted != 0 {
+		t.Errorf("deleted %d with the sweeper, %d without; want at least %d (a 24 h jump of 72 h), then none", with.deleted, without.deleted, live/4)
+	}
+	if with.claims == 0 || without.claims == 0 || committed.Load() != int64(with.claims+without.claims) {
+		t.Errorf("claims %d and %d, commits counted %d: want claims in both runs, each committed", with.claims, without.claims, committed.Load())
 	}
 }
