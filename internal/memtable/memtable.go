@@ -98,10 +98,8 @@ func NewJournaled(now func() time.Time, sweepEvery time.Duration, j Journal) *Ta
 }
 
 func (s *Table) shard(key string) *memShard {
-	return &s.shards[s.shardOf(key)]
+	return &s.shards[maphash.String(s.seed, key)%memShards]
 }
-
-func (s *Table) shardOf(key string) uint64 { return maphash.String(s.seed, key) % memShards }
 
 // get returns the kept entry of key (live, or a mark); the caller holds
 // the shard lock. An entry past its time stays until the sweeper takes
@@ -359,27 +357,6 @@ func (s *Table) SettledSince(key string, n uint64) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return sh.landing[key] > 0 || sh.settles.Load() != n
-}
-
-// SettlesMark is Settles of every key at once, for a reader that notes
-// it before it reads keys it does not know yet (the file store's
-// sweeper, before it reads a slice of records) and asks
-// SettledSinceMark of each key it found.
-type SettlesMark [memShards]uint64
-
-// Mark returns the SettlesMark of now.
-func (s *Table) Mark() *SettlesMark {
-	var m SettlesMark
-	for i := range s.shards {
-		m[i] = s.shards[i].settles.Load()
-	}
-	return &m
-}
-
-// SettledSinceMark is SettledSince, for the count that Settles(key)
-// would have returned when m was taken.
-func (s *Table) SettledSinceMark(key string, m *SettlesMark) bool {
-	return s.SettledSince(key, m[s.shardOf(key)])
 }
 
 // Holds reports whether key holds token's lease, live or its mark.

@@ -3,7 +3,6 @@ package memtable
 import (
 	"errors"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -209,38 +208,24 @@ func TestSettlesAndHolds(t *testing.T) {
 }
 
 // SettledSince is true while a record of the shard is landing, and
-// after a Settle; false otherwise. SettledSinceMark says the same of a
-// Mark taken where Settles was; a key of another shard, which nothing
-// touched, is not flagged by it.
+// after a Settle; false otherwise.
 func TestSettledSince(t *testing.T) {
 	st := New(time.Now, time.Hour)
 	defer st.Destruct()
-	other := ""
-	for i := 0; other == ""; i++ {
-		if k := "o" + strconv.Itoa(i); st.shardOf(k) != st.shardOf("k") {
-			other = k
-		}
+	n := st.Settles("k")
+	if st.SettledSince("k", n) {
+		t.Fatal("SettledSince with nothing landing or settled")
 	}
-	n, m := st.Settles("k"), st.Mark()
-	check := func(when string, want bool) {
-		t.Helper()
-		if got := st.SettledSince("k", n); got != want {
-			t.Fatalf("SettledSince %v %s; want %v", got, when, want)
-		}
-		if got := st.SettledSinceMark("k", m); got != want {
-			t.Fatalf("SettledSinceMark %v %s; want %v", got, when, want)
-		}
-		if st.SettledSinceMark(other, m) {
-			t.Fatalf("SettledSinceMark true for %s, of a shard nothing settled in, %s", other, when)
-		}
-	}
-	check("with nothing landing or settled", false)
 	st.Landing("k")
-	check("while k's record is landing", true)
+	if !st.SettledSince("k", n) {
+		t.Fatal("SettledSince false while k's record is landing")
+	}
 	st.Settle("k", "t")
 	st.Landed("k")
-	check("after k's record landed and settled", true)
-	if st.SettledSince("k", st.Settles("k")) || st.SettledSinceMark("k", st.Mark()) {
-		t.Fatal("settled since a count or mark taken after the landing")
+	if !st.SettledSince("k", n) {
+		t.Fatal("SettledSince false after k's record landed and settled")
+	}
+	if st.SettledSince("k", st.Settles("k")) {
+		t.Fatal("SettledSince true from a count taken after the landing")
 	}
 }

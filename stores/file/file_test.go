@@ -911,13 +911,12 @@ func BenchmarkFileStoreSweepBatch(b *testing.B) {
 		}
 		wg.Wait()
 		clock.Advance(time.Hour)
-		mark := st.leases.Mark()
-		expired, _, _, _, err := st.readExpired(nil, 2*fileSweepBatch, 2*fileSweepBatch, unixNano(clock.Now()))
+		expired, _, _, _, err := st.readExpired(nil, 2*fileSweepBatch, unixNano(clock.Now()))
 		if err != nil || len(expired) != fileSweepBatch {
 			b.Fatal(len(expired), err)
 		}
 		b.StartTimer()
-		if n, err := st.deleteExpired(expired, mark); err != nil || n != fileSweepBatch {
+		if n, err := st.deleteExpired(expired); err != nil || n != fileSweepBatch {
 			b.Fatal(n, err)
 		}
 	}

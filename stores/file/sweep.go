@@ -9,8 +9,6 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.uber.org/zap"
-
-	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 )
 
 // The sweeper. There is no index by expiry: an index entry repeats the
@@ -110,82 +108,41 @@ func (st *shared) sweep() (int, error) {
 }
 
 // sweepSlice reads up to n done records from the key from (nil: the
-// first), outside the writer (commits go on meanwhile), and deletes
-// those that have expired (deleteExpired), fileSweepBatch at a time: a
-// mark of the commits (see deleteExpired), then the read up to the next
-// fileSweepBatch expired records, then their deletion. It returns the
-// key to go on from, nil at the end of the records; after an error,
-// the key the failed part started at.
+// first), outside the writer (commits go on meanwhile), and then
+// deletes those that have expired (deleteExpired). It returns the key
+// to go on from, nil at the end of the records.
 func (st *shared) sweepSlice(from []byte, n int) (next []byte, read, deleted int, err error) {
 	now := unixNano(st.now())
-	next = from
-	var bad error
-	for read < n {
-		mark := st.leases.Mark() // before the read: see deleteExpired
-		expired, after, r, b, err := st.readExpired(next, n-read, fileSweepBatch, now)
-		read += r
-		if err != nil {
-			return next, read, deleted, err
-		}
-		d, err := st.deleteExpired(expired, mark)
-		deleted += d
-		if err != nil {
-			return next, read, deleted, err
-		}
-		if bad == nil {
-			bad = b
-		}
-		if next = after; next == nil {
-			break
-		}
+	expired, next, read, bad, err := st.readExpired(from, n, now)
+	if err != nil {
+		return from, read, 0, err
+	}
+	deleted, err = st.deleteExpired(expired)
+	if err != nil {
+		return from, read, deleted, err
 	}
 	return next, read, deleted, bad
 }
 
-// expiredRecord is a done record the sweep read as expired: its key and
-// the expiry it read.
-type expiredRecord struct {
-	key string
-	exp uint64
-}
-
 // deleteExpired deletes, through the writer, fileSweepBatch per batch,
-// the done records of keys read as expired after mark was taken. A
-// commit may have written a key anew since it was read (an event
-// redelivered after its record expired, processed again): only the
-// commits write done records, and each is counted landing from before
-// its record can be read until after its Settle, which raises its
-// shard's count (Table.SettledSince). So a key whose shard's count is
-// still mark's, with nothing landing, holds what the read found, and
-// its record is deleted without reading it again if the expiry read
-// has passed by the writer's clock too; any other is read again in the
-// writer, and deleted only if it has expired. The writer, which every
-// claim and commit waits for, is held for the deletions rather than for
-// a point read each (a read of a cold block is a disk read). A commit
-// in a batch whose log write fails settles nothing, but Pebble then
-// refuses every later write, the sweep's deletions with them.
-func (st *shared) deleteExpired(records []expiredRecord, mark *memtable.SettlesMark) (deleted int, err error) {
-	for len(records) > 0 {
-		chunk := records[:min(len(records), fileSweepBatch)]
-		records = records[len(chunk):]
+// the done records of keys that have expired when the writer takes
+// them: each is checked again there, as a commit may have written it
+// anew since it was read.
+func (st *shared) deleteExpired(keys []string) (deleted int, err error) {
+	for len(keys) > 0 {
+		chunk := keys[:min(len(keys), fileSweepBatch)]
+		keys = keys[len(chunk):]
 		k := 0
 		if err := st.write(func(tx *txn) error {
 			k = 0
 			now := unixNano(tx.now)
-			for _, r := range chunk {
-				if r.exp <= now && !st.leases.SettledSinceMark(r.key, mark) {
-					if err := tx.b.Delete(doneKey(r.key), nil); err != nil {
-						return err
-					}
-					k++
-					continue
-				}
-				exp, ok, err := tx.expiry(r.key)
+			for _, key := range chunk {
+				exp, ok, err := tx.expiry(key)
 				if err != nil {
 					return err
 				}
 				if ok && exp <= now {
-					if err := tx.b.Delete(doneKey(r.key), nil); err != nil {
+					if err := tx.b.Delete(doneKey(key), nil); err != nil {
 						return err
 					}
 					k++
@@ -205,11 +162,11 @@ func (st *shared) deleteExpired(records []expiredRecord, mark *memtable.SettlesM
 // before it reads them.
 var sweepReadHook func()
 
-// readExpired reads up to n done records from the key from, stopping
-// after the most-th expired at now, and returns those expired, and the
-// key to go on from (nil at the end). A record it cannot decode is
-// skipped, and named in bad: the sweep goes on past it, and logs it.
-func (st *shared) readExpired(from []byte, n, most int, now uint64) (expired []expiredRecord, next []byte, read int, bad, err error) {
+// readExpired reads up to n done records from the key from and returns
+// the keys of those expired at now, and the key to go on from (nil at
+// the end). A record it cannot decode is skipped, and named in bad: the
+// sweep goes on past it, and logs it.
+func (st *shared) readExpired(from []byte, n int, now uint64) (expired []string, next []byte, read int, bad, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			if err = fileDamaged(st.path, p); err != errFileClosed {
@@ -232,7 +189,7 @@ func (st *shared) readExpired(from []byte, n, most int, now uint64) (expired []e
 		sweepReadHook()
 	}
 	ok := it.First()
-	for ; ok && read < n && len(expired) < most; ok = it.Next() {
+	for ; ok && read < n; ok = it.Next() {
 		read++
 		v, verr := it.ValueAndErr()
 		if verr != nil {
@@ -245,7 +202,7 @@ func (st *shared) readExpired(from []byte, n, most int, now uint64) (expired []e
 			continue
 		}
 		if exp <= now {
-			expired = append(expired, expiredRecord{key: string(it.Key()[1:]), exp: exp})
+			expired = append(expired, string(it.Key()[1:]))
 		}
 	}
 	if ok {

@@ -12,7 +12,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
-	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
@@ -108,15 +107,14 @@ func (c *sweepCase) commit(t *testing.T, keys ...string) {
 	}
 }
 
-// read takes a mark and reads the expired records, as sweepSlice does.
-func (c *sweepCase) read(t *testing.T) ([]expiredRecord, *memtable.SettlesMark) {
+// read reads the expired records, as sweepSlice does.
+func (c *sweepCase) read(t *testing.T) []string {
 	t.Helper()
-	mark := c.st.leases.Mark()
-	expired, next, _, bad, err := c.st.readExpired(nil, 1000, 1000, unixNano(c.clock.Now()))
+	expired, next, _, bad, err := c.st.readExpired(nil, 1000, unixNano(c.clock.Now()))
 	if err != nil || bad != nil || next != nil {
-		t.Fatalf("read %v, next %q, %v %v", expired, next, bad, err)
+		t.Fatalf("read %q, next %q, %v %v", expired, next, bad, err)
 	}
-	return expired, mark
+	return expired
 }
 
 // wantClaim claims each key and checks the answer.
@@ -137,12 +135,12 @@ func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 	c := newSweepCase(t)
 	c.commit(t, "a", "b")
 	c.clock.Advance(time.Hour)
-	expired, mark := c.read(t)
+	expired := c.read(t)
 	if len(expired) != 2 {
 		t.Fatalf("read %v; want both", expired)
 	}
 	c.commit(t, "b") // written anew meanwhile
-	if n, err := c.st.deleteExpired(expired, mark); err != nil || n != 1 {
+	if n, err := c.st.deleteExpired(expired); err != nil || n != 1 {
 		t.Fatalf("deleted %d, %v; want 1 (a)", n, err)
 	}
 	c.wantClaim(t, map[string]dedup.ClaimResult{"a": dedup.Claimed, "b": dedup.AlreadyDone})
@@ -150,9 +148,7 @@ func TestFileStoreSweepKeepsARecordWrittenAnew(t *testing.T) {
 
 // The same through the sweeper's own slice: a record committed anew
 // once the slice's read has begun (its iterator open: the read finds
-// the expired record) is kept, also when the deletions read no record
-// (the keys that nothing wrote since the read are deleted without a
-// read: the sweep takes its mark of the commits before it reads).
+// the expired record) is kept.
 func TestFileStoreSweepKeepsARecordWrittenAnewDuringItsSlice(t *testing.T) {
 	c := newSweepCase(t)
 	c.commit(t, "a", "b", "c")
@@ -167,21 +163,19 @@ func TestFileStoreSweepKeepsARecordWrittenAnewDuringItsSlice(t *testing.T) {
 }
 
 // A commit of a key in the same writer batch as, and before, the sweep's
-// deletion of that key's expired record keeps the record: it is
-// counted landing there, before its Settle (which runs once the batch
-// is on disk), so the deletion reads the record again and finds it
-// written anew.
+// deletion of that key's expired record keeps the record: the deletion
+// reads the record again in the batch, which holds the commit's write.
 func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
 	c := newSweepCase(t)
 	for attempt := 0; ; attempt++ {
 		key := fmt.Sprintf("evt_%d", attempt)
 		c.commit(t, key)
 		c.clock.Advance(time.Hour)
-		all, mark := c.read(t)
-		var expired []expiredRecord
-		for _, r := range all {
-			if r.key == key { // not an earlier attempt's
-				expired = append(expired, r)
+		all := c.read(t)
+		var expired []string
+		for _, k := range all {
+			if k == key { // not an earlier attempt's
+				expired = append(expired, k)
 			}
 		}
 		if len(expired) != 1 {
@@ -213,7 +207,7 @@ func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
 		}()
 		time.Sleep(20 * time.Millisecond) // the commit waits for the writer first
 		go func() {
-			n, err := c.st.deleteExpired(expired, mark)
+			n, err := c.st.deleteExpired(expired)
 			if err != nil {
 				t.Error(err)
 			}
@@ -243,52 +237,20 @@ func TestFileStoreSweepKeepsARecordWrittenAnewInItsBatch(t *testing.T) {
 
 // A record read as expired whose expiry has not passed by the writer's
 // clock when its deletion runs (the clock stepped back in between) is
-// not deleted on the read's word: it is read again, and kept.
+// not deleted on the read's word: the writer checks it on its clock.
 func TestFileStoreSweepDeletesOnTheWritersClock(t *testing.T) {
 	c := newSweepCase(t)
 	c.commit(t, "a")
 	c.clock.Advance(time.Hour)
-	expired, mark := c.read(t)
+	expired := c.read(t)
 	if len(expired) != 1 {
 		t.Fatalf("read %v; want a", expired)
 	}
 	c.clock.Advance(-time.Hour) // stepped back
-	if n, err := c.st.deleteExpired(expired, mark); err != nil || n != 0 {
+	if n, err := c.st.deleteExpired(expired); err != nil || n != 0 {
 		t.Fatalf("deleted %d, %v; want 0: a has not expired by the writer's clock", n, err)
 	}
 	c.wantClaim(t, map[string]dedup.ClaimResult{"a": dedup.AlreadyDone})
-}
-
-// A sweep batch deletes the expired records it read without reading
-// them again in the writer, which every claim and commit waits for,
-// when no record of their keys can have landed since the sweep read
-// them (no commit settled in their shards of the lease table): the
-// writer is held for the deletions only.
-func TestFileStoreSweepHoldsTheWriterWithoutReads(t *testing.T) {
-	c := newSweepCase(t)
-	const n = 3*fileSweepBatch/2 + 7 // two batches
-	keys := make([]string, n)
-	for i := range keys {
-		keys[i] = fmt.Sprintf("evt_%d", i)
-	}
-	c.commit(t, keys...)
-	c.clock.Advance(time.Hour)
-	st := c.st
-	reads, txns := st.reads.Load(), st.txns.Load()
-	if deleted, err := st.sweep(); err != nil || deleted != n {
-		t.Fatalf("sweep: deleted %d, %v; want %d", deleted, err, n)
-	}
-	if r := st.reads.Load() - reads; r != 0 {
-		t.Errorf("the sweep's batches read %d records in the writer; want 0 (nothing was written since it read them)", r)
-	}
-	if b := st.txns.Load() - txns; b < 2 {
-		t.Errorf("the sweep wrote %d batches; want at least 2 of at most %d deletions", b, fileSweepBatch)
-	}
-	for _, k := range keys {
-		if _, ok, err := st.get(doneKey(k)); err != nil || ok {
-			t.Fatalf("%s after the sweep: present %v, %v; want deleted", k, ok, err)
-		}
-	}
 }
 
 // A store written by the layout before the slice sweeper (done records
