@@ -171,7 +171,6 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	// least 35 s each, so that the sweeper ticks (every 10 s) three
 	// times.
 	sweepDur := max(dur, 3*filestore.BenchSweepEvery+filestore.BenchSweepEvery/2)
-	type sweepStats struct{ ticks, read, deleted int }
 	var committed atomic.Int64
 	commits := func(sweep bool) (float64, sweepStats, error) {
 		var n atomic.Int64
@@ -179,30 +178,13 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 		var wg sync.WaitGroup
 		stop := make(chan struct{})
 		var stats sweepStats
-		var sweepErr error
-		var sw sync.WaitGroup
+		sweepWait := func() error { return nil }
 		if sweep {
-			sw.Add(1)
-			go func() {
-				defer sw.Done()
-				tk := time.NewTicker(filestore.BenchSweepEvery)
-				defer tk.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-tk.C:
-						r, d, err := s.BenchSweepTick()
-						stats.ticks++
-						stats.read += r
-						stats.deleted += d
-						if err != nil {
-							sweepErr = err
-							return
-						}
-					}
-				}
-			}()
+			sweepWait = tickUntil(filestore.BenchSweepEvery, stop, func() error {
+				r, d, err := s.BenchSweepTick()
+				stats.ticks, stats.read, stats.deleted = stats.ticks+1, stats.read+r, stats.deleted+d
+				return err
+			})
 		}
 		end := time.Now().Add(sweepDur)
 		for g := range 32 {
@@ -226,7 +208,7 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 		}
 		wg.Wait()
 		close(stop)
-		sw.Wait()
+		sweepErr := sweepWait()
 		committed.Add(n.Load())
 		if err, _ := failed.Load().(error); err != nil {
 			return 0, stats, err
@@ -371,28 +353,13 @@ func backlogRuns(s *filestore.Store, offset *atomic.Int64, dur, every time.Durat
 	ctx := context.Background()
 	run := func(sweep bool) (rate float64, lat []time.Duration, read, deleted int, err error) {
 		stop := make(chan struct{})
-		var sw sync.WaitGroup
-		var sweepErr error
+		sweepWait := func() error { return nil }
 		if sweep {
-			sw.Add(1)
-			go func() {
-				defer sw.Done()
-				tk := time.NewTicker(every)
-				defer tk.Stop()
-				for {
-					select {
-					case <-stop:
-						return
-					case <-tk.C:
-					}
-					r, d, err := s.BenchSweepTick()
-					read, deleted = read+r, deleted+d
-					if err != nil {
-						sweepErr = err
-						return
-					}
-				}
-			}()
+			sweepWait = tickUntil(every, stop, func() error {
+				r, d, err := s.BenchSweepTick()
+				read, deleted = read+r, deleted+d
+				return err
+			})
 		}
 		var mu sync.Mutex
 		var failed atomic.Value
@@ -422,7 +389,7 @@ func backlogRuns(s *filestore.Store, offset *atomic.Int64, dur, every time.Durat
 		}
 		wg.Wait()
 		close(stop)
-		sw.Wait()
+		sweepErr := sweepWait()
 		committed.Add(int64(len(lat)))
 		if err, _ := failed.Load().(error); err != nil {
 			return 0, nil, read, deleted, err
@@ -451,6 +418,33 @@ func backlogRuns(s *filestore.Store, offset *atomic.Int64, dur, every time.Durat
 			fileScaleBacklog, dur, what, rate, q(lat, 0.5), q(lat, 0.99), q(lat, 0.999), q(lat, 1))
 	}
 	return runs, nil
+}
+
+// sweepStats is what the sweeper did during a run.
+type sweepStats struct{ ticks, read, deleted int }
+
+// tickUntil calls fn every `every`, in a goroutine of its own, until
+// stop is closed or fn fails; wait waits for it to end and returns fn's
+// error.
+func tickUntil(every time.Duration, stop <-chan struct{}, fn func() error) (wait func() error) {
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tk := time.NewTicker(every)
+		defer tk.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tk.C:
+				if err = fn(); err != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() error { <-done; return err }
 }
 
 // backlogRun is what one of backlogRuns' runs measured.

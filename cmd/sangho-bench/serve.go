@@ -271,23 +271,12 @@ func fileScaleServe(cfg serveConfig) (serveReport, error) {
 
 	// the traffic, Caddy's memory sampled meanwhile
 	stop := make(chan struct{})
-	var sampled sync.WaitGroup
-	sampled.Add(1)
-	go func() {
-		defer sampled.Done()
-		tk := time.NewTicker(cfg.sample)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-				if rss, _ := memKB(pid); rss > 0 {
-					rep.rss = append(rep.rss, rss)
-				}
-			}
+	sampled := tickUntil(cfg.sample, stop, func() error {
+		if rss, _ := memKB(pid); rss > 0 {
+			rep.rss = append(rep.rss, rss)
 		}
-	}()
+		return nil
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		select {
@@ -299,7 +288,7 @@ func fileScaleServe(cfg serveConfig) (serveReport, error) {
 	rep.sent = serveDrive(ctx, url, cfg.rate, cfg.resend, cfg.duration)
 	cancel()
 	close(stop)
-	sampled.Wait()
+	_ = sampled()
 	var rss int
 	rss, rep.hwm = memKB(pid)
 	rep.rss = append(rep.rss, rss)
