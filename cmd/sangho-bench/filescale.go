@@ -119,7 +119,7 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	// theirs)
 	var nextNew atomic.Uint64
 	nextNew.Store(uint64(time.Now().UnixNano()))
-	claimLat := func(existing bool, rate float64) ([]time.Duration, error) {
+	claimLat := func(existing bool, rate float64) (claimLats, error) {
 		return runClaims(dur, rate, func(g int, r *rand.Rand) error {
 			var key string
 			if existing {
@@ -143,12 +143,20 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 		rates = append(rates, fileScaleClaimRate)
 	}
 	for _, rate := range rates {
+		if rate > 0 {
+			// The generator's own lateness at this rate, beside the store's.
+			lat, err := runClaims(dur, rate, func(int, *rand.Rand) error { return nil })
+			if err != nil {
+				return err
+			}
+			fmt.Printf("the generator alone (a claim that does nothing), 32 goroutines at %.0f claims/s in all, %v: %s\n", rate, dur, lat.describe(dur, true))
+		}
 		for _, existing := range []bool{true, false} {
 			lat, err := claimLat(existing, rate)
 			if err != nil {
 				return err
 			}
-			if len(lat) == 0 {
+			if len(lat.fromDue) == 0 {
 				return fmt.Errorf("no claim ran in %v", dur)
 			}
 			what := "new IDs"
@@ -157,11 +165,9 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 			}
 			how := "32 goroutines"
 			if rate > 0 {
-				how = fmt.Sprintf("32 goroutines at %.0f claims/s in all (latency from each claim's due time)", rate)
+				how = fmt.Sprintf("32 goroutines at %.0f claims/s in all", rate)
 			}
-			q := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
-			fmt.Printf("claim, %s, %s, %v: %d claims (%.0f/s), p50 %v, p99 %v, p99.9 %v, max %v\n",
-				what, how, dur, len(lat), float64(len(lat))/dur.Seconds(), q(0.5), q(0.99), q(0.999), lat[len(lat)-1])
+			fmt.Printf("claim, %s, %s, %v: %s\n", what, how, dur, lat.describe(dur, rate > 0))
 		}
 	}
 	rss, hwm = memKB(os.Getpid())
@@ -484,16 +490,29 @@ func fileScaleMain(mode, path string, live int, warm bool, dur time.Duration) er
 	return fmt.Errorf("-filescale must be fill, measure or serve, not %q", mode)
 }
 
+// claimLats are the latencies of a run of claims, each sorted.
+type claimLats struct {
+	// fromDue: from each claim's due time (at a rate), or from its
+	// start (without one).
+	fromDue []time.Duration
+	// fromStart: at a rate, from the claim's start when its goroutine was
+	// waiting for the due time (the time Go's timer took to wake it left
+	// out: about 1 ms at most on Linux, where an idle process sleeps
+	// whole milliseconds), and from its due time when the goroutine was
+	// still busy with the claim before it (held up by the store: counted).
+	fromStart []time.Duration
+}
+
 // runClaims runs claim from 32 goroutines for dur and returns every
-// claim's latency, sorted. rate 0: each goroutine claims as fast as it
-// can (a closed loop: the latency includes waiting for a CPU behind the
-// 31 others). rate > 0: rate claims a second in all, rate/32 each, at
-// due times spread evenly (an open loop): each latency counts from the
-// claim's due time, so a claim held up delays the ones after it and
-// they are counted, not hidden (no coordinated omission).
-func runClaims(dur time.Duration, rate float64, claim func(g int, r *rand.Rand) error) ([]time.Duration, error) {
+// claim's latency. rate 0: each goroutine claims as fast as it can (a
+// closed loop: the latency includes waiting for a CPU behind the 31
+// others). rate > 0: rate claims a second in all, rate/32 each, at due
+// times spread evenly (an open loop): a claim held up delays the ones
+// after it and they are counted, not hidden (no coordinated omission);
+// see claimLats for the two ways they are counted.
+func runClaims(dur time.Duration, rate float64, claim func(g int, r *rand.Rand) error) (claimLats, error) {
 	var mu sync.Mutex
-	var all []time.Duration
+	var all claimLats
 	var failed atomic.Value
 	var wg sync.WaitGroup
 	begin := time.Now()
@@ -503,12 +522,13 @@ func runClaims(dur time.Duration, rate float64, claim func(g int, r *rand.Rand) 
 		go func() {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(g), uint64(time.Now().UnixNano())))
-			var lat []time.Duration
+			var fromDue, fromStart []time.Duration
 			var every time.Duration
 			if rate > 0 {
 				every = time.Duration(32 / rate * float64(time.Second))
 			}
 			start := begin.Add(time.Duration(g) * every / 32)
+			prevEnd := begin
 			for i := 0; ; i++ {
 				due := time.Now()
 				if rate > 0 {
@@ -518,22 +538,54 @@ func runClaims(dur time.Duration, rate float64, claim func(g int, r *rand.Rand) 
 				if !due.Before(end) {
 					break
 				}
+				began := claimStart(due, prevEnd, time.Now())
 				err := claim(g, r)
-				lat = append(lat, time.Since(due))
+				prevEnd = time.Now()
+				fromDue, fromStart = append(fromDue, prevEnd.Sub(due)), append(fromStart, prevEnd.Sub(began))
 				if err != nil {
 					failed.Store(err)
 					return
 				}
 			}
 			mu.Lock()
-			all = append(all, lat...)
+			all.fromDue, all.fromStart = append(all.fromDue, fromDue...), append(all.fromStart, fromStart...)
 			mu.Unlock()
 		}()
 	}
 	wg.Wait()
 	if err, _ := failed.Load().(error); err != nil {
-		return nil, err
+		return claimLats{}, err
 	}
-	slices.Sort(all)
+	slices.Sort(all.fromDue)
+	slices.Sort(all.fromStart)
 	return all, nil
+}
+
+// describe gives the claims' number, rate and latency quantiles; paced:
+// both ways (see claimLats).
+func (l claimLats) describe(dur time.Duration, paced bool) string {
+	q := func(lat []time.Duration) string {
+		if len(lat) == 0 {
+			return "no claim"
+		}
+		at := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
+		return fmt.Sprintf("p50 %v, p99 %v, p99.9 %v, max %v", at(0.5), at(0.99), at(0.999), lat[len(lat)-1])
+	}
+	head := fmt.Sprintf("%d claims (%.0f/s), ", len(l.fromDue), float64(len(l.fromDue))/dur.Seconds())
+	if !paced {
+		return head + q(l.fromDue)
+	}
+	return head + "from each claim's due time " + q(l.fromDue) + "; from its start (the timer's lateness in waking an idle goroutine left out) " + q(l.fromStart)
+}
+
+// claimStart is when a claim due at due starts to count, its goroutine
+// having ended the claim before at prevEnd and woken (or gone on) at
+// woke: the due time if the goroutine was still busy then (the claim
+// waited for the store), else when it woke (its lateness is the
+// timer's, not the store's).
+func claimStart(due, prevEnd, woke time.Time) time.Time {
+	if prevEnd.After(due) {
+		return due
+	}
+	return woke
 }

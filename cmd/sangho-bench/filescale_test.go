@@ -16,7 +16,7 @@ import (
 func TestRunClaimsPaced(t *testing.T) {
 	const rate, dur = 2000.0, 500 * time.Millisecond
 	var first atomic.Bool
-	lat, err := runClaims(dur, rate, func(g int, _ *rand.Rand) error {
+	lats, err := runClaims(dur, rate, func(g int, _ *rand.Rand) error {
 		if g == 0 && first.CompareAndSwap(false, true) {
 			time.Sleep(100 * time.Millisecond) // one claim held up
 		}
@@ -26,28 +26,54 @@ func TestRunClaimsPaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := int(rate * dur.Seconds())
-	if len(lat) < want-64 || len(lat) > want+64 {
-		t.Fatalf("%d claims at %.0f/s for %v, want about %d", len(lat), rate, dur, want)
+	if n := len(lats.fromDue); n < want-64 || n > want+64 || len(lats.fromStart) != n {
+		t.Fatalf("%d claims (%d from their start) at %.0f/s for %v, want about %d", n, len(lats.fromStart), rate, dur, want)
 	}
 	// goroutine 0 claims every 16 ms: the held-up claim and the ~5
-	// due behind it during its 100 ms each count ≥ 16 ms.
-	slow := 0
-	for _, l := range lat {
-		if l >= 16*time.Millisecond {
-			slow++
+	// due behind it during its 100 ms each count ≥ 16 ms, both ways
+	// (the goroutine was busy when they were due).
+	for name, lat := range map[string][]time.Duration{"from the due time": lats.fromDue, "from the start": lats.fromStart} {
+		slow := 0
+		for _, l := range lat {
+			if l >= 16*time.Millisecond {
+				slow++
+			}
+		}
+		if slow < 5 || lat[len(lat)-1] < 100*time.Millisecond {
+			t.Fatalf("%s: %d claims ≥ 16 ms, max %v: the held-up claim and those due behind it must count (want ≥ 5, max ≥ 100 ms)", name, slow, lat[len(lat)-1])
 		}
 	}
-	if slow < 5 || lat[len(lat)-1] < 100*time.Millisecond {
-		t.Fatalf("%d claims ≥ 16 ms, max %v: the held-up claim and those due behind it must count (want ≥ 5, max ≥ 100 ms)", slow, lat[len(lat)-1])
+}
+
+// A claim counts from its due time when its goroutine was still busy
+// with the claim before (the store held it up), and from when the
+// goroutine woke when it was waiting for the due time (the timer's
+// lateness is the generator's, not the store's).
+func TestClaimStart(t *testing.T) {
+	due := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name          string
+		prevEnd, woke time.Time
+		want          time.Time
+	}{
+		{"idle, woken late by the timer", due.Add(-5 * time.Millisecond), due.Add(900 * time.Microsecond), due.Add(900 * time.Microsecond)},
+		{"idle, woken on time", due.Add(-5 * time.Millisecond), due, due},
+		{"the claim before ended at the due time", due, due.Add(time.Millisecond), due.Add(time.Millisecond)},
+		{"busy past the due time", due.Add(3 * time.Millisecond), due.Add(3 * time.Millisecond), due},
+	} {
+		if got := claimStart(due, c.prevEnd, c.woke); !got.Equal(c.want) {
+			t.Errorf("%s: starts at due%+v, want due%+v", c.name, got.Sub(due), c.want.Sub(due))
+		}
 	}
 }
 
 // Without a rate the 32 goroutines claim as fast as they can.
 func TestRunClaimsClosedLoop(t *testing.T) {
-	lat, err := runClaims(100*time.Millisecond, 0, func(int, *rand.Rand) error {
+	lats, err := runClaims(100*time.Millisecond, 0, func(int, *rand.Rand) error {
 		time.Sleep(time.Millisecond)
 		return nil
 	})
+	lat := lats.fromDue
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -268,10 +268,19 @@ func BenchFill(path string, live int, end time.Time, hours, retention time.Durat
 	if err := db.Flush(); err != nil {
 		return err
 	}
-	for deadline := time.Now().Add(30 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+	// Until the compactions are done: no debt, or none under way for 10
+	// s (Pebble leaves a debt below its thresholds alone, without new
+	// writes, for good: a fill waited 30 minutes on one, idle).
+	idle := 0
+	for deadline := time.Now().Add(30 * time.Minute); time.Now().Before(deadline) && idle < 10; time.Sleep(time.Second) {
 		m := db.Metrics()
 		if m.Compact.NumInProgress == 0 && m.Compact.EstimatedDebt == 0 {
 			break
+		}
+		if m.Compact.NumInProgress == 0 {
+			idle++
+		} else {
+			idle = 0
 		}
 		if progress != nil {
 			progress("compactions", total, deleted)
