@@ -45,10 +45,31 @@ func TestRunClaimsPaced(t *testing.T) {
 	}
 }
 
+// runClaims counts paced claims from their start too: with claims that
+// take no time, the latencies from the start are each at most those
+// from the due time and in all smaller (every goroutine wakes after its
+// due time).
+func TestRunClaimsFromStart(t *testing.T) {
+	lats, err := runClaims(200*time.Millisecond, 2000, func(int, *rand.Rand) error { return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var due, start time.Duration
+	for i := range lats.fromDue {
+		due, start = due+lats.fromDue[i], start+lats.fromStart[i]
+	}
+	if len(lats.fromStart) != len(lats.fromDue) || start >= due || lats.fromStart[len(lats.fromStart)-1] > lats.fromDue[len(lats.fromDue)-1] {
+		t.Fatalf("%d claims: %v in all from their start, %v from their due time (max %v, %v); want less from the start",
+			len(lats.fromDue), start, due, lats.fromStart[len(lats.fromStart)-1], lats.fromDue[len(lats.fromDue)-1])
+	}
+}
+
 // A claim counts from its due time when its goroutine was still busy
 // with the claim before (the store held it up), and from when the
 // goroutine woke when it was waiting for the due time (the timer's
-// lateness is the generator's, not the store's).
+// lateness is the generator's, not the store's), but never from later
+// than the timer's granularity after the due time (a CPU held longer
+// counts).
 func TestClaimStart(t *testing.T) {
 	due := time.Unix(1000, 0)
 	for _, c := range []struct {
@@ -57,6 +78,7 @@ func TestClaimStart(t *testing.T) {
 		want          time.Time
 	}{
 		{"idle, woken late by the timer", due.Add(-5 * time.Millisecond), due.Add(900 * time.Microsecond), due.Add(900 * time.Microsecond)},
+		{"idle, woken later than the timer's granularity", due.Add(-5 * time.Millisecond), due.Add(5 * time.Millisecond), due.Add(timerSlack)},
 		{"idle, woken on time", due.Add(-5 * time.Millisecond), due, due},
 		{"the claim before ended at the due time", due, due.Add(time.Millisecond), due.Add(time.Millisecond)},
 		{"busy past the due time", due.Add(3 * time.Millisecond), due.Add(3 * time.Millisecond), due},

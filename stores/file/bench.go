@@ -155,8 +155,9 @@ func (s *Store) BenchTables() (tables int, index, filter uint64, err error) {
 //
 // At the end every record expired at end is deleted, the memtable is
 // flushed, and the fill waits (up to 30 minutes) for Pebble's
-// compactions to finish, as they do in a store that runs at this load;
-// then the store is closed. progress is called every simulated hour.
+// compactions to finish, as they do in a store that runs at this load
+// (no debt left, or none under way for 10 s: the debt left is given to
+// progress); then the store is closed. progress is called every simulated hour.
 func BenchFill(path string, live int, end time.Time, hours, retention time.Duration, progress func(phase string, written, deleted int)) error {
 	dir := StoreDir(path)
 	if _, err := os.Lstat(dir); err == nil {
@@ -268,23 +269,30 @@ func BenchFill(path string, live int, end time.Time, hours, retention time.Durat
 	if err := db.Flush(); err != nil {
 		return err
 	}
-	// Until the compactions are done: no debt, or none under way for 10
-	// s (Pebble leaves a debt below its thresholds alone, without new
-	// writes, for good: a fill waited 30 minutes on one, idle).
-	idle := 0
+	// Until the compactions are done: no debt, or none for 10 s (none
+	// under way, none started and ended between two looks, and the
+	// tables' statistics, which may start compactions of deletions,
+	// collected): Pebble leaves a debt below its thresholds alone, for
+	// good when no write comes (a fill waited 30 minutes on one, idle).
+	idle, count := 0, int64(-1)
 	for deadline := time.Now().Add(30 * time.Minute); time.Now().Before(deadline) && idle < 10; time.Sleep(time.Second) {
 		m := db.Metrics()
 		if m.Compact.NumInProgress == 0 && m.Compact.EstimatedDebt == 0 {
 			break
 		}
-		if m.Compact.NumInProgress == 0 {
+		if m.Compact.NumInProgress == 0 && m.Compact.Count == count &&
+			m.Table.InitialStatsCollectionComplete && m.Table.PendingStatsCollectionCount == 0 {
 			idle++
 		} else {
 			idle = 0
 		}
+		count = m.Compact.Count
 		if progress != nil {
 			progress("compactions", total, deleted)
 		}
+	}
+	if progress != nil {
+		progress(fmt.Sprintf("compactions done, %.1f MiB of compaction debt left", float64(db.Metrics().Compact.EstimatedDebt)/(1<<20)), total, deleted)
 	}
 	err = db.Close()
 	db = nil

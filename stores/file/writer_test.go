@@ -8,11 +8,11 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
-// TestWriterBatchReadsItsOwnWrites: within one batch of the writer, a
-// read of a done record sees what the batch set or deleted before it (a
-// commit and a forget of one key in the same group commit, a retried
-// commit behind its first attempt), though the batch is not indexed;
-// and the database ends as the batch left it.
+// TestWriterBatchReadsItsOwnWrites: within one batch of the writer (the
+// txn that the writes of a group commit share, one after the other), a
+// read of a done record sees what the batch set or deleted before it,
+// as a forget after a commit of the same key or a retried commit behind
+// its first attempt must; and the database ends as the batch left it.
 func TestWriterBatchReadsItsOwnWrites(t *testing.T) {
 	st := openTestShared(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
 	first := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "a"}.Encode()
