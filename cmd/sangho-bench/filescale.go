@@ -403,25 +403,19 @@ func backlogRuns(s *filestore.Store, offset *atomic.Int64, dur, every time.Durat
 		slices.Sort(lat)
 		return float64(len(lat)) / dur.Seconds(), lat, read, deleted, sweepErr
 	}
-	q := func(lat []time.Duration, p float64) time.Duration {
-		if len(lat) == 0 {
-			return 0
-		}
-		return lat[min(len(lat)-1, int(float64(len(lat))*p))]
-	}
 	var runs []backlogRun
 	for _, sweep := range []bool{true, false} {
 		rate, lat, read, deleted, err := run(sweep)
 		if err != nil {
 			return runs, err
 		}
-		runs = append(runs, backlogRun{claims: len(lat), deleted: deleted, p99: q(lat, 0.99)})
+		runs = append(runs, backlogRun{claims: len(lat), deleted: deleted, p99: quantile(lat, 0.99)})
 		what := "without the sweeper"
 		if sweep {
 			what = fmt.Sprintf("with the sweeper (a tick every %v: %d records read, %d deleted)", every, read, deleted)
 		}
 		fmt.Printf("backlog of %v (the clock jumped): claim + commit of new IDs, 32 goroutines, %v, %s: %.0f/s; claims p50 %v, p99 %v, p99.9 %v, max %v\n",
-			fileScaleBacklog, dur, what, rate, q(lat, 0.5), q(lat, 0.99), q(lat, 0.999), q(lat, 1))
+			fileScaleBacklog, dur, what, rate, quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 0.999), quantile(lat, 1))
 	}
 	return runs, nil
 }
@@ -568,14 +562,22 @@ func (l claimLats) describe(dur time.Duration, paced bool) string {
 		if len(lat) == 0 {
 			return "no claim"
 		}
-		at := func(p float64) time.Duration { return lat[min(len(lat)-1, int(float64(len(lat))*p))] }
-		return fmt.Sprintf("p50 %v, p99 %v, p99.9 %v, max %v", at(0.5), at(0.99), at(0.999), lat[len(lat)-1])
+		return fmt.Sprintf("p50 %v, p99 %v, p99.9 %v, max %v", quantile(lat, 0.5), quantile(lat, 0.99), quantile(lat, 0.999), quantile(lat, 1))
 	}
 	head := fmt.Sprintf("%d claims (%.0f/s), ", len(l.fromDue), float64(len(l.fromDue))/dur.Seconds())
 	if !paced {
 		return head + q(l.fromDue)
 	}
-	return head + "from each claim's due time " + q(l.fromDue) + "; from its start (the timer's lateness in waking an idle goroutine, up to 1 ms, left out) " + q(l.fromStart)
+	return head + "from each claim's due time " + q(l.fromDue) + "; from its start (the timer's lateness in waking an idle goroutine, up to " + timerSlack.String() + ", left out) " + q(l.fromStart)
+}
+
+// quantile is the p quantile (0..1; 1: the largest) of the sorted lat,
+// 0 if it is empty.
+func quantile(lat []time.Duration, p float64) time.Duration {
+	if len(lat) == 0 {
+		return 0
+	}
+	return lat[min(len(lat)-1, int(float64(len(lat))*p))]
 }
 
 // timerSlack is the most of a claim's wait for its goroutine to wake

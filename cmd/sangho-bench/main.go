@@ -123,7 +123,7 @@ func main() {
 	fileScaleWarm := flag.Bool("filescale-warm", false, "-filescale measure: leave the store's files in the page cache (open warm)")
 	fileScaleCache := flag.Int("filescale-cache-mib", 0, "-filescale measure: the block cache in MiB (0: the store's default)")
 	flag.DurationVar(&fileScaleBacklog, "filescale-backlog", 0, "-filescale measure: at the end, jump the clock by this much (the records of that time then wait for the sweeper, as after Caddy was stopped that long) and time claims and commits of new IDs from 32 goroutines while the sweeper, on its own schedule, deletes many more expired records a tick than at the steady expiry; then without it (0: skip)")
-	flag.Float64Var(&fileScaleClaimRate, "filescale-claim-rate", 1000, "-filescale measure: after the claim runs as fast as 32 goroutines go, the same at this many claims a second in all, each claim's latency counted from its due time (0: skip)")
+	flag.Float64Var(&fileScaleClaimRate, "filescale-claim-rate", 1000, "-filescale measure: after the claim runs as fast as 32 goroutines go, the same at this many claims a second in all, beside the generator alone (a claim that does nothing); each claim's latency counted from its due time, and from its start with up to 1 ms of the timer's lateness left out (0: skip)")
 	fileScaleDur := flag.Duration("filescale-duration", 5*time.Second, "-filescale measure: length of each latency and commit run; serve: length of the traffic")
 	fileScaleRate := flag.Float64("filescale-rate", 100, "-filescale serve: events a second")
 	fileScaleResend := flag.Float64("filescale-resend", 0.1, "-filescale serve: share of the events that resend an event answered earlier in the run (0..1)")
