@@ -4,8 +4,9 @@
 // wall time and the process CPU (user + system) of a 1.5 KB write
 // followed by fdatasync, the least a durable store does per group
 // commit; once appended to a growing file, once overwriting a file
-// written beforehand (whose size and extents do not change). Run it in
-// the folder of the store's file:
+// written beforehand (whose size and extents do not change), with the
+// p50, p99 and p99.9 of the single syncs. Run it in the folder of the
+// store's file:
 //
 //	go run bench/floor/fsynccost.go [file]
 package main
@@ -13,6 +14,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -45,8 +47,10 @@ func run(path string, prealloc bool) error {
 			return err
 		}
 	}
+	lat := make([]time.Duration, 0, n)
 	c0, t0 := cpu(), time.Now()
 	for i := range n {
+		t := time.Now()
 		if prealloc {
 			_, err = f.WriteAt(buf, int64(i*len(buf)))
 		} else {
@@ -58,12 +62,16 @@ func run(path string, prealloc bool) error {
 		if err := syscall.Fdatasync(int(f.Fd())); err != nil {
 			return err
 		}
+		lat = append(lat, time.Since(t))
 	}
+	wall, used := time.Since(t0)/n, (cpu()-c0)/n
+	slices.Sort(lat)
 	mode := "append to a growing file"
 	if prealloc {
 		mode = "overwrite a written file"
 	}
-	fmt.Printf("1.5 KB %s + fdatasync, %d times: wall %v each, process CPU %v each\n", mode, n, time.Since(t0)/n, (cpu()-c0)/n)
+	fmt.Printf("1.5 KB %s + fdatasync, %d times: wall %v each (p50 %v, p99 %v, p99.9 %v, max %v), process CPU %v each\n",
+		mode, n, wall, lat[n/2], lat[n*99/100], lat[n*999/1000], lat[n-1], used)
 	return nil
 }
 
