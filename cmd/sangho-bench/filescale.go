@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
@@ -604,7 +605,7 @@ func (l claimLats) describe(dur time.Duration, paced bool) string {
 	if !paced {
 		return head + q(l.fromDue)
 	}
-	return head + "from each claim's due time " + q(l.fromDue) + "; from its start (the timer's lateness in waking an idle goroutine, up to " + timerSlack.String() + ", left out) " + q(l.fromStart)
+	return head + "from each claim's due time " + q(l.fromDue) + "; from its start (the timer's lateness in waking an idle goroutine, up to " + load.TimerSlack.String() + ", left out) " + q(l.fromStart)
 }
 
 // quantile is the p quantile (0..1; 1: the largest) of the sorted lat,
@@ -616,24 +617,15 @@ func quantile(lat []time.Duration, p float64) time.Duration {
 	return lat[min(len(lat)-1, int(float64(len(lat))*p))]
 }
 
-// timerSlack is the most of a claim's wait for its goroutine to wake
-// that is left out of its latency from its start: the granularity of
-// Go's timer on Linux, where an idle process sleeps whole milliseconds.
-// A later wake-up (a CPU held by the store's work, a GC pause) counts.
-const timerSlack = time.Millisecond
-
 // claimStart is when a claim due at due starts to count, its goroutine
 // having ended the claim before at prevEnd and woken (or gone on) at
 // woke: the due time if the goroutine was still busy then (the claim
-// waited for the store); else when it woke, at most timerSlack after
-// the due time (the timer's lateness is the generator's, not the
+// waited for the store); else as load.PacedStart has it (the timer's
+// lateness, up to load.TimerSlack, is the generator's, not the
 // store's).
 func claimStart(due, prevEnd, woke time.Time) time.Time {
 	if prevEnd.After(due) {
 		return due
 	}
-	if late := due.Add(timerSlack); woke.After(late) {
-		return late
-	}
-	return woke
+	return load.PacedStart(due, woke)
 }

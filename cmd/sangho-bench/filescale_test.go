@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
@@ -78,7 +79,7 @@ func TestClaimStart(t *testing.T) {
 		want          time.Time
 	}{
 		{"idle, woken late by the timer", due.Add(-5 * time.Millisecond), due.Add(900 * time.Microsecond), due.Add(900 * time.Microsecond)},
-		{"idle, woken later than the timer's granularity", due.Add(-5 * time.Millisecond), due.Add(5 * time.Millisecond), due.Add(timerSlack)},
+		{"idle, woken later than the timer's granularity", due.Add(-5 * time.Millisecond), due.Add(5 * time.Millisecond), due.Add(load.TimerSlack)},
 		{"idle, woken on time", due.Add(-5 * time.Millisecond), due, due},
 		{"the claim before ended at the due time", due, due.Add(time.Millisecond), due.Add(time.Millisecond)},
 		{"busy past the due time", due.Add(3 * time.Millisecond), due.Add(3 * time.Millisecond), due},

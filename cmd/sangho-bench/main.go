@@ -613,7 +613,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 	} else {
 		fmt.Fprintf(&b, "- load generator: the Go generator (wrk not found): it takes CPU from Caddy on the same cores and pulls every ratio toward 1\n")
 	}
-	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios and CPU differences the median of the per-round figures (each round against the baseline of the same round; min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections)\n", rounds, dur, conc, rate)
+	fmt.Fprintf(&b, "- %d interleaved rounds of %v per scenario; throughput and latency are medians of the rounds, ratios and CPU differences the median of the per-round figures (each round against the baseline of the same round; min–max in brackets); concurrency %d (latency runs: %.0f req/s, 16 connections, each request counted from its due time, with up to 1 ms of the pacer's timer lateness left out)\n", rounds, dur, conc, rate)
 	if slices.ContainsFunc(all, func(s *scenario) bool { return s.nested }) {
 		commits := strings.Count(load.NestedBodySize("evt_x", 64<<10), `"tree_id"`)
 		fmt.Fprintf(&b, "- bodies: 1KiB and 64KiB are mostly one long string (the ID scanner's best case); 64KiB-nested is a push of about %d small commits, exactly 65,536 bytes (many small nested values: its worst case)\n", commits)

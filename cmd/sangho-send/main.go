@@ -156,7 +156,7 @@ func cmdLoad(args []string) error {
 	fs.IntVar(&cfg.Events, "events", 0, "or send this many requests")
 	fs.Float64Var(&cfg.Duplicates, "duplicates", 0, "share of requests that redeliver a recent event, in flight or done (0..1)")
 	fs.IntVar(&cfg.BodySize, "body-size", 1024, "approximate body size in bytes")
-	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in all (default: as fast as possible)")
+	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in all, each one's latency counted from its due time (default: as fast as possible)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	_ = fs.Parse(args)
 	cfg.Secret = *secret

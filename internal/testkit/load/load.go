@@ -40,17 +40,20 @@ type Config struct {
 
 // Result of a load run.
 type Result struct {
-	Requests   int            `json:"requests"`
-	Seconds    float64        `json:"seconds"`
-	Throughput float64        `json:"throughput_rps"`
-	P50        float64        `json:"p50_ms"`
-	P90        float64        `json:"p90_ms"`
-	P99        float64        `json:"p99_ms"`
-	Max        float64        `json:"max_ms"`
-	ByStatus   map[string]int `json:"by_status"`
-	ByDedup    map[string]int `json:"by_dedup"`
-	NewSent    int            `json:"new_events"`
-	DupSent    int            `json:"duplicate_deliveries"`
+	Requests   int     `json:"requests"`
+	Seconds    float64 `json:"seconds"`
+	Throughput float64 `json:"throughput_rps"`
+	// The latency quantiles: each request from its send to the end of
+	// its answer; at a Rate, from its due time (see PacedStart), so that
+	// a request held behind a slow one counts the wait.
+	P50      float64        `json:"p50_ms"`
+	P90      float64        `json:"p90_ms"`
+	P99      float64        `json:"p99_ms"`
+	Max      float64        `json:"max_ms"`
+	ByStatus map[string]int `json:"by_status"`
+	ByDedup  map[string]int `json:"by_dedup"`
+	NewSent  int            `json:"new_events"`
+	DupSent  int            `json:"duplicate_deliveries"`
 	// GeneratorCPU is the load generator's CPU (user + system) per
 	// request in µs, when it ran in a process of its own (wrk): its
 	// whole run, its start (reading the signed events) included; 0 if
@@ -204,7 +207,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
 		defer cancel()
 	}
-	var tokens <-chan struct{}
+	var tokens <-chan token
 	if cfg.Rate > 0 {
 		tokens = pace(ctx, cfg.Rate)
 	}
@@ -229,10 +232,13 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				if cfg.Events > 0 && remaining.Add(-1) < 0 {
 					break
 				}
+				var began time.Time // at a rate: when the request counts from
 				if tokens != nil {
-					if _, ok := <-tokens; !ok {
+					tok, ok := <-tokens
+					if !ok {
 						break
 					}
+					began = tok.start()
 				}
 				var d Delivery
 				dup := false
@@ -244,6 +250,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					recent.add(d) // in flight: a concurrent redelivery may pick it
 				}
 				status, dedup, lat, err := Send(ctx, client, cfg.URL, d)
+				if !began.IsZero() {
+					lat = time.Since(began)
+				}
 				if err != nil {
 					if ctx.Err() != nil {
 						break // the run ended mid-request: not counted
@@ -295,9 +304,39 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	return out, nil
 }
 
-// pace emits rate tokens per second until ctx ends.
-func pace(ctx context.Context, rate float64) <-chan struct{} {
-	ch := make(chan struct{}, 1024)
+// A token lets one request go at a rate: due is when it falls due, woke
+// when the pacer, waiting for that time, woke to hand it out.
+type token struct{ due, woke time.Time }
+
+// TimerSlack is the most of a paced generator's lateness in waking
+// that is left out of a latency: the granularity of Go's timer on
+// Linux, where an idle process sleeps whole milliseconds.
+const TimerSlack = time.Millisecond
+
+// PacedStart is when work due at due, whose generator woke (or went on)
+// at woke to start it, counts from: when it woke, but at most
+// TimerSlack after the due time. So the timer's lateness, which is the
+// generator's, is left out; a wake-up later than that (a CPU held by
+// the work measured, a GC pause) counts, and so does any wait after
+// the due time for what the work measured held up (no coordinated
+// omission).
+func PacedStart(due, woke time.Time) time.Time {
+	if late := due.Add(TimerSlack); woke.After(late) {
+		return late
+	}
+	return woke
+}
+
+// start is when a request sent on t counts from: see PacedStart. The
+// time the token waited for a free connection counts: a slow answer
+// delays the requests due behind it, and they are counted.
+func (t token) start() time.Time { return PacedStart(t.due, t.woke) }
+
+// pace hands out rate tokens per second until ctx ends, each with its
+// due time: one every 1/rate from the start, however late they are
+// taken.
+func pace(ctx context.Context, rate float64) <-chan token {
+	ch := make(chan token, 1024)
 	go func() {
 		defer close(ch)
 		interval := time.Duration(float64(time.Second) / rate)
@@ -314,7 +353,7 @@ func pace(ctx context.Context, rate float64) <-chan struct{} {
 				}
 			}
 			select {
-			case ch <- struct{}{}:
+			case ch <- token{due, time.Now()}:
 			case <-ctx.Done():
 				return
 			}

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -169,5 +170,49 @@ func TestRunNestedBodies(t *testing.T) {
 	defer mu.Unlock()
 	if len(bad) > 0 {
 		t.Fatalf("%d of 20 bodies not a nested push of 64 KiB with the event's ID, first %s", len(bad), bad[0])
+	}
+}
+
+// At a rate, a request held behind a slow answer counts from its due
+// time, not from when a connection was free to send it: one answer
+// held 300 ms on the only connection at 100 requests a second delays
+// the ~30 due behind it, and they count the wait (a generator that
+// timed each request from its send would see one slow request in 100,
+// and a p90 of about a millisecond).
+func TestRunAtARateCountsRequestsHeldBehindASlowOne(t *testing.T) {
+	var first atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if first.CompareAndSwap(false, true) {
+			time.Sleep(300 * time.Millisecond)
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Secret: "s", Concurrency: 1, Duration: time.Second, Rate: 100, BodySize: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests < 80 || res.Requests > 110 {
+		t.Fatalf("%d requests in 1 s at 100/s: the held ones must still be sent", res.Requests)
+	}
+	if res.P90 < 50 || res.Max < 290 {
+		t.Fatalf("p90 %.2f ms, max %.2f ms: the ~30 requests due during a 300 ms answer must count their wait (want p90 ≥ 50 ms, max ≥ 290 ms)", res.P90, res.Max)
+	}
+}
+
+// Paced work counts from when its generator woke, with at most
+// TimerSlack of that lateness left out.
+func TestPacedStart(t *testing.T) {
+	due := time.Unix(1000, 0)
+	for _, c := range []struct {
+		name       string
+		woke, want time.Time
+	}{
+		{"woken on time", due, due},
+		{"woken late by the timer", due.Add(900 * time.Microsecond), due.Add(900 * time.Microsecond)},
+		{"woken later than the timer's granularity", due.Add(5 * time.Millisecond), due.Add(TimerSlack)},
+	} {
+		if got := PacedStart(due, c.woke); !got.Equal(c.want) {
+			t.Errorf("%s: starts at due%+v, want due%+v", c.name, got.Sub(due), c.want.Sub(due))
+		}
 	}
 }
