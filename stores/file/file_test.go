@@ -1154,7 +1154,7 @@ func TestMain(m *testing.M) {
 
 // The backup of docs/stores.md: with Caddy stopped, `cp -a` of the
 // folder is a store that opens with every record; put back in the
-// folder's place, it is the store again.
+// folder's place (then `sync`), it is the store again.
 func TestFileStoreBackupRecipe(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "dedup.db")
@@ -1180,6 +1180,9 @@ func TestFileStoreBackupRecipe(t *testing.T) {
 	}
 	if out, err := exec.Command("cp", "-a", backup, StoreDir(path)).CombinedOutput(); err != nil { // restored
 		t.Fatalf("cp -a: %v %s", err, out)
+	}
+	if out, err := exec.Command("sync").CombinedOutput(); err != nil { // before Caddy starts
+		t.Fatalf("sync: %v %s", err, out)
 	}
 	st = openTestShared(t, path, time.Now)
 	if _, ok, err := st.read("sangho_dedup:evt_1"); err != nil || !ok {
