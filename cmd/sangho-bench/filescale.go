@@ -150,6 +150,9 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 	rates := []float64{0}
 	if fileScaleClaimRate > 0 {
 		rates = append(rates, fileScaleClaimRate)
+		if fileScalePacedFirst {
+			rates = []float64{fileScaleClaimRate, 0}
+		}
 	}
 	for _, rate := range rates {
 		if rate > 0 {
@@ -168,7 +171,7 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 			if err != nil {
 				return err
 			}
-			fmt.Printf("the durable floor (a claim that appends its lease to a log beside the store and fdatasyncs it, by group commit), %s, the same: %s\n", when, lat.describe(dur, true))
+			fmt.Printf("the sync floor (a claim that writes its lease to a log beside the store and fdatasyncs it, by group commit), %s, the same: %s\n", when, lat.describe(dur, true))
 			return nil
 		}
 		if err := floor("before the store's claims"); err != nil {
@@ -378,6 +381,9 @@ var fileScaleCacheMiB int
 // fileScaleClaimRate is -filescale-claim-rate.
 var fileScaleClaimRate float64
 
+// fileScalePacedFirst is -filescale-paced-first.
+var fileScalePacedFirst bool
+
 // fileScaleBacklog is -filescale-backlog.
 var fileScaleBacklog time.Duration
 
@@ -528,7 +534,7 @@ type claimLats struct {
 	fromDue []time.Duration
 	// fromStart: at a rate, from the claim's start when its goroutine was
 	// waiting for the due time (the time Go's timer took to wake it left
-	// out, up to timerSlack), and from its due time when the goroutine
+	// out, up to load.TimerSlack), and from its due time when the goroutine
 	// was still busy with the claim before it (held up by the store:
 	// counted).
 	fromStart []time.Duration

@@ -10,10 +10,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// syncFloor is the least any durable store does for a new ID's claim:
-// the lease written to a log and fdatasync'ed before the claim returns,
-// the claims that arrive together sharing one write and one sync (a
-// group commit, as the file store's writer and Pebble's log writer do).
+// syncFloor (the sync floor) is the least any durable store does for a
+// new ID's claim: the lease written to a log and fdatasync'ed before
+// the claim returns, the claims that arrive together sharing one write
+// and one sync (a group commit, as the file store's writer and Pebble's
+// log writer do).
 // The log is written beforehand and then overwritten in a ring, so a
 // sync flushes data only, neither the file's size nor its extents (as
 // a log that Pebble recycles). Paced beside the store's claims, it
@@ -24,6 +25,9 @@ type syncFloor struct {
 	ops   chan *floorOp
 	done  chan struct{}
 	syncs int // group commits made (read after close)
+	// sync syncs the log's file descriptor: unix.Fdatasync (a test
+	// watches it).
+	sync func(fd int) error
 }
 
 // syncFloorSize is the floor's log: at 1,000 claims a second of some 30
@@ -60,7 +64,7 @@ func newSyncFloor(path string) (*syncFloor, error) {
 		f.Close()
 		return nil, err
 	}
-	return &syncFloor{f: f, ops: make(chan *floorOp, 4096), done: make(chan struct{})}, nil
+	return &syncFloor{f: f, ops: make(chan *floorOp, 4096), done: make(chan struct{}), sync: unix.Fdatasync}, nil
 }
 
 func (s *syncFloor) write() {
@@ -81,13 +85,15 @@ func (s *syncFloor) write() {
 				break more
 			}
 		}
+		// (a batch is at most 4,096 claims of a few dozen bytes: far
+		// less than the log, which it never grows)
 		if s.off+int64(len(buf)) > syncFloorSize {
 			s.off = 0
 		}
 		_, err := s.f.WriteAt(buf, s.off)
 		s.off += int64(len(buf))
 		if err == nil {
-			err = unix.Fdatasync(int(s.f.Fd()))
+			err = s.sync(int(s.f.Fd()))
 		}
 		s.syncs++
 		for _, o := range batch {
@@ -110,7 +116,7 @@ func (s *syncFloor) close() error {
 	return s.f.Close()
 }
 
-// syncFloorClaims paces claims on a durable floor whose log is a new
+// syncFloorClaims paces claims on the sync floor whose log is a new
 // file in dir (removed after) as runClaims does, rate a second for dur.
 func syncFloorClaims(dir string, dur time.Duration, rate float64) (claimLats, error) {
 	f, err := os.CreateTemp(dir, "sangho-bench-floor-*.log")

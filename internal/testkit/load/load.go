@@ -45,15 +45,17 @@ type Result struct {
 	Throughput float64 `json:"throughput_rps"`
 	// The latency quantiles: each request from its send to the end of
 	// its answer; at a Rate, from its due time (see PacedStart), so that
-	// a request held behind a slow one counts the wait.
-	P50      float64        `json:"p50_ms"`
-	P90      float64        `json:"p90_ms"`
-	P99      float64        `json:"p99_ms"`
-	Max      float64        `json:"max_ms"`
-	ByStatus map[string]int `json:"by_status"`
-	ByDedup  map[string]int `json:"by_dedup"`
-	NewSent  int            `json:"new_events"`
-	DupSent  int            `json:"duplicate_deliveries"`
+	// a request held behind a slow one counts the wait (LatencyFrom
+	// "due"; else "send").
+	LatencyFrom string         `json:"latency_from"`
+	P50         float64        `json:"p50_ms"`
+	P90         float64        `json:"p90_ms"`
+	P99         float64        `json:"p99_ms"`
+	Max         float64        `json:"max_ms"`
+	ByStatus    map[string]int `json:"by_status"`
+	ByDedup     map[string]int `json:"by_dedup"`
+	NewSent     int            `json:"new_events"`
+	DupSent     int            `json:"duplicate_deliveries"`
 	// GeneratorCPU is the load generator's CPU (user + system) per
 	// request in µs, when it ran in a process of its own (wrk): its
 	// whole run, its start (reading the signed events) included; 0 if
@@ -202,14 +204,29 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		recent.add(d)
 	}
 
+	// runCtx ends the run: no request starts after it (closed loop), no
+	// token falls due after it (at a rate). At a rate every token due
+	// before the end is sent and counted, and so is every request in
+	// flight then, within cfg.Timeout more (sendCtx): a slow answer at
+	// the end of the run delays the requests due behind it as it would
+	// anywhere else. A token that could not be sent by then counts as
+	// "unsent", with its wait as its latency.
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sendCtx := runCtx
 	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		end := time.Now().Add(cfg.Duration)
+		runCtx, cancel = context.WithDeadline(runCtx, end)
 		defer cancel()
+		sendCtx = runCtx
+		if cfg.Rate > 0 {
+			sendCtx, cancel = context.WithDeadline(ctx, end.Add(cfg.Timeout))
+			defer cancel()
+		}
 	}
 	var tokens <-chan token
 	if cfg.Rate > 0 {
-		tokens = pace(ctx, cfg.Rate)
+		tokens = pace(runCtx, cfg.Rate)
 	}
 	var remaining atomic.Int64
 	remaining.Store(int64(cfg.Events))
@@ -228,9 +245,19 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			res := workerResult{status: map[string]int{}, dedup: map[string]int{}}
-			for ctx.Err() == nil {
+			for tokens != nil || runCtx.Err() == nil {
 				if cfg.Events > 0 && remaining.Add(-1) < 0 {
 					break
+				}
+				// The delivery is made (and signed) before it falls
+				// due: the generator's work, not the server's.
+				var d Delivery
+				dup := false
+				if cfg.Duplicates > 0 && r.Float64() < cfg.Duplicates {
+					d, dup = recent.pick(r)
+				}
+				if !dup {
+					d = newDelivery()
 				}
 				var began time.Time // at a rate: when the request counts from
 				if tokens != nil {
@@ -239,22 +266,21 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 						break
 					}
 					began = tok.start()
-				}
-				var d Delivery
-				dup := false
-				if cfg.Duplicates > 0 && r.Float64() < cfg.Duplicates {
-					d, dup = recent.pick(r)
+					if sendCtx.Err() != nil {
+						res.status["unsent"]++
+						res.lat = append(res.lat, time.Since(began))
+						continue
+					}
 				}
 				if !dup {
-					d = newDelivery()
 					recent.add(d) // in flight: a concurrent redelivery may pick it
 				}
-				status, dedup, lat, err := Send(ctx, client, cfg.URL, d)
+				status, dedup, lat, err := Send(sendCtx, client, cfg.URL, d)
 				if !began.IsZero() {
 					lat = time.Since(began)
 				}
 				if err != nil {
-					if ctx.Err() != nil {
+					if tokens == nil && runCtx.Err() != nil {
 						break // the run ended mid-request: not counted
 					}
 					res.status["error"]++
@@ -278,7 +304,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	wg.Wait()
 	elapsed := time.Since(start)
 
-	out := Result{ByStatus: map[string]int{}, ByDedup: map[string]int{}, Seconds: elapsed.Seconds()}
+	out := Result{ByStatus: map[string]int{}, ByDedup: map[string]int{}, Seconds: elapsed.Seconds(), LatencyFrom: "send"}
+	if tokens != nil {
+		out.LatencyFrom = "due"
+	}
 	var all []time.Duration
 	for _, r := range results {
 		all = append(all, r.lat...)
@@ -366,7 +395,11 @@ func pace(ctx context.Context, rate float64) <-chan token {
 func (r Result) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "requests     %d in %.1fs: %.0f req/s (new events %d, redeliveries %d)\n", r.Requests, r.Seconds, r.Throughput, r.NewSent, r.DupSent)
-	fmt.Fprintf(&b, "latency ms   p50 %.2f  p90 %.2f  p99 %.2f  max %.2f\n", r.P50, r.P90, r.P99, r.Max)
+	from := ""
+	if r.LatencyFrom == "due" {
+		from = " (each request from its due time)"
+	}
+	fmt.Fprintf(&b, "latency ms   p50 %.2f  p90 %.2f  p99 %.2f  max %.2f%s\n", r.P50, r.P90, r.P99, r.Max, from)
 	fmt.Fprintf(&b, "by status    %s\n", counts(r.ByStatus))
 	fmt.Fprintf(&b, "Sangho-Dedup %s\n", counts(r.ByDedup))
 	return b.String()

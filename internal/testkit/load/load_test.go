@@ -178,7 +178,7 @@ func TestRunNestedBodies(t *testing.T) {
 // held 300 ms on the only connection at 100 requests a second delays
 // the ~30 due behind it, and they count the wait (a generator that
 // timed each request from its send would see one slow request in 100,
-// and a p90 of about a millisecond).
+// and a p90 under a millisecond).
 func TestRunAtARateCountsRequestsHeldBehindASlowOne(t *testing.T) {
 	var first atomic.Bool
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -214,5 +214,57 @@ func TestPacedStart(t *testing.T) {
 		if got := PacedStart(due, c.woke); !got.Equal(c.want) {
 			t.Errorf("%s: starts at due%+v, want due%+v", c.name, got.Sub(due), c.want.Sub(due))
 		}
+	}
+}
+
+// At a rate, the end of the run hides nothing: the requests due before
+// it, held behind a slow answer near it, are still sent and counted
+// with their wait (a generator that stopped at the deadline would drop
+// them, and the stall with them).
+func TestRunAtARateCountsTheStallAtTheEnd(t *testing.T) {
+	start := time.Now()
+	var held atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if time.Since(start) > 700*time.Millisecond && held.CompareAndSwap(false, true) {
+			time.Sleep(400 * time.Millisecond)
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Secret: "s", Concurrency: 1, Duration: time.Second, Rate: 100, BodySize: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests < 95 || res.ByStatus["200"] != res.Requests {
+		t.Fatalf("%d requests (%v) at 100/s for 1 s: every one due before the end must be sent and answered", res.Requests, res.ByStatus)
+	}
+	// the ~30 due from 0.7 s on wait 100–400 ms: over a quarter
+	if res.P90 < 90 || res.Max < 390 || res.LatencyFrom != "due" {
+		t.Fatalf("p90 %.2f ms, max %.2f ms, from %q: the requests due during the 400 ms answer near the end must count their wait", res.P90, res.Max, res.LatencyFrom)
+	}
+}
+
+// At a rate, a token that cannot be sent within Timeout of the run's
+// end counts as unsent, with its wait: the run ends, and what the
+// server could not take is not hidden.
+func TestRunAtARateCountsUnsentRequests(t *testing.T) {
+	start := time.Now()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if time.Since(start) > 500*time.Millisecond {
+			time.Sleep(150 * time.Millisecond) // 7 a second on one connection
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Secret: "s", Concurrency: 1, Duration: time.Second, Rate: 100, BodySize: 200, Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.ByStatus["unsent"] < 10 || res.Requests < 95 {
+		t.Fatalf("%d requests, by status %v: the tokens left when the run and its Timeout ended must count as unsent", res.Requests, res.ByStatus)
+	}
+	if res.Seconds > 2 {
+		t.Fatalf("the run took %.1f s; want it ended within Timeout of its 1 s", res.Seconds)
+	}
+	if res.Max < 300 {
+		t.Fatalf("max %.2f ms: the unsent tokens waited since their due time", res.Max)
 	}
 }
