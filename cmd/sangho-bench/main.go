@@ -786,6 +786,9 @@ func answers(r load.Result) string {
 	if n := r.ByDedup["duplicate"]; n > 0 {
 		parts = append(parts, fmt.Sprintf("dup×%d", n))
 	}
+	if r.Unsent > 0 { // due, never sent: Caddy was that far behind
+		parts = append(parts, fmt.Sprintf("unsent×%d", r.Unsent))
+	}
 	return strings.Join(parts, " ")
 }
 

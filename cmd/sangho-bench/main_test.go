@@ -13,6 +13,7 @@ import (
 
 	_ "github.com/sangho/caddy-sangho-dedup"
 	_ "github.com/sangho/caddy-sangho-dedup/bench/floor/hmacfloor"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	filestore "github.com/sangho/caddy-sangho-dedup/stores/file"
 )
 
@@ -77,5 +78,14 @@ func TestFileStoreFlag(t *testing.T) {
 	}
 	if _, err := checkFileStore(filepath.Join(dir, "none", "dedup.db")); err == nil || !strings.Contains(err.Error(), "-filescale fill") {
 		t.Errorf("a path without a store: %v", err)
+	}
+}
+
+// A latency run's answers show the requests that fell due and were
+// never sent (Caddy that far behind), beside the statuses.
+func TestAnswersShowUnsent(t *testing.T) {
+	got := answers(load.Result{ByStatus: map[string]int{"200": 3}, Unsent: 2})
+	if got != "200×3 unsent×2" {
+		t.Fatalf("answers: %q, want %q", got, "200×3 unsent×2")
 	}
 }

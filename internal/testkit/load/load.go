@@ -47,15 +47,21 @@ type Result struct {
 	// its answer; at a Rate, from its due time (see PacedStart), so that
 	// a request held behind a slow one counts the wait (LatencyFrom
 	// "due"; else "send").
-	LatencyFrom string         `json:"latency_from"`
-	P50         float64        `json:"p50_ms"`
-	P90         float64        `json:"p90_ms"`
-	P99         float64        `json:"p99_ms"`
-	Max         float64        `json:"max_ms"`
-	ByStatus    map[string]int `json:"by_status"`
-	ByDedup     map[string]int `json:"by_dedup"`
-	NewSent     int            `json:"new_events"`
-	DupSent     int            `json:"duplicate_deliveries"`
+	LatencyFrom string  `json:"latency_from"`
+	P50         float64 `json:"p50_ms"`
+	P90         float64 `json:"p90_ms"`
+	P99         float64 `json:"p99_ms"`
+	Max         float64 `json:"max_ms"`
+	// Unsent: at a Rate, requests due before the end of the Duration
+	// that could not be sent within Timeout after it (the server was
+	// that far behind). Not in Requests, ByStatus nor Throughput; their
+	// waits are in the latency quantiles. Seconds runs until the last
+	// answer, Timeout at most after the end.
+	Unsent   int            `json:"unsent,omitempty"`
+	ByStatus map[string]int `json:"by_status"`
+	ByDedup  map[string]int `json:"by_dedup"`
+	NewSent  int            `json:"new_events"`
+	DupSent  int            `json:"duplicate_deliveries"`
 	// GeneratorCPU is the load generator's CPU (user + system) per
 	// request in µs, when it ran in a process of its own (wrk): its
 	// whole run, its start (reading the signed events) included; 0 if
@@ -204,35 +210,37 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		recent.add(d)
 	}
 
-	// runCtx ends the run: no request starts after it (closed loop), no
-	// token falls due after it (at a rate). At a rate every token due
-	// before the end is sent and counted, and so is every request in
-	// flight then, within cfg.Timeout more (sendCtx): a slow answer at
-	// the end of the run delays the requests due behind it as it would
-	// anywhere else. A token that could not be sent by then counts as
-	// "unsent", with its wait as its latency.
+	// Without a rate, the run ends at its Duration: no request starts
+	// after it, and one cut by it is not counted. At a rate, the tokens
+	// due before the end are all handed out and their requests sent and
+	// counted, however far behind the server is, until cfg.Timeout after
+	// the end (late): a slow answer near the end delays the requests due
+	// behind it as it would anywhere else. A token not sent by then
+	// counts as unsent, with its wait (Result.Unsent).
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sendCtx := runCtx
+	var end time.Time
+	late := context.Background() // never done without a Duration
 	if cfg.Duration > 0 {
-		end := time.Now().Add(cfg.Duration)
-		runCtx, cancel = context.WithDeadline(runCtx, end)
-		defer cancel()
-		sendCtx = runCtx
+		end = time.Now().Add(cfg.Duration)
 		if cfg.Rate > 0 {
-			sendCtx, cancel = context.WithDeadline(ctx, end.Add(cfg.Timeout))
-			defer cancel()
+			late, cancel = context.WithDeadline(ctx, end.Add(cfg.Timeout))
+		} else {
+			runCtx, cancel = context.WithDeadline(runCtx, end)
 		}
+		defer cancel()
 	}
+	var p *pacer
 	var tokens <-chan token
 	if cfg.Rate > 0 {
-		tokens = pace(runCtx, cfg.Rate)
+		p = pace(runCtx, late, cfg.Rate, end)
+		tokens = p.ch
 	}
 	var remaining atomic.Int64
 	remaining.Store(int64(cfg.Events))
 
 	type workerResult struct {
-		lat            []time.Duration
+		lat, unsent    []time.Duration
 		status, dedup  map[string]int
 		newSent, dupes int
 	}
@@ -245,43 +253,56 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			defer wg.Done()
 			r := rand.New(rand.NewPCG(uint64(w), uint64(start.UnixNano())))
 			res := workerResult{status: map[string]int{}, dedup: map[string]int{}}
+			var fresh Delivery // made before it falls due
+			var freshAt time.Time
 			for tokens != nil || runCtx.Err() == nil {
 				if cfg.Events > 0 && remaining.Add(-1) < 0 {
 					break
 				}
-				// The delivery is made (and signed) before it falls
-				// due: the generator's work, not the server's.
-				var d Delivery
-				dup := false
-				if cfg.Duplicates > 0 && r.Float64() < cfg.Duplicates {
-					d, dup = recent.pick(r)
-				}
-				if !dup {
-					d = newDelivery()
+				// A new event's body is made and signed before its
+				// token is taken: the generator's work, not the
+				// server's. (A redelivery is picked once it is due.)
+				dupWanted := cfg.Duplicates > 0 && r.Float64() < cfg.Duplicates
+				if !dupWanted && fresh.ID == "" && late.Err() == nil {
+					fresh, freshAt = newDelivery(), time.Now()
 				}
 				var began time.Time // at a rate: when the request counts from
 				if tokens != nil {
 					tok, ok := <-tokens
-					if !ok {
+					if !ok || ctx.Err() != nil { // the end, or the caller stopped the run
 						break
 					}
 					began = tok.start()
-					if sendCtx.Err() != nil {
-						res.status["unsent"]++
-						res.lat = append(res.lat, time.Since(began))
+					if late.Err() != nil {
+						res.unsent = append(res.unsent, time.Since(began))
 						continue
 					}
 				}
+				var d Delivery
+				dup := false
+				if dupWanted {
+					d, dup = recent.pick(r)
+				}
 				if !dup {
+					if fresh.ID == "" || time.Since(freshAt) > time.Minute {
+						// none made, or made so long ago (a very low rate)
+						// that its signature could age out
+						fresh = newDelivery()
+					}
+					d, fresh = fresh, Delivery{}
 					recent.add(d) // in flight: a concurrent redelivery may pick it
+				}
+				sendCtx := runCtx // without a rate, the run's end cuts it
+				if tokens != nil {
+					sendCtx = ctx // at a rate, the client's Timeout bounds it
 				}
 				status, dedup, lat, err := Send(sendCtx, client, cfg.URL, d)
 				if !began.IsZero() {
 					lat = time.Since(began)
 				}
 				if err != nil {
-					if tokens == nil && runCtx.Err() != nil {
-						break // the run ended mid-request: not counted
+					if ctx.Err() != nil || tokens == nil && runCtx.Err() != nil {
+						break // the run ended (or was stopped) mid-request: not counted
 					}
 					res.status["error"]++
 				} else {
@@ -303,6 +324,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	var unsent []time.Duration
+	if p != nil {
+		unsent = p.stop() // the tokens no worker took
+	}
 
 	out := Result{ByStatus: map[string]int{}, ByDedup: map[string]int{}, Seconds: elapsed.Seconds(), LatencyFrom: "send"}
 	if tokens != nil {
@@ -311,6 +336,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	var all []time.Duration
 	for _, r := range results {
 		all = append(all, r.lat...)
+		unsent = append(unsent, r.unsent...)
 		for k, v := range r.status {
 			out.ByStatus[k] += v
 		}
@@ -322,6 +348,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	out.Requests = len(all)
 	out.Throughput = float64(out.Requests) / elapsed.Seconds()
+	out.Unsent = len(unsent)
+	all = append(all, unsent...) // their waits count in the quantiles
 	if len(all) > 0 {
 		slices.Sort(all)
 		q := func(p float64) float64 {
@@ -361,17 +389,33 @@ func PacedStart(due, woke time.Time) time.Time {
 // delays the requests due behind it, and they are counted.
 func (t token) start() time.Time { return PacedStart(t.due, t.woke) }
 
-// pace hands out rate tokens per second until ctx ends, each with its
-// due time: one every 1/rate from the start, however late they are
-// taken.
-func pace(ctx context.Context, rate float64) <-chan token {
-	ch := make(chan token, 1024)
+// A pacer hands out tokens at a rate (see pace).
+type pacer struct {
+	ch     chan token
+	cancel context.CancelFunc
+	done   chan struct{}
+	unsent []time.Duration // read once done
+}
+
+// pace hands out rate tokens a second, each with its due time, one
+// every 1/rate from now, however late they are taken: those due before
+// end (zero: until ctx ends), then it closes the channel. If late ends
+// while a token waits to be taken, that token and every one due after
+// it and before end are recorded as unsent, each with its wait, and the
+// channel is closed.
+func pace(ctx, late context.Context, rate float64, end time.Time) *pacer {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &pacer{ch: make(chan token, 1024), cancel: cancel, done: make(chan struct{})}
 	go func() {
-		defer close(ch)
+		defer close(p.done)
+		defer close(p.ch)
 		interval := time.Duration(float64(time.Second) / rate)
 		start := time.Now()
 		for i := int64(0); ; i++ {
 			due := start.Add(time.Duration(i) * interval)
+			if !end.IsZero() && !due.Before(end) {
+				return
+			}
 			if d := time.Until(due); d > 0 {
 				t := time.NewTimer(d)
 				select {
@@ -382,19 +426,39 @@ func pace(ctx context.Context, rate float64) <-chan token {
 				}
 			}
 			select {
-			case ch <- token{due, time.Now()}:
+			case p.ch <- token{due, time.Now()}:
 			case <-ctx.Done():
+				return
+			case <-late.Done():
+				if ctx.Err() != nil {
+					return
+				}
+				now := time.Now()
+				for ; due.Before(end); i, due = i+1, start.Add(time.Duration(i+1)*interval) {
+					p.unsent = append(p.unsent, now.Sub(due))
+				}
 				return
 			}
 		}
 	}()
-	return ch
+	return p
+}
+
+// stop ends the pacer (the workers are done) and returns the tokens it
+// recorded as unsent.
+func (p *pacer) stop() []time.Duration {
+	p.cancel()
+	<-p.done
+	return p.unsent
 }
 
 // String renders a result for people.
 func (r Result) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "requests     %d in %.1fs: %.0f req/s (new events %d, redeliveries %d)\n", r.Requests, r.Seconds, r.Throughput, r.NewSent, r.DupSent)
+	if r.Unsent > 0 {
+		fmt.Fprintf(&b, "unsent       %d due before the end, not sent within the timeout after it (their waits are in the latency)\n", r.Unsent)
+	}
 	from := ""
 	if r.LatencyFrom == "due" {
 		from = " (each request from its due time)"

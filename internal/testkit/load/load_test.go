@@ -245,7 +245,8 @@ func TestRunAtARateCountsTheStallAtTheEnd(t *testing.T) {
 
 // At a rate, a token that cannot be sent within Timeout of the run's
 // end counts as unsent, with its wait: the run ends, and what the
-// server could not take is not hidden.
+// server could not take is not hidden. 7 answers a second against 100
+// due: from 0.5 s on, a backlog that ends with the run's Timeout.
 func TestRunAtARateCountsUnsentRequests(t *testing.T) {
 	start := time.Now()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -258,13 +259,67 @@ func TestRunAtARateCountsUnsentRequests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.ByStatus["unsent"] < 10 || res.Requests < 95 {
-		t.Fatalf("%d requests, by status %v: the tokens left when the run and its Timeout ended must count as unsent", res.Requests, res.ByStatus)
+	if res.Unsent < 10 || res.Requests+res.Unsent < 95 || res.Requests != sum(res.ByStatus) {
+		t.Fatalf("%d requests (%v), %d unsent: the tokens left when the run and its Timeout ended must count as unsent, and only as that", res.Requests, res.ByStatus, res.Unsent)
 	}
-	if res.Seconds > 2 {
-		t.Fatalf("the run took %.1f s; want it ended within Timeout of its 1 s", res.Seconds)
+	if res.Seconds > 2.5 {
+		t.Fatalf("the run took %.1f s; want it ended within Timeout (and one request's) of its 1 s", res.Seconds)
 	}
-	if res.Max < 300 {
+	// a token due at 0.6 s, unsent at 1.3 s, waited 0.7 s
+	if res.Max < 650 {
 		t.Fatalf("max %.2f ms: the unsent tokens waited since their due time", res.Max)
+	}
+}
+
+// sum adds the counts of m.
+func sum(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// Without a rate the run ends at its Duration: no request starts after
+// it, and one cut by it is not counted (neither as an error).
+func TestRunClosedLoopEndsAtItsDuration(t *testing.T) {
+	start := time.Now()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if time.Since(start) > 200*time.Millisecond {
+			time.Sleep(time.Second)
+		}
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Secret: "s", Concurrency: 4, Duration: 400 * time.Millisecond, BodySize: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Seconds > 0.9 || res.ByStatus["error"] != 0 || res.Unsent != 0 || res.LatencyFrom != "send" || res.Requests == 0 {
+		t.Fatalf("%.2f s, %d requests (%v), %d unsent, from %q: want the run ended at 0.4 s, the requests cut then not counted, latency from the send",
+			res.Seconds, res.Requests, res.ByStatus, res.Unsent, res.LatencyFrom)
+	}
+}
+
+// At a rate, the tokens the pacer still held when the run's Timeout
+// ended (the server too far behind for its buffer) count as unsent
+// too, each with its wait.
+func TestRunAtARateCountsTheTokensNeverHandedOut(t *testing.T) {
+	start := time.Now()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if time.Since(start) > 100*time.Millisecond {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}))
+	defer srv.Close()
+	const rate = 3000 // 3,000 due, some 10 answered a second after 0.1 s
+	res, err := Run(context.Background(), Config{URL: srv.URL, Secret: "s", Concurrency: 1, Duration: time.Second, Rate: rate, BodySize: 200, Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := res.Requests + res.Unsent; n < rate-50 || n > rate || res.Unsent < 1500 {
+		t.Fatalf("%d requests and %d unsent at %d/s for 1 s: every token due must be sent or counted, most of them unsent here", res.Requests, res.Unsent, rate)
+	}
+	if res.Max < 900 { // the first unsent, due at 0.1 s, counted at 1.2 s
+		t.Fatalf("max %.2f ms: the tokens never handed out waited since their due time", res.Max)
 	}
 }
