@@ -154,6 +154,15 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 			rates = []float64{fileScaleClaimRate, 0}
 		}
 	}
+	// At a rate, the sync floor beside the store's claims (see syncFloor).
+	floor := func(rate float64, when string) error {
+		lat, err := syncFloorClaims(filepath.Dir(dir), dur, rate)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("the sync floor (a claim that writes its lease to a log beside the store and fdatasyncs it, by group commit), %s, the same: %s\n", when, lat.describe(dur, true))
+		return nil
+	}
 	for _, rate := range rates {
 		if rate > 0 {
 			// The generator's own lateness at this rate, beside the store's.
@@ -162,20 +171,9 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 				return err
 			}
 			fmt.Printf("the generator alone (a claim that does nothing), 32 goroutines at %.0f claims/s in all, %v: %s\n", rate, dur, lat.describe(dur, true))
-		}
-		floor := func(when string) error {
-			if rate == 0 {
-				return nil
-			}
-			lat, err := syncFloorClaims(filepath.Dir(dir), dur, rate)
-			if err != nil {
+			if err := floor(rate, "before the store's claims"); err != nil {
 				return err
 			}
-			fmt.Printf("the sync floor (a claim that writes its lease to a log beside the store and fdatasyncs it, by group commit), %s, the same: %s\n", when, lat.describe(dur, true))
-			return nil
-		}
-		if err := floor("before the store's claims"); err != nil {
-			return err
 		}
 		for _, existing := range []bool{true, false} {
 			lat, err := claimLat(existing, rate)
@@ -195,8 +193,10 @@ func fileScaleMeasure(path string, warm bool, dur time.Duration) error {
 			}
 			fmt.Printf("claim, %s, %s, %v: %s\n", what, how, dur, lat.describe(dur, rate > 0))
 		}
-		if err := floor("after them"); err != nil {
-			return err
+		if rate > 0 {
+			if err := floor(rate, "after them"); err != nil {
+				return err
+			}
 		}
 	}
 	rss, hwm = memKB(os.Getpid())

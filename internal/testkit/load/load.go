@@ -434,8 +434,9 @@ func pace(ctx, late context.Context, rate float64, end time.Time) *pacer {
 					return
 				}
 				now := time.Now()
-				for ; due.Before(end); i, due = i+1, start.Add(time.Duration(i+1)*interval) {
+				for ; due.Before(end); i++ {
 					p.unsent = append(p.unsent, now.Sub(due))
+					due = start.Add(time.Duration(i+1) * interval)
 				}
 				return
 			}
