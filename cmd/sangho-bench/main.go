@@ -515,22 +515,27 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 				cfg.Warmup = 32
 			}
 			var profiled chan struct{}
-			loadStarts = nil
-			if profileDir != "" && r == 0 && !s.latency {
-				// from the moment the load starts (wrk's events are
-				// signed first, which takes a while for 64 KiB ones)
-				loadStarts = func() { profiled = profile(s, dur) }
+			var c0, r0 float64
+			var k0 int64
+			// The counts start, and the profile, from the moment the load
+			// starts: wrk's events are signed first and its requests built
+			// (a while for 64 KiB ones), while the store's background work
+			// (a sweep, compactions) goes on.
+			loadStarts = func() {
+				c0, r0 = cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
+				k0, _ = redisCalls(rc)
+				if profileDir != "" && r == 0 && !s.latency {
+					profiled = profile(s, dur)
+				}
 			}
-			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
-			k0, _ := redisCalls(rc)
 			var res load.Result
+			counted := cfg.Warmup // requests sent inside the counts: the Go generator's warm-up
 			if wrk != "" && !s.latency {
+				counted = 0 // wrkData's warm-up is sent before wrk starts
 				unique := deduped(s.target) || baselineNew && (s.target == "reverse_proxy" || s.target == "hmacfloor")
 				res, err = wrkRun(context.Background(), wrk, tmp, cfg, unique)
 			} else {
-				if loadStarts != nil {
-					loadStarts()
-				}
+				loadStarts()
 				res, err = load.Run(context.Background(), cfg)
 			}
 			if err != nil {
@@ -541,7 +546,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 				<-profiled
 			}
 			k1, _ := redisCalls(rc)
-			n := float64(res.Requests + cfg.Warmup)
+			n := float64(res.Requests + counted)
 			s.results = append(s.results, res)
 			s.caddyCPU = append(s.caddyCPU, (c1-c0)*10000/n) // ticks are 10 ms: µs per request
 			s.redisCPU = append(s.redisCPU, (r1-r0)*10000/n)
