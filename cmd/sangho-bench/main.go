@@ -87,11 +87,10 @@ var fileStorePath string
 
 // baselineNew is --baseline-new-events: wrk sends reverse_proxy and
 // hmacfloor new events, each once, as it does the stores' 0 % runs,
-// rather than 1,024 signed events in turn. wrk costs more CPU per new
-// event (a new string per request for LuaJIT to hash, allocate and
-// collect) than per event it sent before; on cores it shares with
-// Caddy, a baseline sent reused events has that CPU for itself. The
-// wrk CPU column shows the difference.
+// rather than 1,024 signed events in turn. wrk.lua builds every
+// request before the run, so either costs wrk about the same CPU (the
+// wrk CPU column); before it did, a new event cost wrk 3-4 times as
+// much, CPU that a baseline sent reused events had for its Caddy.
 var baselineNew bool
 
 // loadStarts, when set, is called as the load of a scenario starts.
@@ -110,7 +109,7 @@ func main() {
 	flag.StringVar(&bodies, "bodies", "", "comma-separated bodies to run: "+strings.Join(bodyNames, ", ")+" (64KiB is one long string, the ID scanner's best case; 64KiB-nested a push of many small commits, its worst; the latency runs are 1KiB); default all")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
 	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,hmacfloor,memory,file,redis,postgres; the baselines reverse_proxy and respond always run); default all")
-	flag.BoolVar(&baselineNew, "baseline-new-events", false, "wrk sends reverse_proxy and hmacfloor new events, each once, as it sends the stores' new events (default: 1,024 signed events in turn, which costs wrk less CPU per request; see the report's wrk CPU column)")
+	flag.BoolVar(&baselineNew, "baseline-new-events", false, "wrk sends reverse_proxy and hmacfloor new events, each once, as it sends the stores' new events (default: 1,024 signed events in turn; wrk builds every request before the run, so both cost it about the same: see the report's wrk CPU column)")
 	flag.StringVar(&fileStorePath, "file-store", "", "path of the file store for the request-level runs (default: a new, empty store in the run's temporary folder); a store filled by -filescale fill measures the site on a full store (the run writes to it: copy it first to keep it as filled)")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
 	sink := flag.String("sink", "", "internal: run as the backend on this address")
@@ -515,22 +514,27 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 				cfg.Warmup = 32
 			}
 			var profiled chan struct{}
-			loadStarts = nil
-			if profileDir != "" && r == 0 && !s.latency {
-				// from the moment the load starts (wrk's events are
-				// signed first, which takes a while for 64 KiB ones)
-				loadStarts = func() { profiled = profile(s, dur) }
+			var c0, r0 float64
+			var k0 int64
+			// The counts start, and the profile, from the moment the load
+			// starts: wrk's events are signed first and its requests built
+			// (a while for 64 KiB ones), while the store's background work
+			// (a sweep, compactions) goes on.
+			loadStarts = func() {
+				c0, r0 = cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
+				k0, _ = redisCalls(rc)
+				if profileDir != "" && r == 0 && !s.latency {
+					profiled = profile(s, dur)
+				}
 			}
-			c0, r0 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
-			k0, _ := redisCalls(rc)
 			var res load.Result
+			counted := cfg.Warmup // requests sent inside the counts: the Go generator's warm-up
 			if wrk != "" && !s.latency {
+				counted = 0 // wrkData's warm-up is sent before wrk starts
 				unique := deduped(s.target) || baselineNew && (s.target == "reverse_proxy" || s.target == "hmacfloor")
 				res, err = wrkRun(context.Background(), wrk, tmp, cfg, unique)
 			} else {
-				if loadStarts != nil {
-					loadStarts()
-				}
+				loadStarts()
 				res, err = load.Run(context.Background(), cfg)
 			}
 			if err != nil {
@@ -541,7 +545,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 				<-profiled
 			}
 			k1, _ := redisCalls(rc)
-			n := float64(res.Requests + cfg.Warmup)
+			n := float64(res.Requests + counted)
 			s.results = append(s.results, res)
 			s.caddyCPU = append(s.caddyCPU, (c1-c0)*10000/n) // ticks are 10 ms: µs per request
 			s.redisCPU = append(s.redisCPU, (r1-r0)*10000/n)
@@ -623,7 +627,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		if baselineNew {
 			fmt.Fprintf(&b, "- reverse_proxy and hmacfloor were sent new events, each once, as the stores' 0 %% runs (--baseline-new-events); respond and floor_respond, the duplicates' baselines, 1,024 events in turn\n")
 		} else {
-			fmt.Fprintf(&b, "- the baselines were sent 1,024 signed events in turn, the stores' 0 %% runs new events each once: wrk spends more CPU per new event (the wrk CPU column), CPU the baselines' Caddy had for itself on shared cores (--baseline-new-events sends them new events too)\n")
+			fmt.Fprintf(&b, "- the baselines were sent 1,024 signed events in turn, the stores' 0 %% runs new events each once; wrk builds every request before the run, so a new event costs it about what a repeated one does (the wrk CPU column; --baseline-new-events sends the baselines new events too), and Caddy's CPU is counted from the load's start\n")
 		}
 	}
 	if fileStorePath != "" {

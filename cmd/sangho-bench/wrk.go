@@ -26,10 +26,12 @@ var wrkScript []byte
 // would drive an endpoint. wrk takes far less CPU per request than the
 // Go generator, which shares the same cores with Caddy.
 //
-// Events are signed here before the run. For a target that dedups
-// (unique), as many new events as wrk could send at wrkMaxRate for the
-// whole run: a run that used them all would have sent some twice, and
-// is an error rather than a wrong figure. Other targets reuse a few.
+// Events are signed here before the run, and wrk.lua builds every
+// request before the run too. For a target that dedups (unique), as
+// many new events as wrk could send at wrkMaxRate for the whole run,
+// within wrkMemory: a run that used them all would have sent some
+// twice, and is an error rather than a wrong figure. Other targets
+// reuse a few.
 func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) (load.Result, error) {
 	script := filepath.Join(dir, "sangho-bench-wrk.lua")
 	if err := os.WriteFile(script, wrkScript, 0o600); err != nil {
@@ -37,35 +39,75 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 	}
 	n := 1024
 	if unique && cfg.Duplicates < 1 {
-		n = int(wrkMaxRate(cfg.BodySize)*cfg.Duration.Seconds()) + cfg.Concurrency
+		n = wrkEvents(cfg.BodySize, cfg.Duration, cfg.Concurrency)
 	}
 	data := filepath.Join(dir, "sangho-bench-wrk.data")
 	warm, err := wrkData(ctx, data, cfg, n)
 	if err != nil {
 		return load.Result{}, err
 	}
-	if loadStarts != nil {
-		loadStarts()
-	}
 	cmd := exec.CommandContext(ctx, wrk, "-t1", "-c"+strconv.Itoa(cfg.Concurrency),
 		"-d"+strconv.Itoa(int(cfg.Duration.Seconds()))+"s", "--timeout", "30s",
 		"-s", script, cfg.URL, "--", data, strconv.FormatFloat(cfg.Duplicates, 'f', -1, 64))
-	out, err := cmd.CombinedOutput()
+	out, err := runWrkCmd(cmd)
 	if err != nil {
-		return load.Result{}, fmt.Errorf("wrk: %v\n%s", err, out)
+		return load.Result{}, err
 	}
-	res, exhausted, err := parseWrk(string(out))
+	res, exhausted, initCPU, err := parseWrk(out)
 	if err != nil {
 		return load.Result{}, err
 	}
 	if ps := cmd.ProcessState; ps != nil && res.Requests > 0 {
-		res.GeneratorCPU = float64((ps.UserTime() + ps.SystemTime()).Microseconds()) / float64(res.Requests)
+		// wrk's CPU over the run: its whole run's, less what init
+		// (building the requests) had taken.
+		res.GeneratorCPU = float64((ps.UserTime()+ps.SystemTime()).Microseconds()-initCPU) / float64(res.Requests)
 	}
 	if exhausted > 0 && unique {
-		return load.Result{}, fmt.Errorf("wrk ran out of the %d signed new events (raise the rate bound): %d requests would have been redeliveries", n, exhausted)
+		return load.Result{}, fmt.Errorf("wrk ran out of the %d signed new events (%d requests would have been redeliveries): "+
+			"they are bounded by %d MiB of requests built beforehand; shorten -duration", n, exhausted, wrkMemory>>20)
 	}
 	res.DupSent += warm
 	return res, nil
+}
+
+// wrkReady is the line wrk.lua prints once its requests are built,
+// as the load starts.
+const wrkReady = "SANGHO_BENCH_READY"
+
+// runWrkCmd runs wrk and returns its output, calling loadStarts (if
+// set) when wrk.lua says the load starts: after the events were signed
+// and the requests built, so that what is counted from there (Caddy's
+// CPU, its profile) is the load's alone.
+func runWrkCmd(cmd *exec.Cmd) (string, error) {
+	var out strings.Builder
+	cmd.Stderr = &out
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("wrk: %v", err)
+	}
+	ready := false
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == wrkReady && !ready {
+			ready = true
+			if loadStarts != nil {
+				loadStarts()
+			}
+			continue
+		}
+		out.WriteString(line + "\n")
+	}
+	if err := cmd.Wait(); err != nil {
+		return "", fmt.Errorf("wrk: %v\n%s", err, out.String())
+	}
+	if !ready {
+		return "", fmt.Errorf("wrk: the script never said its load started (no %s line):\n%s", wrkReady, out.String())
+	}
+	return out.String(), nil
 }
 
 // wrkData sends cfg.Warmup events (what redeliveries draw from at
@@ -141,9 +183,22 @@ func wrkMaxRate(bodySize int) float64 {
 	return min(60000, 1e9/float64(max(bodySize, 1)))
 }
 
+// wrkMemory bounds the memory of the requests wrk.lua builds before a
+// run: 2 GiB, 32,000 requests of 64 KiB (6,400 a second over 5 s; wrk
+// with Caddy on two cores sends 64 KiB events at under 4,000 a second).
+const wrkMemory = 2 << 30
+
+// wrkEvents is the number of new events a run of d at concurrency c
+// signs for a unique target: what wrk could send at wrkMaxRate, within
+// wrkMemory (each request is its body and about 300 bytes of headers).
+func wrkEvents(bodySize int, d time.Duration, c int) int {
+	return min(int(wrkMaxRate(bodySize)*d.Seconds())+c, wrkMemory/(bodySize+300))
+}
+
 // parseWrk reads the line wrk.lua's done() prints. It returns the
-// result and how many requests found no new event left.
-func parseWrk(out string) (load.Result, int, error) {
+// result, how many requests found no new event left, and the CPU in µs
+// that wrk had spent when its init ended.
+func parseWrk(out string) (load.Result, int, int64, error) {
 	var line string
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(l, "SANGHO_BENCH ") {
@@ -151,24 +206,24 @@ func parseWrk(out string) (load.Result, int, error) {
 		}
 	}
 	if line == "" {
-		return load.Result{}, 0, fmt.Errorf("wrk printed no SANGHO_BENCH line:\n%s", out)
+		return load.Result{}, 0, 0, fmt.Errorf("wrk printed no SANGHO_BENCH line:\n%s", out)
 	}
 	v := map[string]int64{}
 	for _, f := range strings.Fields(line)[1:] {
 		k, s, ok := strings.Cut(f, "=")
 		n, err := strconv.ParseInt(s, 10, 64)
 		if !ok || err != nil {
-			return load.Result{}, 0, fmt.Errorf("wrk: malformed field %q in %q", f, line)
+			return load.Result{}, 0, 0, fmt.Errorf("wrk: malformed field %q in %q", f, line)
 		}
 		v[k] = n
 	}
-	for _, k := range []string{"requests", "duration_us", "non2xx", "connect", "read", "write", "timeout", "p50_us", "p90_us", "p99_us", "max_us", "exhausted"} {
+	for _, k := range []string{"requests", "duration_us", "non2xx", "connect", "read", "write", "timeout", "p50_us", "p90_us", "p99_us", "max_us", "exhausted", "init_cpu_us"} {
 		if _, ok := v[k]; !ok {
-			return load.Result{}, 0, fmt.Errorf("wrk: no %s in %q", k, line)
+			return load.Result{}, 0, 0, fmt.Errorf("wrk: no %s in %q", k, line)
 		}
 	}
 	if v["duration_us"] <= 0 {
-		return load.Result{}, 0, fmt.Errorf("wrk: duration %d µs in %q", v["duration_us"], line)
+		return load.Result{}, 0, 0, fmt.Errorf("wrk: duration %d µs in %q", v["duration_us"], line)
 	}
 	ms := func(k string) float64 { return float64(v[k]) / 1000 }
 	r := load.Result{
@@ -188,5 +243,5 @@ func parseWrk(out string) (load.Result, int, error) {
 		r.ByStatus["error"] = int(e)
 	}
 	r.NewSent = int(v["fresh_used"])
-	return r, int(v["exhausted"]), nil
+	return r, int(v["exhausted"]), v["init_cpu_us"], nil
 }

@@ -5,11 +5,31 @@
 -- already sent (warm-up: what redeliveries draw from at first) and
 -- "n ID SIG" for new ones, each sent once. args[2] is the share of
 -- requests that redeliver a recent event (0..1).
+--
+-- Every request is built here, in init, before the run: a request made
+-- while it runs is a new string of the body's size for LuaJIT to hash,
+-- allocate and collect, which costs wrk several times the CPU of one it
+-- made before (an event sent again), and wrk shares the cores with
+-- Caddy. Built beforehand, every request costs wrk the same (a copy
+-- into the connection's buffer), new or not, so the sites of a
+-- comparison get the same CPU. init_cpu (seconds of process CPU when
+-- init ends) lets sangho-bench leave that building out of wrk's CPU,
+-- and the line SANGHO_BENCH_READY tells it when the load starts.
 local prefix, suffix
 local fresh, recent = {}, {}
 local dup, rpos = 0, 0
 used = 0       -- new events sent; read by done() through thread:get
 exhausted = 0  -- requests that found no new event left (wrapped around)
+init_cpu = 0   -- process CPU in seconds when init ended
+
+-- build is the whole request of event id signed sig.
+local function build(id, sig)
+	return wrk.format("POST", nil, {
+		["Content-Type"] = "application/json",
+		["Sangho-Event-ID"] = id,
+		["Sangho-Signature"] = sig,
+	}, prefix .. id .. suffix)
+end
 
 function init(args)
 	local f = assert(io.open(args[1], "r"))
@@ -18,14 +38,20 @@ function init(args)
 	for line in f:lines() do
 		local kind, id, sig = line:match("^(%a) (%S+) (%S+)$")
 		if kind == "w" then
-			recent[#recent + 1] = {id, sig}
+			recent[#recent + 1] = build(id, sig)
 		elseif kind == "n" then
-			fresh[#fresh + 1] = {id, sig}
+			fresh[#fresh + 1] = build(id, sig)
 		end
 	end
 	f:close()
 	dup = tonumber(args[2] or "0")
 	math.randomseed(os.time())
+	collectgarbage("collect") -- the bodies the requests were built from
+	init_cpu = os.clock()
+	-- The load starts now: sangho-bench starts its CPU count of Caddy
+	-- (and its profile) here, not while it signed or this built.
+	io.write("SANGHO_BENCH_READY\n")
+	io.stdout:flush()
 end
 
 local function remember(e)
@@ -50,11 +76,7 @@ function request()
 		end
 		remember(e)
 	end
-	return wrk.format("POST", nil, {
-		["Content-Type"] = "application/json",
-		["Sangho-Event-ID"] = e[1],
-		["Sangho-Signature"] = e[2],
-	}, prefix .. e[1] .. suffix)
+	return e
 end
 
 local threads = {}
@@ -64,13 +86,14 @@ function setup(thread)
 end
 
 function done(summary, latency, requests)
-	local u, x = 0, 0
+	local u, x, c = 0, 0, 0
 	for _, t in ipairs(threads) do
 		u = u + t:get("used")
 		x = x + t:get("exhausted")
+		c = math.max(c, t:get("init_cpu"))
 	end
 	local e = summary.errors
-	io.write(string.format("SANGHO_BENCH requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d fresh_used=%d exhausted=%d\n",
+	io.write(string.format("SANGHO_BENCH requests=%d duration_us=%d non2xx=%d connect=%d read=%d write=%d timeout=%d p50_us=%d p90_us=%d p99_us=%d max_us=%d fresh_used=%d exhausted=%d init_cpu_us=%d\n",
 		summary.requests, summary.duration, e.status, e.connect, e.read, e.write, e.timeout,
-		latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max, u, x))
+		latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.max, u, x, c * 1e6))
 end

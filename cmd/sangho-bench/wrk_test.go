@@ -23,22 +23,23 @@ import (
 // report), and a cut or missing line is an error, never zeros.
 func TestParseWrk(t *testing.T) {
 	out := "Running 5s test @ http://127.0.0.1:1/\n  1 threads and 32 connections\n" +
-		"SANGHO_BENCH requests=50000 duration_us=5000000 non2xx=7 connect=0 read=1 write=0 timeout=2 p50_us=600 p90_us=1500 p99_us=3200 max_us=41000 fresh_used=50020 exhausted=0\n"
-	r, exhausted, err := parseWrk(out)
+		"SANGHO_BENCH requests=50000 duration_us=5000000 non2xx=7 connect=0 read=1 write=0 timeout=2 p50_us=600 p90_us=1500 p99_us=3200 max_us=41000 fresh_used=50020 exhausted=0 init_cpu_us=812345\n"
+	r, exhausted, initCPU, err := parseWrk(out)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Requests != 50000 || r.Seconds != 5 || r.Throughput != 10000 || r.P50 != 0.6 || r.P90 != 1.5 || r.P99 != 3.2 || r.Max != 41 ||
-		r.ByStatus["2xx"] != 49993 || r.ByStatus["non-2xx"] != 7 || r.ByStatus["error"] != 3 || r.NewSent != 50020 || exhausted != 0 {
-		t.Fatalf("parsed %+v, exhausted %d", r, exhausted)
+		r.ByStatus["2xx"] != 49993 || r.ByStatus["non-2xx"] != 7 || r.ByStatus["error"] != 3 || r.NewSent != 50020 || exhausted != 0 || initCPU != 812345 {
+		t.Fatalf("parsed %+v, exhausted %d, init CPU %d µs", r, exhausted, initCPU)
 	}
 	for _, bad := range []string{
 		"Requests/sec: 10000\n",
 		"SANGHO_BENCH requests=50000 duration_us=5000000\n",
 		strings.Replace(out, "p99_us=3200", "p99_us=3.2ms", 1),
 		strings.Replace(out, "duration_us=5000000", "duration_us=0", 1),
+		strings.Replace(out, " init_cpu_us=812345", "", 1),
 	} {
-		if _, _, err := parseWrk(bad); err == nil {
+		if _, _, _, err := parseWrk(bad); err == nil {
 			t.Errorf("no error for %q", bad)
 		}
 	}
@@ -105,7 +106,17 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 		if run.dup > 0 {
 			cfg.Warmup = 4
 		}
+		// The load starts once, after the warm-up (sent before wrk), as
+		// wrk.lua says so: Caddy's CPU is counted from there.
+		starts, seenAtStart := 0, -1
+		loadStarts = func() {
+			starts++
+			mu.Lock()
+			seenAtStart = len(seen)
+			mu.Unlock()
+		}
 		res, err := wrkRun(context.Background(), wrk, t.TempDir(), cfg, true)
+		loadStarts = nil
 		srv.Close()
 		if err != nil {
 			t.Fatal(err)
@@ -120,6 +131,9 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 		}
 		if res.Requests < 100 || res.ByStatus["2xx"] != res.Requests || res.GeneratorCPU <= 0 {
 			t.Fatalf("%s: %+v", name, res)
+		}
+		if starts != 1 || seenAtStart < cfg.Warmup || seenAtStart > cfg.Warmup+res.Requests/2 {
+			t.Errorf("%s: the load started %d times, with %d events seen then (warm-up %d, %d requests)", name, starts, seenAtStart, cfg.Warmup, res.Requests)
 		}
 		if run.dup == 0 && repeats != 0 {
 			t.Errorf("%s: %d new events sent more than once", name, repeats)
