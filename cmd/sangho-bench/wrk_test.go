@@ -204,4 +204,3 @@ func TestWrkEvents(t *testing.T) {
 		t.Errorf("wrkMemory() = %d", m)
 	}
 }
-
