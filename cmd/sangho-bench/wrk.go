@@ -2,9 +2,11 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	_ "embed"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,7 +41,7 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 	}
 	n := 1024
 	if unique && cfg.Duplicates < 1 {
-		n = wrkEvents(cfg.BodySize, cfg.Duration, cfg.Concurrency)
+		n = wrkEvents(cfg.BodySize, cfg.Duration, cfg.Concurrency, wrkMemory())
 	}
 	data := filepath.Join(dir, "sangho-bench-wrk.data")
 	warm, err := wrkData(ctx, data, cfg, n)
@@ -64,7 +66,8 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 	}
 	if exhausted > 0 && unique {
 		return load.Result{}, fmt.Errorf("wrk ran out of the %d signed new events (%d requests would have been redeliveries): "+
-			"they are bounded by %d MiB of requests built beforehand; shorten -duration", n, exhausted, wrkMemory>>20)
+			"they are bounded by %.0f a second (wrkMaxRate) and by %d MiB of requests built beforehand (4 GiB or half the memory available); "+
+			"shorten --duration", n, exhausted, wrkMaxRate(cfg.BodySize), wrkMemory()>>20)
 	}
 	res.DupSent += warm
 	return res, nil
@@ -74,13 +77,14 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 // as the load starts.
 const wrkReady = "SANGHO_BENCH_READY"
 
-// runWrkCmd runs wrk and returns its output, calling loadStarts (if
-// set) when wrk.lua says the load starts: after the events were signed
-// and the requests built, so that what is counted from there (Caddy's
-// CPU, its profile) is the load's alone.
+// runWrkCmd runs wrk and returns its output (stdout, then stderr),
+// calling loadStarts (if set) when wrk.lua says the load starts: after
+// the events were signed and the requests built, so that what is
+// counted from there (Caddy's CPU, its profile) is the load's alone.
 func runWrkCmd(cmd *exec.Cmd) (string, error) {
 	var out strings.Builder
-	cmd.Stderr = &out
+	var stderr bytes.Buffer // written by exec's own goroutine
+	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", err
@@ -89,19 +93,25 @@ func runWrkCmd(cmd *exec.Cmd) (string, error) {
 		return "", fmt.Errorf("wrk: %v", err)
 	}
 	ready := false
-	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == wrkReady && !ready {
+	r := bufio.NewReader(stdout)
+	for {
+		line, err := r.ReadString('\n') // no bound on a line's length
+		if strings.TrimSuffix(line, "\n") == wrkReady && !ready {
 			ready = true
 			if loadStarts != nil {
 				loadStarts()
 			}
-			continue
+		} else {
+			out.WriteString(line)
 		}
-		out.WriteString(line + "\n")
+		if err != nil { // io.EOF once wrk closes it; else drained below
+			break
+		}
 	}
-	if err := cmd.Wait(); err != nil {
+	_, _ = io.Copy(io.Discard, stdout) // so that wrk never blocks on a full pipe
+	err = cmd.Wait()
+	out.Write(stderr.Bytes())
+	if err != nil {
 		return "", fmt.Errorf("wrk: %v\n%s", err, out.String())
 	}
 	if !ready {
@@ -184,15 +194,39 @@ func wrkMaxRate(bodySize int) float64 {
 }
 
 // wrkMemory bounds the memory of the requests wrk.lua builds before a
-// run: 2 GiB, 32,000 requests of 64 KiB (6,400 a second over 5 s; wrk
-// with Caddy on two cores sends 64 KiB events at under 4,000 a second).
-const wrkMemory = 2 << 30
+// run: 4 GiB (65,000 requests of 64 KiB: 13,000 a second over 5 s,
+// where wrk with Caddy on two cores sends new 64 KiB events at up to
+// 4,400 a second and reverse_proxy's at up to 7,200), or half the
+// memory available, whichever is less.
+func wrkMemory() int {
+	limit := 4 << 30
+	if avail := memAvailable(); avail > 0 {
+		limit = min(limit, avail/2)
+	}
+	return limit
+}
+
+// memAvailable is /proc/meminfo's MemAvailable in bytes, or 0.
+func memAvailable() int {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "MemAvailable:" && f[2] == "kB" {
+			kb, _ := strconv.Atoi(f[1])
+			return kb << 10
+		}
+	}
+	return 0
+}
 
 // wrkEvents is the number of new events a run of d at concurrency c
 // signs for a unique target: what wrk could send at wrkMaxRate, within
-// wrkMemory (each request is its body and about 300 bytes of headers).
-func wrkEvents(bodySize int, d time.Duration, c int) int {
-	return min(int(wrkMaxRate(bodySize)*d.Seconds())+c, wrkMemory/(bodySize+300))
+// memory bytes of requests (each its body and about 300 bytes of
+// headers).
+func wrkEvents(bodySize int, d time.Duration, c, memory int) int {
+	return min(int(wrkMaxRate(bodySize)*d.Seconds())+c, memory/(bodySize+300))
 }
 
 // parseWrk reads the line wrk.lua's done() prints. It returns the

@@ -72,6 +72,7 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 		seen := map[string]int{}
 		var bad []string
 		var template []byte // the run's body without its ID
+		firstSent := false
 		// a server per run: Close waits for the run's last requests
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			body, err := io.ReadAll(r.Body)
@@ -100,6 +101,9 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 				bad = append(bad, id+": not the run's body around its ID")
 			}
 			seen[id]++
+			if _, n, ok := strings.Cut(id, "_n"); ok && strings.Trim(n, "0") == "" {
+				firstSent = true // evt_<run>_n000…: wrkData's first new event
+			}
 			w.WriteHeader(http.StatusOK)
 		}))
 		cfg := load.Config{URL: srv.URL, Secret: secret, Concurrency: 4, Duration: time.Second, BodySize: run.size, Nested: run.nested, Duplicates: run.dup}
@@ -135,6 +139,12 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 		if starts != 1 || seenAtStart < cfg.Warmup || seenAtStart > cfg.Warmup+res.Requests/2 {
 			t.Errorf("%s: the load started %d times, with %d events seen then (warm-up %d, %d requests)", name, starts, seenAtStart, cfg.Warmup, res.Requests)
 		}
+		if run.dup == 0 && !firstSent {
+			// wrk calls request() once before the run to see what it
+			// sends, and never sends that one: the script must not use
+			// the first new event up on it.
+			t.Errorf("%s: the first signed new event was never sent", name)
+		}
 		if run.dup == 0 && repeats != 0 {
 			t.Errorf("%s: %d new events sent more than once", name, repeats)
 		}
@@ -142,5 +152,55 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 			t.Errorf("%s: %d repeats of %d requests, want about half", name, repeats, res.Requests)
 		}
 		mu.Unlock()
+	}
+}
+
+// runWrkCmd hands back everything wrk printed, however long a line, with
+// stderr, and calls loadStarts once, at the script's ready line, which it
+// leaves out; a run that never says it started is an error.
+func TestRunWrkCmd(t *testing.T) {
+	defer func() { loadStarts = nil }()
+	long := strings.Repeat("x", 200<<10) // past bufio.Scanner's 64 KiB line
+	script := `printf 'Running\n'; head -c ` + strconv.Itoa(len(long)) + ` /dev/zero | tr '\0' x; echo; echo oops >&2; echo ` + wrkReady + `; echo SANGHO_BENCH requests=1; echo ` + wrkReady
+	starts := 0
+	var before string
+	loadStarts = func() { starts++ }
+	out, err := runWrkCmd(exec.Command("sh", "-c", script))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if starts != 1 {
+		t.Fatalf("loadStarts called %d times, want 1", starts)
+	}
+	before, _, _ = strings.Cut(out, "SANGHO_BENCH requests=1")
+	if !strings.Contains(before, "Running\n"+long+"\n") || !strings.Contains(out, "oops") || strings.Count(out, wrkReady) != 1 {
+		t.Fatalf("output not handed back whole (%d bytes): %.200q", len(out), out)
+	}
+	if _, err := runWrkCmd(exec.Command("sh", "-c", "echo SANGHO_BENCH requests=1")); err == nil || !strings.Contains(err.Error(), wrkReady) {
+		t.Fatalf("no ready line: err %v", err)
+	}
+	if _, err := runWrkCmd(exec.Command("sh", "-c", "echo "+wrkReady+"; echo broken >&2; exit 3")); err == nil || !strings.Contains(err.Error(), "broken") {
+		t.Fatalf("failed run: err %v", err)
+	}
+}
+
+// wrkEvents signs enough new events for a run at wrkMaxRate when the
+// memory allows, and never more than the memory's worth of requests.
+func TestWrkEvents(t *testing.T) {
+	for _, c := range []struct {
+		size   int
+		d      time.Duration
+		memory int
+	}{{1024, 5 * time.Second, 4 << 30}, {64 << 10, 5 * time.Second, 4 << 30}, {64 << 10, 5 * time.Second, 1 << 30}, {1 << 20, time.Second, 4 << 30}} {
+		n := wrkEvents(c.size, c.d, 32, c.memory)
+		if n*(c.size+300) > c.memory {
+			t.Errorf("%d bytes, %v, %d MiB: %d requests are over the memory", c.size, c.d, c.memory>>20, n)
+		}
+		if need := int(wrkMaxRate(c.size)*c.d.Seconds()) + 32; n < need && (n+1)*(c.size+300) <= c.memory {
+			t.Errorf("%d bytes, %v, %d MiB: %d events, fewer than the %d a run at wrkMaxRate can use", c.size, c.d, c.memory>>20, n, need)
+		}
+	}
+	if m := wrkMemory(); m <= 0 || m > 4<<30 {
+		t.Errorf("wrkMemory() = %d", m)
 	}
 }
