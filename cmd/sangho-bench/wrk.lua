@@ -12,9 +12,9 @@
 -- made before (an event sent again), and wrk shares the cores with
 -- Caddy. Built beforehand, a request is a copy into the connection's
 -- buffer, new or not, so the sites of a comparison get about the same
--- CPU. init_cpu (seconds of process CPU when
--- init ends) lets sangho-bench leave that building out of wrk's CPU,
--- and the line SANGHO_BENCH_READY tells it when the load starts.
+-- CPU. init_cpu (seconds of process CPU when init ends) lets
+-- sangho-bench leave that building out of wrk's CPU, and the line
+-- SANGHO_BENCH_READY tells it when the load starts.
 local prefix, suffix
 local fresh, recent = {}, {}
 local dup, rpos = 0, 0
