@@ -39,9 +39,9 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 	if err := os.WriteFile(script, wrkScript, 0o600); err != nil {
 		return load.Result{}, err
 	}
-	n := 1024
+	n, memory := 1024, wrkMemory()
 	if unique && cfg.Duplicates < 1 {
-		n = wrkEvents(cfg.BodySize, cfg.Duration, cfg.Concurrency, wrkMemory())
+		n = wrkEvents(cfg.BodySize, cfg.Duration, cfg.Concurrency, memory)
 	}
 	data := filepath.Join(dir, "sangho-bench-wrk.data")
 	warm, err := wrkData(ctx, data, cfg, n)
@@ -67,7 +67,7 @@ func wrkRun(ctx context.Context, wrk, dir string, cfg load.Config, unique bool) 
 	if exhausted > 0 && unique {
 		return load.Result{}, fmt.Errorf("wrk ran out of the %d signed new events (%d requests would have been redeliveries): "+
 			"they are bounded by %.0f a second (wrkMaxRate) and by %d MiB of requests built beforehand (4 GiB or half the memory available); "+
-			"shorten --duration", n, exhausted, wrkMaxRate(cfg.BodySize), wrkMemory()>>20)
+			"shorten --duration", n, exhausted, wrkMaxRate(cfg.BodySize), memory>>20)
 	}
 	res.DupSent += warm
 	return res, nil

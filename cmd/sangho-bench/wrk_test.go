@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -161,10 +163,18 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 func TestRunWrkCmd(t *testing.T) {
 	defer func() { loadStarts = nil }()
 	long := strings.Repeat("x", 200<<10) // past bufio.Scanner's 64 KiB line
-	script := `printf 'Running\n'; head -c ` + strconv.Itoa(len(long)) + ` /dev/zero | tr '\0' x; echo; echo oops >&2; echo ` + wrkReady + `; echo SANGHO_BENCH requests=1; echo ` + wrkReady
+	// The script leaves a file just before its ready line: loadStarts
+	// must find it, so it is called at that line, not before wrk runs.
+	mark := filepath.Join(t.TempDir(), "ready")
+	script := `printf 'Running\n'; head -c ` + strconv.Itoa(len(long)) + ` /dev/zero | tr '\0' x; echo; echo oops >&2; touch ` + mark + `; echo ` + wrkReady + `; echo SANGHO_BENCH requests=1; echo ` + wrkReady
 	starts := 0
 	var before string
-	loadStarts = func() { starts++ }
+	loadStarts = func() {
+		starts++
+		if _, err := os.Stat(mark); err != nil {
+			t.Errorf("loadStarts called before the ready line: %v", err)
+		}
+	}
 	out, err := runWrkCmd(exec.Command("sh", "-c", script))
 	if err != nil {
 		t.Fatal(err)

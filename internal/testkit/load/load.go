@@ -64,8 +64,8 @@ type Result struct {
 	DupSent  int            `json:"duplicate_deliveries"`
 	// GeneratorCPU is the load generator's CPU (user + system) per
 	// request in µs, when it ran in a process of its own (wrk): its
-	// whole run, its start (reading the signed events) included; 0 if
-	// unknown. On a machine whose cores it shares with Caddy, what it
+	// whole run, less its start (reading the signed events, building
+	// the requests); 0 if unknown. On a machine whose cores it shares with Caddy, what it
 	// takes is not Caddy's: a stream that costs it more lowers Caddy's
 	// req/s without Caddy doing more.
 	GeneratorCPU float64 `json:"generator_cpu_us_per_request,omitempty"`
