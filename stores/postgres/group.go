@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -32,7 +34,8 @@ import (
 const maxGroup = 64
 
 // groupWorkers is how many groups may be in flight at once: half of the
-// pool, so that the statements that run alone always find a connection.
+// pool (the fewer the workers, the larger the groups under load), the
+// rest left to the statements that run alone.
 func groupWorkers(maxConns int32) int {
 	return max(1, int(maxConns)/2)
 }
@@ -59,6 +62,8 @@ type grouper struct {
 	q    chan *groupOp
 	wg   sync.WaitGroup
 	took func() // tests: called when a worker took a group's first statement
+
+	reran atomic.Int64 // groups the server refused, whose statements then ran alone
 }
 
 func newGrouper(db *sharedDB) *grouper {
@@ -77,6 +82,7 @@ func (g *grouper) wait() { g.wg.Wait() }
 // group, or alone when the group cannot take it; changed is whether it
 // inserted or updated its row.
 func (g *grouper) exec(ctx context.Context, key, sql string, query bool, args ...any) (changed bool, err error) {
+	var ok bool
 	op := &groupOp{ctx: ctx, key: key, sql: sql, args: args, query: query, res: make(chan groupResult, 1)}
 	select {
 	case g.q <- op:
@@ -89,14 +95,29 @@ func (g *grouper) exec(ctx context.Context, key, sql string, query bool, args ..
 	select {
 	case r = <-op.res:
 	case <-ctx.Done():
-		return false, ctx.Err()
+		if r, ok = answered(op); !ok {
+			return false, ctx.Err()
+		}
 	case <-g.db.stop:
-		return false, errPoolClosed
+		if r, ok = answered(op); !ok {
+			return false, errPoolClosed
+		}
 	}
 	if !r.alone {
 		return r.changed, r.err
 	}
 	return g.db.alone(ctx, sql, query, args...)
+}
+
+// answered is op's answer if it came at the same moment as the end of
+// its caller's wait: an answer known is never turned into an error.
+func answered(op *groupOp) (groupResult, bool) {
+	select {
+	case r := <-op.res:
+		return r, true
+	default:
+		return groupResult{}, false
+	}
 }
 
 // alone runs one statement of the kind exec takes on its own.
@@ -145,6 +166,25 @@ func (g *grouper) work() {
 // send runs ops as one pipeline, one transaction, and answers each once
 // the transaction committed.
 func (g *grouper) send(ops []*groupOp) {
+	// The group's time: that of the member whose caller waits longest
+	// (each has the store's statement_timeout from its start), so that
+	// no statement runs on after every caller gave up.
+	deadline := time.Now().Add(g.db.opts.timeout)
+	if d, ok := latest(ops); ok {
+		deadline = d
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	conn, err := g.db.pool.Acquire(ctx)
+	if err != nil {
+		// Nothing was sent: each runs alone, in its caller's time.
+		for _, op := range ops {
+			op.res <- groupResult{alone: true}
+		}
+		return
+	}
+	defer conn.Release()
+	// Who gave up while the group waited for its connection is not sent.
 	live := ops[:0]
 	for _, op := range ops {
 		if err := op.ctx.Err(); err != nil {
@@ -160,15 +200,12 @@ func (g *grouper) send(ops []*groupOp) {
 	// rows take their locks in the same order, so neither can wait for
 	// the other while holding what the other waits for (a deadlock).
 	slices.SortFunc(live, func(a, b *groupOp) int { return strings.Compare(a.key, b.key) })
-	ctx, cancel := context.WithTimeout(context.Background(), g.db.opts.timeout)
-	defer cancel()
 	var b pgx.Batch
 	for _, op := range live {
 		b.Queue(op.sql, op.args...)
 	}
 	changed := make([]bool, len(live))
-	br := g.db.pool.SendBatch(ctx, &b)
-	var err error
+	br := conn.SendBatch(ctx, &b)
 	for i, op := range live {
 		var e error
 		if op.query {
@@ -190,26 +227,58 @@ func (g *grouper) send(ops []*groupOp) {
 	if e := br.Close(); err == nil {
 		err = e
 	}
-	var pg *pgconn.PgError
 	switch {
 	case err == nil:
 		for i, op := range live {
 			op.res <- groupResult{changed: changed[i]}
 		}
-	case len(live) > 1 && errors.As(err, &pg) && pg.Severity == "ERROR":
+	case len(live) > 1 && refused(err):
 		// The server refused a statement (a value it cannot store, a
-		// lock it gave up on) and rolled the whole group back: none of
-		// it was committed. Each runs alone, so that one bad statement
-		// fails its own delivery only.
+		// lock or a statement_timeout it gave up on) and rolled the
+		// whole group back: none of it was committed. Each runs alone,
+		// so that one bad statement fails its own delivery only.
+		g.reran.Add(1)
 		for _, op := range live {
 			op.res <- groupResult{alone: true}
 		}
 	default:
-		// The connection or the time ran out, or the server ended the
-		// session (FATAL): the commit may or may not have happened, as
-		// for a statement alone whose answer is lost.
+		// The connection or Caddy's time ran out, or the server ended
+		// the session (FATAL): the commit may or may not have happened,
+		// as for a statement alone whose answer is lost.
 		for _, op := range live {
 			op.res <- groupResult{err: err}
 		}
 	}
+}
+
+// latest is the latest deadline of ops' callers, if they all have one.
+func latest(ops []*groupOp) (time.Time, bool) {
+	var last time.Time
+	for _, op := range ops {
+		d, ok := op.ctx.Deadline()
+		if !ok {
+			return time.Time{}, false
+		}
+		if d.After(last) {
+			last = d
+		}
+	}
+	return last, true
+}
+
+// refused is whether err is the server's refusal of one statement (an
+// ERROR: the transaction rolled back, the session goes on), not the end
+// of the session (FATAL, PANIC) or of the connection. The severity as
+// the server spells it whatever its lc_messages (V, PostgreSQL 9.6 and
+// later), else as it sent it (S: PgBouncer's own errors).
+func refused(err error) bool {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return false
+	}
+	sev := pg.SeverityUnlocalized
+	if sev == "" {
+		sev = pg.Severity
+	}
+	return sev == "ERROR"
 }

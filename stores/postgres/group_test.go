@@ -2,12 +2,16 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
@@ -30,8 +34,10 @@ func newGate(t *testing.T, s *Store) *gate {
 	}
 	g := &gate{s: s, taken: make(chan struct{}), hold: make(chan struct{})}
 	var first sync.Once
-	// Set before any statement is queued: the queue's send orders this
-	// write before the worker's read.
+	// Set while the worker waits for a statement (each earlier read of
+	// took came before the answers this test received), and before it
+	// takes the next one: the queue's send orders this write before
+	// that read.
 	s.db.group.took = func() {
 		first.Do(func() {
 			close(g.taken)
@@ -75,10 +81,23 @@ func xmins(t *testing.T, srv *pgtest.Server, table, prefix string) string {
 // written by one transaction, and each is answered as its statement
 // alone would be; a claim whose caller gave up before its group left is
 // not sent.
-func TestGroupCommit(t *testing.T) {
+func TestGroupCommit(t *testing.T) { eachMode(t, testGroupCommit) }
+
+// eachMode runs f on a server directly and behind PgBouncer in
+// transaction mode with each exec mode it needs (docs/postgres.md): a
+// group is one transaction in each.
+func eachMode(t *testing.T, f func(t *testing.T, srv *pgtest.Server, dsn string)) {
 	srv := pgtest.Start(t)
+	t.Run("server", func(t *testing.T) { f(t, srv, srv.DSN) })
+	b := pgtest.StartBouncer(t, srv, []string{"postgres"})
+	for _, mode := range []string{"exec", "simple_protocol"} {
+		t.Run("pgbouncer-"+mode, func(t *testing.T) { f(t, srv, bouncerDSN(b, mode)) })
+	}
+}
+
+func testGroupCommit(t *testing.T, srv *pgtest.Server, dsn string) {
 	table := uniqueTable()
-	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", "1h"))
+	s, _ := provision(t, storeJSON(dsn, table, "max_conns", "2", "cleanup_interval", "1h"))
 	ctx := context.Background()
 	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil { // creates the table
 		t.Fatal(err)
@@ -162,10 +181,11 @@ func TestGroupCommit(t *testing.T) {
 // A statement the server refuses rolls its group back; every other
 // statement of the group then runs alone and lands, and only the bad
 // one's caller gets an error.
-func TestGroupOneBadStatement(t *testing.T) {
-	srv := pgtest.Start(t)
+func TestGroupOneBadStatement(t *testing.T) { eachMode(t, testGroupOneBadStatement) }
+
+func testGroupOneBadStatement(t *testing.T, srv *pgtest.Server, dsn string) {
 	table := uniqueTable()
-	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", "1h"))
+	s, _ := provision(t, storeJSON(dsn, table, "max_conns", "2", "cleanup_interval", "1h"))
 	ctx := context.Background()
 	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
 		t.Fatal(err)
@@ -196,6 +216,78 @@ func TestGroupOneBadStatement(t *testing.T) {
 	}
 	if got := srv.Psql(t, `SELECT string_agg(event_id || '=' || lease_token, ',' ORDER BY event_id) FROM `+table+` WHERE event_id LIKE 'b-_'`); got != "b-1=tok,b-2=tok,b-3=tok,b-4=tok" {
 		t.Fatalf("leases in the table: %s; want b-1 … b-4 held by tok", got)
+	}
+	if n := s.db.group.reran.Load(); n != 1 {
+		t.Fatalf("%d groups rolled back and run alone; want 1", n)
+	}
+}
+
+// Two statements on one key in one group: two claims of a new key (one
+// claims it, the other finds it in flight), and a claim beside the
+// commit of the key's lease (the commit holds, the claim finds it done).
+func TestGroupSameKey(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", "1h"))
+	ctx := context.Background()
+	if res, _, err := s.Claim(ctx, "s-done", "A", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	g := newGate(t, s)
+	defer g.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Claim(ctx, "s-first", "tok", time.Minute) }) //nolint:errcheck
+	g.took(t)
+	rec := dedup.DoneRecord{ProcessedAt: time.Now().UTC().Truncate(time.Microsecond), EventType: "t", Fingerprint: "x0123456789abcdef"}
+	var r1, r2, r3 dedup.ClaimResult
+	var found3 string
+	var held bool
+	var e1, e2, e3, e4 error
+	wg.Go(func() { r1, _, e1 = s.Claim(ctx, "s-new", "A", time.Minute) })
+	wg.Go(func() { r2, _, e2 = s.Claim(ctx, "s-new", "B", time.Minute) })
+	wg.Go(func() { r3, found3, e3 = s.Claim(ctx, "s-done", "B", time.Minute) })
+	wg.Go(func() { held, e4 = s.Commit(ctx, "s-done", "A", rec, time.Hour) })
+	g.queued(t, 4)
+	g.open()
+	wg.Wait()
+	for _, err := range []error{e1, e2, e3, e4} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if (r1 != dedup.Claimed || r2 != dedup.InFlight) && (r1 != dedup.InFlight || r2 != dedup.Claimed) {
+		t.Fatalf("two claims of a new key in one group = %v, %v; want one claimed, one in flight", r1, r2)
+	}
+	if !held {
+		t.Fatal("the commit beside a claim of its key did not hold its lease")
+	}
+	if r3 != dedup.AlreadyDone || found3 != rec.Encode() {
+		t.Fatalf("the claim beside the commit of its key = %v %q; want done %q", r3, found3, rec.Encode())
+	}
+	if n := s.db.group.reran.Load(); n != 0 {
+		t.Fatalf("%d groups rolled back; want none", n)
+	}
+}
+
+// refused tells a statement the server refused from a session or a
+// connection that ended, whatever the language of the server's messages.
+func TestRefused(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{&pgconn.PgError{Severity: "ERROR", SeverityUnlocalized: "ERROR", Code: "22021"}, true},
+		{&pgconn.PgError{Severity: "FEHLER", SeverityUnlocalized: "ERROR", Code: "40P01"}, true},
+		{fmt.Errorf("wrapped: %w", &pgconn.PgError{Severity: "ERREUR", SeverityUnlocalized: "ERROR"}), true},
+		{&pgconn.PgError{Severity: "ERROR", Code: "08P01"}, true}, // PgBouncer's own: no V field
+		{&pgconn.PgError{Severity: "FATAL", SeverityUnlocalized: "FATAL", Code: "57P01"}, false},
+		{&pgconn.PgError{Severity: "SCHWERWIEGEND", SeverityUnlocalized: "FATAL"}, false},
+		{context.DeadlineExceeded, false},
+		{errors.New("unexpected EOF"), false},
+	} {
+		if got := refused(c.err); got != c.want {
+			t.Errorf("refused(%v) = %v; want %v", c.err, got, c.want)
+		}
 	}
 }
 
@@ -250,5 +342,60 @@ func TestGroupedClaimsRace(t *testing.T) {
 	got := srv.Psql(t, `SELECT string_agg(event_id || '=' || message_event_id, ',' ORDER BY event_id) || ',' FROM `+table+` WHERE event_id LIKE 'r-%' AND lease_token IS NULL`)
 	if got != b.String() {
 		t.Fatalf("done records: %s\nwant each key's winner: %s", got, b.String())
+	}
+	// No group was rolled back (a deadlock between two groups would
+	// be), and groups formed: fewer transactions wrote the records than
+	// there are records.
+	if n := s.db.group.reran.Load(); n != 0 {
+		t.Fatalf("%d groups rolled back and run alone; want none", n)
+	}
+	if n, _ := strconv.Atoi(srv.Psql(t, `SELECT count(DISTINCT xmin::text) FROM `+table+` WHERE event_id LIKE 'r-%'`)); n >= keys {
+		t.Fatalf("%d transactions wrote the %d records: no group formed", n, keys)
+	}
+}
+
+// Two groups that insert the same two keys, each pausing between them:
+// each writes them in the keys' order, so the second waits for the
+// first instead of both waiting for each other (a deadlock, which the
+// server would end by refusing one group after deadlock_timeout).
+func TestGroupsDoNotDeadlock(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "4", "cleanup_interval", "1h"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	op := func(key, sql string, args ...any) *groupOp {
+		return &groupOp{ctx: ctx, key: key, sql: sql, args: args, query: true, res: make(chan groupResult, 1)}
+	}
+	insert := func(key, tok string) *groupOp { return op(key, s.db.sql.insert, key, tok, int64(6e7)) }
+	pause := op("d-15", `SELECT true FROM pg_sleep(0.3)`)
+	pause2 := op("d-15", `SELECT true FROM pg_sleep(0.3)`)
+	// given in opposite orders; "d-15" sorts between the two keys
+	a := []*groupOp{insert("d-2", "A"), pause, insert("d-1", "A")}
+	b := []*groupOp{insert("d-1", "B"), pause2, insert("d-2", "B")}
+	var wg sync.WaitGroup
+	wg.Go(func() { s.db.group.send(a) })
+	wg.Go(func() { s.db.group.send(b) })
+	wg.Wait()
+	inserted := map[string]string{}
+	for _, group := range [][]*groupOp{a, b} {
+		for _, o := range group {
+			r := <-o.res
+			if r.err != nil || r.alone {
+				t.Fatalf("%s: %+v; want an answer from its group", o.key, r)
+			}
+			if o.sql == s.db.sql.insert && r.changed {
+				inserted[o.key] += o.args[1].(string)
+			}
+		}
+	}
+	if n := s.db.group.reran.Load(); n != 0 {
+		t.Fatalf("%d groups rolled back (a deadlock); want none", n)
+	}
+	if inserted["d-1"] == "" || inserted["d-1"] != inserted["d-2"] || len(inserted["d-1"]) != 1 {
+		t.Fatalf("inserted by: %v; want both keys by the same one group", inserted)
 	}
 }

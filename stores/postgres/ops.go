@@ -262,8 +262,8 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 		gen = c.Generation()
 	}
 	err := s.op(ctx, func(ctx context.Context) error {
-		// A new event: the insert alone (see statements.insert).
-		// Grouped with the others waiting (group.go).
+		// A new event: the insert only (see statements.insert), in the
+		// group of the statements waiting with it (group.go).
 		inserted, err := s.db.group.exec(ctx, key, s.db.sql.insert, true, key, token, micros(ttl))
 		if err != nil {
 			return err
@@ -322,7 +322,7 @@ func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRec
 	var held bool
 	err := s.op(ctx, func(ctx context.Context) error {
 		at := rec.ProcessedAt.UTC()
-		// Grouped with the others waiting (group.go).
+		// In the group of the statements waiting with it (group.go).
 		var err error
 		held, err = s.db.group.exec(ctx, key, s.db.sql.commit, false, key, token, micros(retention),
 			at, rec.EventType, rec.Fingerprint, rec.EventID)

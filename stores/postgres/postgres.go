@@ -85,10 +85,10 @@ type Store struct {
 	// Default: processed_webhook_events.
 	Table string `json:"table,omitempty"`
 
-	// MaxConns is the most connections the store opens; half of them (at
-	// least one) carry the grouped inserts and commits (group.go), the
-	// rest the statements that run alone. Default: pgxpool's, the
-	// greater of 4 and the number of CPUs.
+	// MaxConns is the most connections the store opens; at most half of
+	// them (at least one) carry groups of inserts and commits at once
+	// (group.go). Default: pgxpool's, the greater of 4 and the number of
+	// CPUs.
 	MaxConns int `json:"max_conns,omitempty"`
 
 	// CreateTable creates the table and its index on first use if it is
