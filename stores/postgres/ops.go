@@ -262,15 +262,15 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 		gen = c.Generation()
 	}
 	err := s.op(ctx, func(ctx context.Context) error {
-		// A new event: the insert alone (see statements.insert).
-		var inserted bool
-		err := s.db.pool.QueryRow(ctx, s.db.sql.insert, key, token, micros(ttl)).Scan(&inserted)
-		if err == nil {
+		// A new event: the insert only (see statements.insert), in the
+		// group of the statements waiting with it (group.go).
+		inserted, err := s.db.group.exec(ctx, key, s.db.sql.insert, true, key, token, micros(ttl))
+		if err != nil {
+			return err
+		}
+		if inserted {
 			res, found = dedup.Claimed, ""
 			return nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return err
 		}
 		// The key has a row: a duplicate, a lease (this token's own
 		// included), an expired record or a mark.
@@ -322,13 +322,12 @@ func (s *Store) Commit(ctx context.Context, key, token string, rec dedup.DoneRec
 	var held bool
 	err := s.op(ctx, func(ctx context.Context) error {
 		at := rec.ProcessedAt.UTC()
-		tag, err := s.db.pool.Exec(ctx, s.db.sql.commit, key, token, micros(retention),
+		// In the group of the statements waiting with it (group.go).
+		var err error
+		held, err = s.db.group.exec(ctx, key, s.db.sql.commit, false, key, token, micros(retention),
 			at, rec.EventType, rec.Fingerprint, rec.EventID)
-		if err != nil {
+		if err != nil || held {
 			return err
-		}
-		if held = tag.RowsAffected() == 1; held {
-			return nil
 		}
 		_, err = s.db.pool.Exec(ctx, s.db.sql.commitAny, key, micros(retention),
 			at, rec.EventType, rec.Fingerprint, rec.EventID)

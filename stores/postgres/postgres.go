@@ -51,7 +51,10 @@ const (
 // it found. A commit is one UPDATE of the token's live lease, and writes
 // the record over whatever the key holds in a second statement when that
 // updates nothing; renew and release are one statement each and check
-// the lease token. A done record is as durable as the server's commit
+// the lease token. New events' inserts and held leases' commits that
+// wait at the same moment go to the server as one pipeline, one
+// transaction (group commit, group.go), each answered once it committed.
+// A done record is as durable as the server's commit
 // (synchronous_commit).
 //
 // Caddy starts while PostgreSQL is down, and deliveries are answered as
@@ -82,8 +85,10 @@ type Store struct {
 	// Default: processed_webhook_events.
 	Table string `json:"table,omitempty"`
 
-	// MaxConns is the most connections the store opens. Default:
-	// pgxpool's, the greater of 4 and the number of CPUs.
+	// MaxConns is the most connections the store opens; at most half of
+	// them (at least one) carry groups of inserts and commits at once
+	// (group.go). Default: pgxpool's, the greater of 4 and the number of
+	// CPUs.
 	MaxConns int `json:"max_conns,omitempty"`
 
 	// CreateTable creates the table and its index on first use if it is
@@ -425,6 +430,7 @@ type sharedDB struct {
 	check *tableCheck
 	cache *doneCache // nil when local_cache is off
 	lis   *listener
+	group *grouper // new events' inserts and held leases' commits, grouped (group.go)
 	stop  chan struct{}
 	done  chan struct{}
 
@@ -446,6 +452,7 @@ func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {
 	}
 	db.pool = pool
 	db.check = newTableCheck(db)
+	db.group = newGrouper(db)
 	if o.cache > 0 {
 		db.cache = newDoneCache(o.cache)
 		db.lis = newListener(db, db.cache, logger)
@@ -458,6 +465,7 @@ func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {
 func (db *sharedDB) Destruct() error {
 	close(db.stop)
 	<-db.done
+	db.group.wait()
 	if db.lis != nil {
 		db.lis.close()
 	}
