@@ -16,7 +16,8 @@ import (
 // Group commit. A new event's claim (the insert) and the commit of a
 // held lease are the two statements every processed event costs, each
 // a transaction that PostgreSQL flushes to its WAL before it answers.
-// Those that wait at the same moment (deliveries in flight together)
+// Those that wait at the same moment (deliveries in flight together;
+// every claim's insert, a duplicate's included, which changes nothing)
 // are sent together: one pipeline of the same statements, one round
 // trip, which PostgreSQL runs as one implicit transaction with one
 // commit (pgx's Batch: the statements, then a single Sync). Each
@@ -27,8 +28,8 @@ import (
 //
 // A delivery that arrives alone is sent alone at once: a group is what
 // waited while the workers were busy, never a timer. Every other
-// statement (a duplicate's claim, renew, release, forget, the sweep)
-// runs alone as before.
+// statement (a duplicate's second one, a commit's second one, renew,
+// release, forget, the sweep) runs alone as before.
 
 // maxGroup bounds the statements of one group.
 const maxGroup = 64
@@ -91,16 +92,15 @@ func (g *grouper) exec(ctx context.Context, key, sql string, query bool, args ..
 	case <-g.db.stop:
 		return false, errPoolClosed
 	}
+	// Once taken, a statement is answered: with its group's outcome, or
+	// errPoolClosed by a worker that stops (the caller's time, from
+	// Store.op, bounds the wait for one queued as the workers stopped).
 	var r groupResult
 	select {
 	case r = <-op.res:
 	case <-ctx.Done():
 		if r, ok = answered(op); !ok {
 			return false, ctx.Err()
-		}
-	case <-g.db.stop:
-		if r, ok = answered(op); !ok {
-			return false, errPoolClosed
 		}
 	}
 	if !r.alone {
@@ -141,7 +141,16 @@ func (g *grouper) work() {
 		select {
 		case first = <-g.q:
 		case <-g.db.stop:
-			return
+			// The group under way, if any, finished with its answers;
+			// what still waits is not sent.
+			for {
+				select {
+				case op := <-g.q:
+					op.res <- groupResult{err: errPoolClosed}
+				default:
+					return
+				}
+			}
 		}
 		if g.took != nil {
 			g.took()
@@ -166,9 +175,9 @@ func (g *grouper) work() {
 // send runs ops as one pipeline, one transaction, and answers each once
 // the transaction committed.
 func (g *grouper) send(ops []*groupOp) {
-	// The group's time: that of the member whose caller waits longest
-	// (each has the store's statement_timeout from its start), so that
-	// no statement runs on after every caller gave up.
+	// The group's time: the latest of its callers' deadlines (each has
+	// the store's statement_timeout from its start), so that no
+	// statement runs on after every caller's time ran out.
 	deadline := time.Now().Add(g.db.opts.timeout)
 	if d, ok := latest(ops); ok {
 		deadline = d
@@ -184,7 +193,8 @@ func (g *grouper) send(ops []*groupOp) {
 		return
 	}
 	defer conn.Release()
-	// Who gave up while the group waited for its connection is not sent.
+	// Who gave up while the group waited for its connection is not sent,
+	// and the group's time is that of those left.
 	live := ops[:0]
 	for _, op := range ops {
 		if err := op.ctx.Err(); err != nil {
@@ -195,6 +205,11 @@ func (g *grouper) send(ops []*groupOp) {
 	}
 	if len(live) == 0 {
 		return
+	}
+	if d, ok := latest(live); ok {
+		var cancelLive context.CancelFunc
+		ctx, cancelLive = context.WithDeadline(ctx, d)
+		defer cancelLive()
 	}
 	// One order of keys in every group: two groups that write the same
 	// rows take their locks in the same order, so neither can wait for

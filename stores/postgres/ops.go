@@ -13,7 +13,8 @@ import (
 )
 
 // statements are the store's SQL for one table. Every expiry counts
-// from the server's clock (now(), the statement's start), so that
+// from the server's clock (now(): the start of the statement's
+// transaction, its group's when grouped, see group.go), so that
 // instances with skewed clocks agree.
 type statements struct {
 	insert, claim, renew, commit, commitAny, release, get, forget string

@@ -51,9 +51,9 @@ const (
 // it found. A commit is one UPDATE of the token's live lease, and writes
 // the record over whatever the key holds in a second statement when that
 // updates nothing; renew and release are one statement each and check
-// the lease token. New events' inserts and held leases' commits that
-// wait at the same moment go to the server as one pipeline, one
-// transaction (group commit, group.go), each answered once it committed.
+// the lease token. Claims' inserts and held leases' commits that wait at
+// the same moment go to the server as one pipeline, one transaction
+// (group commit, group.go), each answered once it committed.
 // A done record is as durable as the server's commit
 // (synchronous_commit).
 //
