@@ -699,6 +699,7 @@ func BenchmarkFileStoreNewEvent(b *testing.B) {
 func benchNewEvents(b *testing.B, st *shared) {
 	s := &Store{state: st}
 	var n atomic.Int64
+	n.Store(int64(benchFirstKey))
 	rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}
 	txns0, reads0 := st.txns.Load(), st.reads.Load()
 	b.SetParallelism(16)
@@ -724,6 +725,29 @@ func benchNewEvents(b *testing.B, st *shared) {
 	b.ReportMetric(float64(st.reads.Load()-reads0)/float64(b.N), "reads/event")
 }
 
+// benchFirstKey: the benchmarks' new events are BenchKey(benchFirstKey+1)
+// and on, past any key a fill (sangho-bench -filescale fill) wrote.
+const benchFirstKey = 1 << 41
+
+// benchStoreCopy is the path of the store a benchmark runs on: a new,
+// empty one, or with SANGHO_FILE_BENCH_FROM set (the path of a store, such
+// as one sangho-bench -filescale fill made), a copy of that one, so that
+// the cost is measured at the size users run. Pebble's files are copied
+// as they are (a store that no process has open).
+func benchStoreCopy(b *testing.B) string {
+	path := filepath.Join(b.TempDir(), "dedup.db")
+	from := os.Getenv("SANGHO_FILE_BENCH_FROM")
+	if from == "" {
+		return path
+	}
+	b.StopTimer()
+	defer b.StartTimer()
+	if err := os.CopyFS(StoreDir(path), os.DirFS(StoreDir(from))); err != nil {
+		b.Fatalf("copying %s: %v", StoreDir(from), err)
+	}
+	return path
+}
+
 // BenchmarkFileStoreLeaseWrites: what writing the leases costs per new
 // event (claim + commit), side by side for the three ways a lease can
 // reach the database: memory_only (not written: the releases before
@@ -734,6 +758,7 @@ func benchNewEvents(b *testing.B, st *shared) {
 // site (each fsync paid alone).
 //
 //	flock /tmp/bench.lock go test -run '^$' -bench FileStoreLeaseWrites -count 5 ./stores/file
+//	SANGHO_FILE_BENCH_FROM=/data/f26/dedup.db go test -run '^$' -bench 'FileStoreLeaseWrites/parallel' -benchtime 200000x ./stores/file
 func BenchmarkFileStoreLeaseWrites(b *testing.B) {
 	modes := []struct {
 		name string
@@ -744,7 +769,8 @@ func BenchmarkFileStoreLeaseWrites(b *testing.B) {
 			b.Run(load+"/"+m.name, func(b *testing.B) {
 				defer func(old int) { leaseWrites = old }(leaseWrites)
 				leaseWrites = m.mode
-				st, err := openShared(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
+				path := benchStoreCopy(b)
+				st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -758,7 +784,7 @@ func BenchmarkFileStoreLeaseWrites(b *testing.B) {
 				b.ReportAllocs()
 				cpu0 := processCPU()
 				defer cpuPerOp(b, cpu0)
-				i := uint64(0)
+				i := uint64(benchFirstKey)
 				for b.Loop() {
 					i++
 					key, tok := BenchKey(i), newToken()
@@ -855,7 +881,7 @@ func BenchmarkFileStoreOpen(b *testing.B) {
 // BenchmarkFileStoreDuplicate: a claim that finds a done record (a read
 // transaction, no write).
 func BenchmarkFileStoreDuplicate(b *testing.B) {
-	st, err := openShared(filepath.Join(b.TempDir(), "dedup.db"), time.Now, time.Hour, zap.NewNop())
+	st, err := openShared(benchStoreCopy(b), time.Now, time.Hour, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -865,7 +891,7 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 	// a record as the handler writes it: its body's fingerprint and type
 	rec := dedup.DoneRecord{ProcessedAt: time.Now(), Fingerprint: "x0123456789abcdef", EventType: "payment_intent.succeeded"}
 	for i := range 10000 {
-		key := BenchKey(uint64(i))
+		key := BenchKey(uint64(benchFirstKey + i))
 		_, _, _ = s.Claim(ctx, key, "t", time.Minute)
 		if _, err := s.Commit(ctx, key, "t", rec, time.Hour); err != nil {
 			b.Fatal(err)
@@ -877,7 +903,7 @@ func BenchmarkFileStoreDuplicate(b *testing.B) {
 	i := 0
 	for b.Loop() {
 		i++
-		if res, _, err := s.Claim(ctx, BenchKey(uint64(i%10000)), "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
+		if res, _, err := s.Claim(ctx, BenchKey(uint64(benchFirstKey+i%10000)), "t2", time.Minute); err != nil || res != dedup.AlreadyDone {
 			b.Fatal(res, err)
 		}
 	}
