@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -725,15 +727,17 @@ func benchNewEvents(b *testing.B, st *shared) {
 	b.ReportMetric(float64(st.reads.Load()-reads0)/float64(b.N), "reads/event")
 }
 
-// benchFirstKey: the benchmarks' new events are BenchKey(benchFirstKey+1)
-// and on, past any key a fill (sangho-bench -filescale fill) wrote.
+// benchFirstKey: the benchmarks' keys are BenchKey(benchFirstKey) and
+// on, past any key a fill (sangho-bench -filescale fill) wrote.
 const benchFirstKey = 1 << 41
 
 // benchStoreCopy is the path of the store a benchmark runs on: a new,
 // empty one, or with SANGHO_FILE_BENCH_FROM set (the path of a store, such
 // as one sangho-bench -filescale fill made), a copy of that one, so that
-// the cost is measured at the size users run. Pebble's files are copied
-// as they are (a store that no process has open).
+// the cost is measured at the size users run. The copy holds Pebble's
+// lock on the original (a store in use is refused, never copied torn),
+// and is synced before the timer runs again, so that the kernel does not
+// write it back during the measured run.
 func benchStoreCopy(b *testing.B) string {
 	path := filepath.Join(b.TempDir(), "dedup.db")
 	from := os.Getenv("SANGHO_FILE_BENCH_FROM")
@@ -742,9 +746,15 @@ func benchStoreCopy(b *testing.B) string {
 	}
 	b.StopTimer()
 	defer b.StartTimer()
+	lock, err := pebble.LockDirectory(StoreDir(from), vfs.Default)
+	if err != nil {
+		b.Fatalf("SANGHO_FILE_BENCH_FROM: %s: in use or missing: %v", StoreDir(from), err)
+	}
+	defer lock.Close()
 	if err := os.CopyFS(StoreDir(path), os.DirFS(StoreDir(from))); err != nil {
 		b.Fatalf("copying %s: %v", StoreDir(from), err)
 	}
+	syscall.Sync()
 	return path
 }
 
@@ -758,7 +768,7 @@ func benchStoreCopy(b *testing.B) string {
 // site (each fsync paid alone).
 //
 //	flock /tmp/bench.lock go test -run '^$' -bench FileStoreLeaseWrites -count 5 ./stores/file
-//	SANGHO_FILE_BENCH_FROM=/data/f26/dedup.db go test -run '^$' -bench 'FileStoreLeaseWrites/parallel' -benchtime 200000x ./stores/file
+//	SANGHO_FILE_BENCH_FROM=/tmp/f26/dedup.db go test -run '^$' -bench 'FileStoreLeaseWrites/parallel' -benchtime 300000x ./stores/file
 func BenchmarkFileStoreLeaseWrites(b *testing.B) {
 	modes := []struct {
 		name string

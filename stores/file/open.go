@@ -116,8 +116,9 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 		// A claim of a new event asks each level's filter, not its data
 		// blocks, 10 bits per key, about 1 % false positives; but the
 		// last level's: Pebble's point lookup (DB.Get) never asks L6's
-		// filters, and reads an index and a data block there
-		// (docs/stores.md, "The last level's filters").
+		// filters, and reads its index blocks and a data block there.
+		// L6's filters are still written, for a lookup that would ask
+		// them (docs/stores.md, "The last level's filters").
 		o.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	// Fast compression where data is rewritten often, zstd where it

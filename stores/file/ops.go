@@ -20,9 +20,9 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	if err != nil {
 		return 0, "", err
 	}
-	// A new event's lookup costs the memtable, one bloom filter per
-	// level but the last, and the last level's index and data block
-	// (DB.Get asks no L6 filter); a duplicate reads its record (its
+	// A new event's lookup costs the memtables, one bloom filter per
+	// level (per L0 sublevel) but the last, and the last level's index
+	// blocks and a data block (DB.Get asks no L6 filter); a duplicate reads its record (its
 	// value carries the fingerprint).
 	settles := st.leases.Settles(key)
 	if val, done, err := st.read(key); err != nil || done {

@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -48,5 +49,29 @@ func TestDataIDKeptForTheClient(t *testing.T) {
 	c := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, PoolSize: 7})
 	if c.client == a.client || !strings.Contains(c.DataID(), "localhost:"+st.Master.Addr[strings.LastIndex(st.Master.Addr, ":")+1:]) {
 		t.Errorf("a new client with the Sentinels up: state ID %q, want the master's (%s)", c.DataID(), st.Master.Addr)
+	}
+}
+
+// Two seeds of one Cluster that list different replicas (one has not
+// yet learned of a replica by gossip) name it alike: by its masters.
+// With every node's ID counted, the replica "0000…" known to one seed
+// only made one Cluster two stores.
+func TestClusterIDIgnoresReplicas(t *testing.T) {
+	node := func(id string) goredis.ClusterNode { return goredis.ClusterNode{ID: id, Addr: "127.0.0.1:1"} }
+	a := []goredis.ClusterSlot{
+		{Start: 0, End: 8191, Nodes: []goredis.ClusterNode{node("bbbb"), node("0000")}},
+		{Start: 8192, End: 16383, Nodes: []goredis.ClusterNode{node("cccc"), node("dddd")}},
+	}
+	b := []goredis.ClusterSlot{
+		{Start: 8192, End: 16383, Nodes: []goredis.ClusterNode{node("cccc")}},
+		{Start: 0, End: 8191, Nodes: []goredis.ClusterNode{node("bbbb")}},
+	}
+	idA, errA := clusterID(a)
+	idB, errB := clusterID(b)
+	if errA != nil || errB != nil || idA != idB || idA != "redis cluster node bbbb" {
+		t.Fatalf("one Cluster seen by two seeds: %q, %v and %q, %v; want both \"redis cluster node bbbb\"", idA, errA, idB, errB)
+	}
+	if _, err := clusterID([]goredis.ClusterSlot{{Start: 0, End: 16383}}); err == nil {
+		t.Fatal("no master listed: no error")
 	}
 }
