@@ -106,7 +106,7 @@ func (g *grouper) exec(ctx context.Context, key, sql string, query bool, args ..
 	if !r.alone {
 		return r.changed, r.err
 	}
-	return g.db.alone(ctx, sql, query, args...)
+	return g.db.alone(ctx, op)
 }
 
 // answered is op's answer if it came at the same moment as the end of
@@ -120,18 +120,54 @@ func answered(op *groupOp) (groupResult, bool) {
 	}
 }
 
-// alone runs one statement of the kind exec takes on its own.
-func (db *sharedDB) alone(ctx context.Context, sql string, query bool, args ...any) (bool, error) {
-	if query {
-		var v bool
-		err := db.pool.QueryRow(ctx, sql, args...).Scan(&v)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return false, nil
-		}
-		return err == nil && v, err
+// alone runs op's statement on its own, in its caller's time.
+func (db *sharedDB) alone(ctx context.Context, op *groupOp) (bool, error) {
+	changed, err := runBatch(ctx, db.pool, []*groupOp{op})
+	return changed[0], err
+}
+
+// batchSender sends a pgx Batch: the pool (a statement alone) or one of
+// its connections (a group).
+type batchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// runBatch sends ops' statements through s as one pipeline, one
+// implicit transaction, and returns whether each inserted or updated its
+// row; err is the first statement's or the commit's (Close reads up to
+// the Sync's answer). With an error, changed says nothing: the
+// transaction did not commit, or its outcome is unknown.
+func runBatch(ctx context.Context, s batchSender, ops []*groupOp) (changed []bool, err error) {
+	var b pgx.Batch
+	for _, op := range ops {
+		b.Queue(op.sql, op.args...)
 	}
-	tag, err := db.pool.Exec(ctx, sql, args...)
-	return err == nil && tag.RowsAffected() == 1, err
+	changed = make([]bool, len(ops))
+	br := s.SendBatch(ctx, &b)
+	for i, op := range ops {
+		var e error
+		if op.query {
+			var v bool
+			if e = br.QueryRow().Scan(&v); errors.Is(e, pgx.ErrNoRows) {
+				e = nil
+			}
+			changed[i] = e == nil && v
+		} else {
+			var tag pgconn.CommandTag
+			tag, e = br.Exec()
+			changed[i] = e == nil && tag.RowsAffected() == 1
+		}
+		if err == nil {
+			err = e
+		}
+	}
+	if e := br.Close(); err == nil {
+		err = e
+	}
+	if err != nil {
+		clear(changed)
+	}
+	return changed, err
 }
 
 func (g *grouper) work() {
@@ -215,33 +251,7 @@ func (g *grouper) send(ops []*groupOp) {
 	// rows take their locks in the same order, so neither can wait for
 	// the other while holding what the other waits for (a deadlock).
 	slices.SortFunc(live, func(a, b *groupOp) int { return strings.Compare(a.key, b.key) })
-	var b pgx.Batch
-	for _, op := range live {
-		b.Queue(op.sql, op.args...)
-	}
-	changed := make([]bool, len(live))
-	br := conn.SendBatch(ctx, &b)
-	for i, op := range live {
-		var e error
-		if op.query {
-			var v bool
-			if e = br.QueryRow().Scan(&v); errors.Is(e, pgx.ErrNoRows) {
-				e = nil
-			}
-			changed[i] = e == nil && v
-		} else {
-			var tag pgconn.CommandTag
-			tag, e = br.Exec()
-			changed[i] = e == nil && tag.RowsAffected() == 1
-		}
-		if err == nil {
-			err = e
-		}
-	}
-	// Close reads up to the Sync's answer: the group's commit.
-	if e := br.Close(); err == nil {
-		err = e
-	}
+	changed, err := runBatch(ctx, conn, live)
 	switch {
 	case err == nil:
 		for i, op := range live {
