@@ -103,8 +103,8 @@ func TestWrkSendsSignedEventsOnce(t *testing.T) {
 				bad = append(bad, id+": not the run's body around its ID")
 			}
 			seen[id]++
-			if _, n, ok := strings.Cut(id, "_n"); ok && strings.Trim(n, "0") == "" {
-				firstSent = true // evt_<run>_n000…: wrkData's first new event
+			if last := id[strings.LastIndex(id, "_")+1:]; strings.HasPrefix(last, "n") && strings.Trim(last[1:], "0") == "" {
+				firstSent = true // evt_<hex>_<run>_n000…: wrkData's first new event
 			}
 			w.WriteHeader(http.StatusOK)
 		}))
@@ -212,5 +212,43 @@ func TestWrkEvents(t *testing.T) {
 	}
 	if m := wrkMemory(); m <= 0 || m > 4<<30 {
 		t.Errorf("wrkMemory() = %d", m)
+	}
+}
+
+// TestWrkEventIDsSpread: a run's event IDs are unique, of one length,
+// and spread over the key space as senders' IDs are (their first hex
+// digit takes every value), not ordered by their number, which would
+// put a run's events in one narrow range of a store's keys.
+func TestWrkEventIDsSpread(t *testing.T) {
+	const n = 4096
+	seen := map[string]bool{}
+	heads := map[byte]int{}
+	ordered := 0
+	prev := ""
+	for _, kind := range []string{"w", "n"} {
+		for i := range n {
+			id := wrkEventID("run1", kind, 4, i)
+			if seen[id] {
+				t.Fatalf("%s sent twice", id)
+			}
+			seen[id] = true
+			if len(id) != len(wrkEventID("run1", "n", 4, 0)) {
+				t.Fatalf("%s: not the run's length", id)
+			}
+			if !strings.HasSuffix(id, fmt.Sprintf("_run1_%s%04d", kind, i)) {
+				t.Fatalf("%s: the run, the kind and the number are not at its end", id)
+			}
+			heads[id[len("evt_")]]++
+			if id > prev {
+				ordered++
+			}
+			prev = id
+		}
+	}
+	if len(heads) != 16 {
+		t.Fatalf("first hex digits of %d IDs: %v; want all 16", 2*n, heads)
+	}
+	if ordered > 2*n*3/4 {
+		t.Fatalf("%d of %d IDs sort after the one before: ordered, not spread", ordered, 2*n)
 	}
 }

@@ -20,10 +20,9 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	if err != nil {
 		return 0, "", err
 	}
-	// A new event's lookup costs the memtables, one bloom filter per
-	// level (per L0 sublevel) but the last, and the last level's index
-	// blocks and a data block (DB.Get asks no L6 filter); a duplicate reads its record (its
-	// value carries the fingerprint).
+	// A new event's lookup costs the memtables and one bloom filter per
+	// level (per L0 sublevel), the last level's too (see lookup); a
+	// duplicate reads its record (its value carries the fingerprint).
 	settles := st.leases.Settles(key)
 	if val, done, err := st.read(key); err != nil || done {
 		return dedup.AlreadyDone, val, err
@@ -108,6 +107,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// expires after the commit retries give up): a redelivery meanwhile
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
+	st.recent.mark(doneKey(key)) // a duplicate soon after finds it in the memtable (see lookup)
 	var again, held, released bool
 	err = st.writeRecordThen(key, func(tx *txn) error {
 		if held = st.leases.Holds(key, token); held {
