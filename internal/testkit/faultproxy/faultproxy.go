@@ -199,10 +199,11 @@ type link struct {
 	// Counted on the way: commands the client sent that were delivered
 	// to the server, and replies the server sent.
 	sent, replied atomic.Int64
-	cutAt         atomic.Int64 // > 0: reset once replied reaches it
-	cut           atomic.Bool  // a triggered reset is under way: deliver nothing
-	req, rep      resp         // parsers of each direction
-	cutDone       chan struct{}
+	cutAt         atomic.Int64  // > 0: reset once replied reaches it
+	cut           atomic.Bool   // a triggered reset is under way: deliver nothing
+	req, rep      resp          // parsers of each direction
+	cutDone       chan struct{} // closed by cutOnce
+	cutter        sync.Once
 }
 
 func (l *link) start() {
@@ -317,13 +318,14 @@ func matches(cmds []Command, match func(Command) bool) bool {
 // cutOnce resets the link once the server has answered what was
 // delivered before a trigger.
 func (l *link) cutOnce() {
-	select {
-	case <-l.cutDone:
-	default:
+	// Both directions may find the cut due at once (the reply counted
+	// as the trigger's command is delivered): once, or a second close
+	// panics.
+	l.cutter.Do(func() {
 		close(l.cutDone)
 		l.p.resets.Add(1)
 		l.reset()
-	}
+	})
 }
 
 // cutLater resets the link anyway if the server has not answered

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -173,5 +174,43 @@ func TestRESP(t *testing.T) {
 	replies := "+OK\r\n$-1\r\n%1\r\n+a\r\n:1\r\n>2\r\n+x\r\n+y\r\n|1\r\n+k\r\n+v\r\n*2\r\n_\r\n,1.5\r\n"
 	if n, _ := rep.feed([]byte(replies), false); n != 4 {
 		t.Fatalf("counted %d replies, want 4 (push not counted, attribute with its value)", n)
+	}
+}
+
+// TestCutOnceResetsOnce: the read side (the server answered) and the
+// write side (the trigger's command delivered) may both see that a cut
+// is due at the same moment; the link is reset once, and neither
+// panics on a second close (a reliability run once died of it).
+func TestCutOnceResetsOnce(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for i := range 2000 {
+		c1, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c2, err := ln.Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &link{p: &Proxy{}, client: c1.(*net.TCPConn), server: c2.(*net.TCPConn), dead: make(chan struct{}), cutDone: make(chan struct{})}
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 16 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				l.cutOnce()
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if n := l.p.resets.Load(); n != 1 {
+			t.Fatalf("round %d: %d resets counted, want 1", i, n)
+		}
 	}
 }
