@@ -39,22 +39,23 @@ func (st *shared) lookup(k []byte) (v []byte, ok bool, err error) {
 	if err != nil {
 		return nil, false, st.readErr(err)
 	}
+	// Closed on the way out, also when a damaged block panics (get
+	// recovers): an iterator left open holds its tables.
+	defer func() {
+		if cerr := it.Close(); err == nil && cerr != nil {
+			v, ok, err = nil, false, st.readErr(cerr)
+		}
+	}()
 	// With Pebble's default Comparer a key's prefix is the whole key:
 	// SeekPrefixGE finds k itself, or nothing.
 	if it.SeekPrefixGE(k) && bytes.Equal(it.Key(), k) {
-		raw, verr := it.ValueAndErr()
-		if verr == nil {
-			v, ok = bytes.Clone(raw), true
+		raw, err := it.ValueAndErr()
+		if err != nil {
+			return nil, false, st.readErr(err)
 		}
-		err = verr
+		return bytes.Clone(raw), true, nil
 	}
-	if cerr := it.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return nil, false, st.readErr(err)
-	}
-	return v, ok, nil
+	return nil, false, nil
 }
 
 // lookupGet returns the raw value of k through DB.Get, a copy.
@@ -72,9 +73,11 @@ func (st *shared) lookupGet(k []byte) (v []byte, ok bool, err error) {
 }
 
 // recentBuckets is the number of recentKeys' buckets, of 4 keys each:
-// 1 MiB that remembers all but 1 in 600 of the last 50,000 keys
-// committed, 89 % of the last 200,000 (an 8 MiB memtable holds some
-// 30,000 events; at 100 events a second, 50,000 is over 8 minutes).
+// 1 MiB. Once full (after some 260,000 commits), a full bucket gives up
+// a slot at random, so a key committed n commits ago is still there
+// with a chance of about e^(-n/262,144): 89 % of the keys of an 8 MiB
+// memtable (some 30,000 events), 91 % of the last 50,000, 70 % of the
+// last 200,000. (At 100 events a second, 50,000 is over 8 minutes.)
 const recentBuckets = 1 << 16
 
 // recentKeys remembers, by a tag of 31 bits of a hash, the done keys this

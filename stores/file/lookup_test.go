@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
@@ -188,4 +190,82 @@ func levelsOf(levels []pebble.LevelMetrics) string {
 		s += fmt.Sprintf(" L%d:%d", i, l.TablesCount)
 	}
 	return s
+}
+
+// TestDamagedLastLevelIsAnErrorOnBothWays: with every record in one
+// last-level table whose middle (data blocks) is damaged, a claim of a
+// done event is an error naming the store, or finds its record, never
+// a claim of a new event, both when it goes through the filters (a
+// store just opened: no key is recent) and through DB.Get (the keys
+// marked as committed lately); and the store closes cleanly afterwards.
+func TestDamagedLastLevelIsAnErrorOnBothWays(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st := openUnclosed(t, path, time.Now)
+	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
+	const records = 20000
+	if err := st.write(func(tx *txn) error {
+		for j := range records {
+			if err := tx.put(BenchKey(uint64(j)), val, time.Hour); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.db.Compact(context.Background(), []byte{0}, []byte{0xff}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	files := dirFiles(t, StoreDir(path))
+	n := 0
+	for name, data := range files {
+		if strings.HasSuffix(name, ".sst") {
+			b := []byte(data)
+			for i := len(b) * 3 / 10; i < len(b)*6/10; i += 512 {
+				b[i] ^= 0xff
+			}
+			files[name] = string(b)
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatal("no table written")
+	}
+	damaged := filepath.Join(t.TempDir(), "dedup.db")
+	writeDir(t, StoreDir(damaged), files)
+	for _, way := range []string{"filters", "DB.Get"} {
+		st, err := openShared(damaged, time.Now, time.Hour, zap.NewNop())
+		if err != nil {
+			t.Fatalf("%s: the damage is in data blocks, not where an open reads: %v", way, err)
+		}
+		if way == "DB.Get" {
+			for i := range records {
+				st.recent.mark(doneKey(BenchKey(uint64(i))))
+			}
+		}
+		s := &Store{state: st}
+		errs := 0
+		for i := range records {
+			res, _, err := s.Claim(context.Background(), BenchKey(uint64(i)), "t2", time.Minute)
+			switch {
+			case err != nil:
+				if !strings.Contains(err.Error(), damaged) {
+					t.Fatalf("%s: error does not name the store: %v", way, err)
+				}
+				errs++
+			case res != dedup.AlreadyDone:
+				t.Fatalf("%s: claim of done event %d on a damaged table: %v", way, i, res)
+			}
+		}
+		if errs == 0 {
+			t.Fatalf("%s: no damaged block was noticed", way)
+		}
+		if err := st.Destruct(); err != nil {
+			t.Fatalf("%s: closing after the errors: %v", way, err)
+		}
+		t.Logf("%s: %d of %d claims were errors", way, errs, records)
+	}
 }

@@ -31,8 +31,8 @@ const (
 	// takes every write waiting (at most one per delivery in flight), up
 	// to this many.
 	fileMaxBatch = 8192
-	// fileL0Tables is the number of L0 tables (sublevels) that starts
-	// their compaction into the level below (see pebbleOptions).
+	// fileL0Tables is Pebble's L0CompactionThreshold (see
+	// pebbleOptions): L0 is compacted at about half as many sublevels.
 	fileL0Tables = 16
 	// fileMemTableSize is the size of one memtable (Pebble keeps up to
 	// two while one is flushed).
@@ -116,10 +116,13 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 		MemTableSize:     fileMemTableSize,
 		// Event IDs are spread over the whole key space, so every
 		// compaction of L0 rewrites all of the level below it (Lbase,
-		// 35-45 MiB at 26 M records). Taking 16 L0 tables at a time, not
-		// 4, rewrites it a quarter as often: half the bytes compacted
-		// per new event (docs/stores.md, "Compactions"). A lookup asks
-		// up to 16 more filters, in the cache. Writes stop at 48.
+		// 35-45 MiB at 26 M records). Pebble scores L0 as twice its
+		// sublevels over this threshold: with 16, L0 is compacted at
+		// about 8 sublevels, not 2 as with Pebble's 4, so Lbase is
+		// rewritten a quarter as often: half the bytes compacted per new
+		// event (docs/stores.md, "Compactions"). A lookup asks each
+		// sublevel's filter (in the cache); behind a compaction backlog
+		// up to 47 of them before writes stop, at 48.
 		L0CompactionThreshold: fileL0Tables,
 		L0StopWritesThreshold: 3 * fileL0Tables,
 		FormatMajorVersion:    pebble.FormatNewest,
