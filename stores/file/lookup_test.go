@@ -127,29 +127,9 @@ func TestLookupWays(t *testing.T) {
 // asks the last level's filters, reads a data block for each new key:
 // about one miss per lookup here, each in a block not read before.)
 func TestNewKeyLookupReadsNoLastLevelBlock(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "dedup.db")
-	st := openUnclosed(t, path, time.Now)
-	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
 	const records = 100000
-	for i := 0; i < records; i += 10000 {
-		if err := st.write(func(tx *txn) error {
-			for j := i; j < i+10000; j++ {
-				if err := tx.put(BenchKey(uint64(j)), val, time.Hour); err != nil {
-					return err
-				}
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := st.db.Compact(context.Background(), []byte{0}, []byte{0xff}, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Destruct(); err != nil {
-		t.Fatal(err)
-	}
-	st = openTestShared(t, path, time.Now) // an empty block cache
+	path := lastLevelStore(t, records)
+	st := openTestShared(t, path, time.Now) // an empty block cache
 	m := st.db.Metrics()
 	tables := m.Levels[6].TablesCount
 	for l := range 6 {
@@ -184,6 +164,35 @@ func TestNewKeyLookupReadsNoLastLevelBlock(t *testing.T) {
 	t.Logf("%d lookups of new keys: %d block cache misses, %d tables in the last level", lookups, misses, tables)
 }
 
+// lastLevelStore is the path of a closed store that holds done records
+// of BenchKey(0) to BenchKey(records-1), live for an hour, compacted
+// into the last level.
+func lastLevelStore(t *testing.T, records int) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st := openUnclosed(t, path, time.Now)
+	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
+	for i := 0; i < records; i += 10000 {
+		if err := st.write(func(tx *txn) error {
+			for j := i; j < min(i+10000, records); j++ {
+				if err := tx.put(BenchKey(uint64(j)), val, time.Hour); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.db.Compact(context.Background(), []byte{0}, []byte{0xff}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func levelsOf(levels []pebble.LevelMetrics) string {
 	s := ""
 	for i, l := range levels {
@@ -199,27 +208,8 @@ func levelsOf(levels []pebble.LevelMetrics) string {
 // store just opened: no key is recent) and through DB.Get (the keys
 // marked as committed lately); and the store closes cleanly afterwards.
 func TestDamagedLastLevelIsAnErrorOnBothWays(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "dedup.db")
-	st := openUnclosed(t, path, time.Now)
-	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
 	const records = 20000
-	if err := st.write(func(tx *txn) error {
-		for j := range records {
-			if err := tx.put(BenchKey(uint64(j)), val, time.Hour); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.db.Compact(context.Background(), []byte{0}, []byte{0xff}, false); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Destruct(); err != nil {
-		t.Fatal(err)
-	}
-	files := dirFiles(t, StoreDir(path))
+	files := dirFiles(t, StoreDir(lastLevelStore(t, records)))
 	n := 0
 	for name, data := range files {
 		if strings.HasSuffix(name, ".sst") {
