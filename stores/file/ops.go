@@ -107,7 +107,6 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// expires after the commit retries give up): a redelivery meanwhile
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
-	st.recent.mark(doneKey(key)) // a duplicate soon after finds it in the memtable (see lookup)
 	var again, held, released bool
 	err = st.writeRecordThen(key, func(tx *txn) error {
 		if held = st.leases.Holds(key, token); held {

@@ -138,7 +138,7 @@ func (st *shared) writer() {
 		}
 		st.txns.Add(1)
 		st.writes.Add(int64(len(batch)))
-		tx := txn{b: st.db.NewIndexedBatch(), now: st.now()}
+		tx := txn{b: st.db.NewIndexedBatch(), now: st.now(), recent: st.recent}
 		// The leases' changes queued so far go first: a claim queues its
 		// lease before it sends its sync (an op) here, so the batch that
 		// carries the op carries the lease, or follows the one that did.
@@ -194,9 +194,10 @@ type beforeCommitHook func(ops []*fileOp, leases int) error
 // txn is the store's view of one write batch: an indexed batch, whose
 // reads see the database and the batch's own writes.
 type txn struct {
-	b     *pebble.Batch
-	now   time.Time
-	reads int64 // point reads of done records, added to shared.reads
+	b      *pebble.Batch
+	now    time.Time
+	reads  int64       // point reads of done records, added to shared.reads
+	recent *recentKeys // the done keys written lately (see lookup)
 }
 
 // run runs fn on tx; a panic in a read of damaged data is an error.
@@ -267,9 +268,13 @@ func (tx *txn) replace(key string, val doneValue, ttl time.Duration) (same bool,
 	return same, tx.set(key, val, ttl)
 }
 
-// set sets key to the done record val for ttl, whatever it held.
+// set sets key to the done record val for ttl, whatever it held, and
+// marks it written lately: a duplicate soon after finds it in the
+// memtable (see lookup).
 func (tx *txn) set(key string, val doneValue, ttl time.Duration) error {
-	return tx.b.Set(doneKey(key), val.encode(unixNano(tx.now.Add(ttl))), nil)
+	k := doneKey(key)
+	tx.recent.mark(k)
+	return tx.b.Set(k, val.encode(unixNano(tx.now.Add(ttl))), nil)
 }
 
 // forget deletes key's done record if it is live, and returns it.
