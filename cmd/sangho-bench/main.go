@@ -65,13 +65,23 @@ func checkFileStore(path string) (string, error) {
 }
 
 // fileStoreNote says what the store given with --file-store held when
-// the run began.
-func fileStoreNote(path string) string {
+// the run began (at now): its records, and how many of them had expired
+// since its fill ended, which the sweeper deletes during the runs (a
+// store in use has about an hour of them waiting: the sweeper passes
+// over every record about once an hour).
+func fileStoreNote(path string, now time.Time) string {
 	end, live, err := filestore.BenchFillEnd(path)
 	if err != nil {
 		return "not made by -filescale fill"
 	}
-	return fmt.Sprintf("made by -filescale fill with %d live records, its load ending %s", live, end.UTC().Format("2006-01-02 15:04 MST"))
+	note := fmt.Sprintf("made by -filescale fill with %d live records, its load ending %s", live, end.UTC().Format("2006-01-02 15:04 MST"))
+	if age := now.Sub(end); age > 0 {
+		// The fill's records expire evenly over the retention, as
+		// they arrived: age's share of them has expired since its end.
+		expired := int(min(1, float64(age)/float64(scaleRetention)) * float64(live))
+		note += fmt.Sprintf(", %s before this run: about %d of them (%.1f %%) had expired since, for the sweeper to delete during the runs", age.Round(time.Minute), expired, 100*float64(expired)/float64(live))
+	}
+	return note
 }
 
 // bodies is --bodies: the body sizes (and shapes) to run, or "" for
@@ -82,8 +92,8 @@ var bodies string
 var floorCaddy string
 
 // fileStorePath is --file-store: the file site's store, if not a new
-// one.
-var fileStorePath string
+// one; fileStoreAtStart, what it held when the run began (fileStoreNote).
+var fileStorePath, fileStoreAtStart string
 
 // baselineNew is --baseline-new-events: wrk sends reverse_proxy and
 // hmacfloor new events, each once, as it does the stores' 0 % runs,
@@ -341,6 +351,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		if fileStorePath, err = checkFileStore(fileStorePath); err != nil {
 			return err
 		}
+		fileStoreAtStart = fileStoreNote(fileStorePath, time.Now())
 	}
 	if floorCaddy != "" {
 		if _, err := os.Stat(floorCaddy); err != nil {
@@ -631,7 +642,7 @@ func render(all []*scenario, wrk string, rounds int, dur time.Duration, conc int
 		}
 	}
 	if fileStorePath != "" {
-		fmt.Fprintf(&b, "- the file store's site ran on the store at %s (given with --file-store; %s), not on a new, empty one\n", fileStorePath, fileStoreNote(fileStorePath))
+		fmt.Fprintf(&b, "- the file store's site ran on the store at %s (given with --file-store; %s), not on a new, empty one\n", fileStorePath, fileStoreAtStart)
 	}
 	if os.Getenv("WALEXP") != "" {
 		if os.Getenv("WALEXP_LEASE") != "" {

@@ -70,8 +70,26 @@ func TestFileStoreFlag(t *testing.T) {
 	if err != nil || got != path {
 		t.Fatalf("checkFileStore(%s) = %q, %v", path, got, err)
 	}
-	if note := fileStoreNote(path); !strings.Contains(note, "2000 live records") {
-		t.Errorf("note of the filled store: %q", note)
+	end, _, err := filestore.BenchFillEnd(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Just filled: nothing expired yet.
+	if note := fileStoreNote(path, end); !strings.Contains(note, "2000 live records") || strings.Contains(note, "expired") {
+		t.Errorf("note of the filled store at its end: %q", note)
+	}
+	// 36 minutes later, 36 min of the 72 h retention: 1/120 of the
+	// 2000 records; 18 hours later, a quarter.
+	for _, c := range []struct {
+		after time.Duration
+		want  string
+	}{
+		{36 * time.Minute, "36m0s before this run: about 16 of them (0.8 %) had expired"},
+		{18 * time.Hour, "18h0m0s before this run: about 500 of them (25.0 %) had expired"},
+	} {
+		if note := fileStoreNote(path, end.Add(c.after)); !strings.Contains(note, c.want) {
+			t.Errorf("note %v after the fill: %q, want %q in it", c.after, note, c.want)
+		}
 	}
 	if cfg := benchCaddyfile([6]int{1, 2, 3, 4, 5, 6}, [2]int{}, "127.0.0.1:7", 8, "", got, "", ""); !strings.Contains(cfg, "store file "+path) {
 		t.Errorf("the config does not use the store:\n%s", cfg)

@@ -99,7 +99,7 @@ func serveDrive(ctx context.Context, url string, rate, resend float64, dur time.
 			for j := range jobs {
 				mu.Lock()
 				isResend := len(done) > 0 && r.Float64() < resend
-				e := serveEvent{id: "evt_" + run + "_" + strconv.Itoa(j.n), created: time.Now().Unix()}
+				e := serveEvent{id: load.EventID(run, "n", 0, j.n), created: time.Now().Unix()}
 				if isResend {
 					e = done[r.IntN(len(done))]
 				}

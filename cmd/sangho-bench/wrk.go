@@ -120,27 +120,6 @@ func runWrkCmd(cmd *exec.Cmd) (string, error) {
 	return out.String(), nil
 }
 
-// wrkEventID is the ID of a run's i-th event of a kind ("w" warm-up,
-// "n" new): evt_, 16 hex digits that look random, then the run, the
-// kind and i, so that every ID of a run has the same length and is
-// unique. The random-looking head spreads a run's events over the
-// store's keys as senders' IDs do (Sangho's and Stripe's are not
-// ordered): IDs ordered by i would all land in one narrow range of a
-// store's keys, which a store of millions of records finds in a few
-// cached blocks and compacts in one corner, and would hide what a
-// claim and its record cost there.
-func wrkEventID(run, kind string, width, i int) string {
-	h := uint64(i) << 1 // i and the kind ("w" or "n"), one to one
-	if kind == "w" {
-		h |= 1
-	}
-	h = h*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019 // splitmix64: a bijection of h
-	h = (h ^ h>>30) * 0xBF58476D1CE4E5B9
-	h = (h ^ h>>27) * 0x94D049BB133111EB
-	h ^= h >> 31
-	return fmt.Sprintf("evt_%016x_%s_%s%0*d", h, run, kind, width, i)
-}
-
 // wrkData sends cfg.Warmup events (what redeliveries draw from at
 // first), then writes wrk.lua's data file: the body around the event
 // ID, the warmed events, and n new events, all signed now. Every ID of
@@ -154,7 +133,7 @@ func wrkData(ctx context.Context, path string, cfg load.Config, n int) (int, err
 	}
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
 	width := len(strconv.Itoa(max(n, cfg.Warmup)))
-	eventID := func(kind string, i int) string { return wrkEventID(run, kind, width, i) }
+	eventID := func(kind string, i int) string { return load.EventID(run, kind, width, i) }
 	prefix, suffix := wrkBody(typ, cfg.BodySize, len(eventID("n", 0)), cfg.Nested)
 	f, err := os.Create(path)
 	if err != nil {

@@ -3,6 +3,7 @@ package load
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -31,6 +32,7 @@ func TestBodySize(t *testing.T) {
 func TestRunCountsAndDuplicates(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]bool{}
+	heads := map[byte]bool{} // the first hex digit of each ID
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id := r.Header.Get("Sangho-Event-ID")
 		if r.Header.Get("Sangho-Signature") == "" {
@@ -40,6 +42,9 @@ func TestRunCountsAndDuplicates(t *testing.T) {
 		mu.Lock()
 		dup := seen[id]
 		seen[id] = true
+		if len(id) > len("evt_") {
+			heads[id[len("evt_")]] = true
+		}
 		mu.Unlock()
 		if dup {
 			w.Header().Set("Sangho-Dedup", "duplicate")
@@ -58,6 +63,11 @@ func TestRunCountsAndDuplicates(t *testing.T) {
 	}
 	if res.ByDedup["duplicate"] != res.DupSent {
 		t.Fatalf("server saw %d duplicates, load sent %d", res.ByDedup["duplicate"], res.DupSent)
+	}
+	// The IDs are EventID's, spread over the key space as senders'
+	// are: not numbered in order behind one prefix.
+	if len(heads) < 12 {
+		t.Fatalf("the %d IDs sent begin with %d different hex digits after evt_; want them spread (EventID)", len(seen), len(heads))
 	}
 	if !(res.P50 <= res.P90 && res.P90 <= res.P99 && res.P99 <= res.Max) {
 		t.Fatalf("quantiles out of order: %+v", res)
@@ -321,5 +331,43 @@ func TestRunAtARateCountsTheTokensNeverHandedOut(t *testing.T) {
 	}
 	if res.Max < 900 { // the first unsent, due at 0.1 s, counted at 1.2 s
 		t.Fatalf("max %.2f ms: the tokens never handed out waited since their due time", res.Max)
+	}
+}
+
+// TestEventIDsSpread: a run's event IDs are unique, of one length,
+// and spread over the key space as senders' IDs are (their first hex
+// digit takes every value), not ordered by their number, which would
+// put a run's events in one narrow range of a store's keys.
+func TestEventIDsSpread(t *testing.T) {
+	const n = 4096
+	seen := map[string]bool{}
+	heads := map[byte]int{}
+	ordered := 0
+	prev := ""
+	for _, kind := range []string{"w", "n"} {
+		for i := range n {
+			id := EventID("run1", kind, 4, i)
+			if seen[id] {
+				t.Fatalf("%s sent twice", id)
+			}
+			seen[id] = true
+			if len(id) != len(EventID("run1", "n", 4, 0)) {
+				t.Fatalf("%s: not the run's length", id)
+			}
+			if !strings.HasSuffix(id, fmt.Sprintf("_run1_%s%04d", kind, i)) {
+				t.Fatalf("%s: the run, the kind and the number are not at its end", id)
+			}
+			heads[id[len("evt_")]]++
+			if id > prev {
+				ordered++
+			}
+			prev = id
+		}
+	}
+	if len(heads) != 16 {
+		t.Fatalf("first hex digits of %d IDs: %v; want all 16", 2*n, heads)
+	}
+	if ordered > 2*n*3/4 {
+		t.Fatalf("%d of %d IDs sort after the one before: ordered, not spread", ordered, 2*n)
 	}
 }
