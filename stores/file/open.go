@@ -33,10 +33,10 @@ const (
 	fileMaxBatch = 8192
 	// fileL0Tables is Pebble's L0CompactionThreshold (see
 	// pebbleOptions): L0 is compacted at about half as many sublevels.
-	fileL0Tables = 16
+	fileL0Tables = 8
 	// fileMemTableSize is the size of one memtable (Pebble keeps up to
-	// two while one is flushed).
-	fileMemTableSize = 8 << 20
+	// two while one is flushed): some 60,000 new events.
+	fileMemTableSize = 16 << 20
 )
 
 // fileCacheSize is the blocks Pebble's block cache holds: the index and
@@ -116,13 +116,14 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 		MemTableSize:     fileMemTableSize,
 		// Event IDs are spread over the whole key space, so every
 		// compaction of L0 rewrites all of the level below it (Lbase,
-		// 35-45 MiB at 26 M records). Pebble scores L0 as twice its
-		// sublevels over this threshold: with 16, L0 is compacted at
-		// about 8 sublevels, not 2 as with Pebble's 4, so Lbase is
-		// rewritten a quarter as often: half the bytes compacted per new
-		// event (docs/stores.md, "Compactions"). A lookup asks each
-		// sublevel's filter (in the cache); behind a compaction backlog
-		// up to 47 of them before writes stop, at 48.
+		// 35-50 MiB at 26 M records). Pebble scores L0 as twice its
+		// sublevels over this threshold: with 8, L0 is compacted at
+		// about 4 sublevels of 16 MiB memtables, not 2 of 8 MiB as with
+		// Pebble's defaults, so Lbase is rewritten a quarter as often,
+		// and a new ID's lookup asks 4 L0 filters (in the cache), not the
+		// 8 that 8 MiB memtables and a threshold of 16 gave for as many
+		// records (docs/stores.md, "Compactions"). Behind a compaction
+		// backlog up to 23 sublevels before writes stop, at 24.
 		L0CompactionThreshold: fileL0Tables,
 		L0StopWritesThreshold: 3 * fileL0Tables,
 		FormatMajorVersion:    pebble.FormatNewest,
