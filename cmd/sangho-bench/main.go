@@ -75,11 +75,11 @@ func fileStoreNote(path string, now time.Time) string {
 		return "not made by -filescale fill"
 	}
 	note := fmt.Sprintf("made by -filescale fill with %d live records, its load ending %s", live, end.UTC().Format("2006-01-02 15:04 MST"))
-	if age := now.Sub(end); age > 0 {
+	if age := now.Sub(end); age > 0 && live > 0 {
 		// The fill's records expire evenly over the retention, as
 		// they arrived: age's share of them has expired since its end.
-		expired := int(min(1, float64(age)/float64(scaleRetention)) * float64(live))
-		note += fmt.Sprintf(", %s before this run: about %d of them (%.1f %%) had expired since, for the sweeper to delete during the runs", age.Round(time.Minute), expired, 100*float64(expired)/float64(live))
+		share := min(1, float64(age)/float64(scaleRetention))
+		note += fmt.Sprintf(", %s before this run: about %d of them (%.1f %%) had expired since, for the sweeper to delete during the runs (if no run has used this copy since the fill)", age.Round(time.Minute), int(share*float64(live)), 100*share)
 	}
 	return note
 }
@@ -130,7 +130,7 @@ func main() {
 	fileScalePath := flag.String("filescale-path", "", "the store's path for -filescale (its data goes in the folder beside it, .db replaced by .pebble)")
 	fileScaleRecords := flag.Int("filescale-records", 0, "live records for -filescale fill (measure reads them from the note the fill leaves beside the store)")
 	fileScaleWarm := flag.Bool("filescale-warm", false, "-filescale measure: leave the store's files in the page cache (open warm)")
-	fileScaleCache := flag.Int("filescale-cache-mib", 0, "-filescale measure: the block cache's blocks in MiB (0: the store's default, 64; the memtables' 16 MiB come on top, and before 2026-12-06 were taken out of it)")
+	fileScaleCache := flag.Int("filescale-cache-mib", 0, "-filescale measure: the block cache's blocks in MiB (0: the store's default, 64; the two memtables' 32 MiB come on top (16 MiB before the evening of 2026-12-06, and before that day taken out of it))")
 	flag.DurationVar(&fileScaleBacklog, "filescale-backlog", 0, "-filescale measure: at the end, jump the clock by this much (the records of that time then wait for the sweeper, as after Caddy was stopped that long) and time claims and commits of new IDs from 32 goroutines while the sweeper, on its own schedule, deletes many more expired records a tick than at the steady expiry; then without it (0: skip)")
 	flag.BoolVar(&fileScalePacedFirst, "filescale-paced-first", false, "-filescale measure: the claims at -filescale-claim-rate first, before the runs as fast as 32 goroutines go (whose writes leave Pebble flushing and compacting for a while)")
 	flag.Float64Var(&fileScaleClaimRate, "filescale-claim-rate", 1000, "-filescale measure: after the claim runs as fast as 32 goroutines go, the same at this many claims a second in all, beside the generator alone (a claim that does nothing) and the sync floor (a claim that syncs its lease to a log by group commit), before and after the store's; each claim's latency counted from its due time, and from its start with up to 1 ms of the timer's lateness left out (0: skip)")

@@ -75,9 +75,9 @@ func (st *shared) lookupGet(k []byte) (v []byte, ok bool, err error) {
 // recentBuckets is the number of recentKeys' buckets, of 4 keys each:
 // 1 MiB. Once full (after some 260,000 commits), a full bucket gives up
 // a slot at random, so a key committed n commits ago is still there
-// with a chance of about e^(-n/262,144): at least 80 % of the keys of
-// a 16 MiB memtable (some 60,000 events), 91 % of the last 50,000, 70 %
-// of the last 200,000. (At 100 events a second, 50,000 is over 8 minutes.)
+// with a chance of about e^(-n/262,144): 89 % of the keys of a 16 MiB
+// memtable (some 60,000 events; 80 % of its oldest), 91 % of the last
+// 50,000, 70 % of the last 200,000. (At 100 events a second, 50,000 is over 8 minutes.)
 const recentBuckets = 1 << 16
 
 // recentKeys remembers, by a tag of 31 bits of a hash, the done keys this

@@ -118,12 +118,14 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 		// compaction of L0 rewrites all of the level below it (Lbase,
 		// 35-50 MiB at 26 M records). Pebble scores L0 as twice its
 		// sublevels over this threshold: with 8, L0 is compacted at
-		// about 4 sublevels of 16 MiB memtables, not 2 of 8 MiB as with
-		// Pebble's defaults, so Lbase is rewritten a quarter as often,
-		// and a new ID's lookup asks 4 L0 filters (in the cache), not the
-		// 8 that 8 MiB memtables and a threshold of 16 gave for as many
-		// records (docs/stores.md, "Compactions"). Behind a compaction
-		// backlog up to 23 sublevels before writes stop, at 24.
+		// about 4 sublevels of 16 MiB memtables (some 64 MiB of them, as
+		// the 8 sublevels of 8 MiB ones of the threshold 16 before), not
+		// 2 of 4 MiB as with Pebble's defaults, so each rewrite of Lbase
+		// carries eight times the new records; and a new ID's lookup asks
+		// 4 L0 filters (in the cache), not 8 (docs/stores.md,
+		// "Compactions", "16 MiB memtables"). Behind a compaction backlog
+		// up to 23 sublevels (384 MiB of memtables, as before) before
+		// writes stop, at 24.
 		L0CompactionThreshold: fileL0Tables,
 		L0StopWritesThreshold: 3 * fileL0Tables,
 		FormatMajorVersion:    pebble.FormatNewest,

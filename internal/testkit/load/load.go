@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -514,12 +515,17 @@ func NewSink(addr string) *http.Server {
 // by i would all land in one narrow range of a store's keys, which a
 // store of millions of records finds in a few cached blocks and
 // compacts in one corner, and would hide what a claim and its record
-// cost there.
+// cost there. The head depends on the run too, so that the i-th event
+// of the next run (the next round on the same store) does not land
+// beside this run's i-th.
 func EventID(run, kind string, width, i int) string {
 	h := uint64(i) << 1 // i and the kind ("w" or not), one to one
 	if kind == "w" {
 		h |= 1
 	}
+	r := fnv.New64a()
+	r.Write([]byte(run))
+	h ^= r.Sum64()                                // the same for every event of the run: still one to one
 	h = h*0x9E3779B97F4A7C15 + 0x632BE59BD9B4E019 // splitmix64: a bijection of h
 	h = (h ^ h>>30) * 0xBF58476D1CE4E5B9
 	h = (h ^ h>>27) * 0x94D049BB133111EB

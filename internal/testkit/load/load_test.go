@@ -370,4 +370,13 @@ func TestEventIDsSpread(t *testing.T) {
 	if ordered > 2*n*3/4 {
 		t.Fatalf("%d of %d IDs sort after the one before: ordered, not spread", ordered, 2*n)
 	}
+	// The next run (the next round on the same store) does not put its
+	// i-th event beside this run's i-th: the heads differ.
+	const head = len("evt_") + 16
+	for i := range n {
+		a, b := EventID("run1", "n", 0, i), EventID("run2", "n", 0, i)
+		if a[:head] == b[:head] {
+			t.Fatalf("event %d of two runs: %s and %s begin alike", i, a, b)
+		}
+	}
 }
