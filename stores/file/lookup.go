@@ -77,12 +77,13 @@ func (st *shared) lookupGet(k []byte) (v []byte, ok bool, err error) {
 // a slot at random, so a key committed n commits ago is still there
 // with a chance of about e^(-n/262,144): 89 % of the keys of a 16 MiB
 // memtable (some 60,000 events; 80 % of its oldest), 91 % of the last
-// 50,000, 70 % of the last 200,000. (At 100 events a second, 50,000 is over 8 minutes.)
+// 50,000, 70 % of the last 200,000. (At 100 events a second, 50,000 is
+// over 8 minutes.)
 const recentBuckets = 1 << 16
 
-// recentKeys remembers, by a tag of 31 bits of a hash, the done keys this
-// process wrote lately (txn.set, the writer's one writer of records), to look them up with DB.Get (see lookup).
-// A bucket forgets a key when a fifth key lands in it; a lookup of
+// recentKeys remembers, by a tag of 31 bits of a hash, the done keys
+// this process wrote lately (txn.set, the writer's one writer of
+// records), to look them up with DB.Get (see lookup). A bucket forgets a key when a fifth key lands in it; a lookup of
 // another key with the same bucket and tag (4 in 2^31) takes DB.Get.
 // Either error only changes the way a lookup takes.
 type recentKeys struct {

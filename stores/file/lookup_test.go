@@ -15,8 +15,7 @@ import (
 )
 
 // TestRecentKeys: the keys marked last are remembered (all but a few),
-// and keys never
-// marked are not taken for them (a 31-bit tag in a bucket of 4: 4 in
+// and keys never marked are not taken for them (a 31-bit tag in a bucket of 4: 4 in
 // 2^31 per lookup, so at most one of 20,000 here, in about one run in
 // 27,000).
 func TestRecentKeys(t *testing.T) {
