@@ -83,9 +83,10 @@ const recentBuckets = 1 << 16
 
 // recentKeys remembers, by a tag of 31 bits of a hash, the done keys
 // this process wrote lately (txn.set, the writer's one writer of
-// records), to look them up with DB.Get (see lookup). A bucket forgets a key when a fifth key lands in it; a lookup of
-// another key with the same bucket and tag (4 in 2^31) takes DB.Get.
-// Either error only changes the way a lookup takes.
+// records), to look them up with DB.Get (see lookup). A bucket forgets
+// a key when a fifth key lands in it; a lookup of another key with the
+// same bucket and tag (4 in 2^31) takes DB.Get. Either error only
+// changes the way a lookup takes.
 type recentKeys struct {
 	seed    maphash.Seed
 	buckets [recentBuckets][4]atomic.Uint32
