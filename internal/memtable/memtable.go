@@ -28,6 +28,13 @@ const memShards = 64
 type memEntry struct {
 	val     string
 	expires time.Time
+	// once: a journaled lease that was its key's only write to the
+	// journal since the key's last deletion there (the key held no entry
+	// when it was set: every entry leaves the map after its deletion is
+	// queued, or, a lease the file store took back at its start, is put
+	// back with Put, which leaves once false). Such a lease can be
+	// deleted with Pebble's SingleDelete: see HoldsOnce.
+	once bool
 }
 
 // lease reports whether e is a lease (live, or a mark).
@@ -120,7 +127,8 @@ func (s *Table) setLease(sh *memShard, key, val string, expires time.Time) error
 			return err
 		}
 	}
-	sh.m[key] = memEntry{val: val, expires: expires}
+	_, had := sh.m[key] // any entry, past its time too: its write is still in the journal
+	sh.m[key] = memEntry{val: val, expires: expires, once: s.journal != nil && !had}
 	return nil
 }
 
@@ -367,6 +375,23 @@ func (s *Table) Holds(key, token string) bool {
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
 	return ok && dedup.IsLease(e.val, token)
+}
+
+// HoldsOnce is Holds, and reports too whether the lease was its key's
+// only write to the journal since the key's last deletion there: then
+// the lease can be deleted with Pebble's SingleDelete (the file store's
+// commit), which leaves nothing once it meets that write, where a
+// deletion travels down to the last level. A lease renewed, taken over
+// from a mark, or taken back at the store's start is not (it may have
+// two writes behind it: SingleDelete would delete only the last one).
+func (s *Table) HoldsOnce(key, token string) (held, once bool) {
+	sh := s.shard(key)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := s.get(sh, key, now)
+	held = ok && dedup.IsLease(e.val, token)
+	return held, held && e.once
 }
 
 // Release deletes token's lease on key, live or its mark (a release

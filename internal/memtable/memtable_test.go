@@ -229,3 +229,75 @@ func TestSettledSince(t *testing.T) {
 		t.Fatal("SettledSince true from a count taken after the landing")
 	}
 }
+
+// HoldsOnce says "once" only for a lease that is its key's one write to
+// the journal since the key's last deletion there: a new claim, or a
+// claim after a release, a sweep or a settle. A renewal, a claim over a
+// mark (its write is still in the journal), or a lease put back at the
+// store's start (what lies behind it on disk is unknown) has two writes
+// behind it, or may. A table without a journal never says it.
+func TestHoldsOnce(t *testing.T) {
+	clock := testclock.New()
+	st := NewJournaled(clock.Now, time.Hour, &failing{})
+	defer st.Destruct()
+	claim := func(key, token string) {
+		t.Helper()
+		if _, _, err := st.Claim(key, token, time.Second); err != nil {
+			t.Fatalf("claim %s: %v", key, err)
+		}
+	}
+	check := func(key, token string, wantHeld, wantOnce bool) {
+		t.Helper()
+		if held, once := st.HoldsOnce(key, token); held != wantHeld || once != wantOnce {
+			t.Fatalf("HoldsOnce(%s, %s) = %v, %v; want %v, %v", key, token, held, once, wantHeld, wantOnce)
+		}
+	}
+	claim("new", "t1")
+	check("new", "t1", true, true)
+	check("new", "t2", false, false)
+	st.Extend("new", "t1", time.Minute) // in memory only: no write
+	check("new", "t1", true, true)
+	if ok, err := st.Renew("new", "t1", time.Minute); !ok || err != nil {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	check("new", "t1", true, false)
+
+	claim("released", "t1")
+	if ok, err := st.Release("released", "t1"); !ok || err != nil {
+		t.Fatalf("release = %v, %v", ok, err)
+	}
+	claim("released", "t2")
+	check("released", "t2", true, true)
+
+	claim("marked", "t1")
+	claim("settled", "t1")
+	if ok, err := st.Settle("settled", "t1"); !ok || err != nil {
+		t.Fatalf("settle = %v, %v", ok, err)
+	}
+	claim("settled", "t2")
+	check("settled", "t2", true, true)
+	clock.Advance(2 * time.Second) // marked's lease is a mark now
+	check("marked", "t1", true, true)
+	if res, _, err := st.Claim("marked", "t2", time.Minute); err != nil || res != dedup.Reclaimed {
+		t.Fatalf("claim over the mark = %v, %v", res, err)
+	}
+	check("marked", "t2", true, false)
+
+	// Past MarkFor, not swept yet: the write is still in the journal.
+	claim("stale", "t1")
+	clock.Advance(time.Second + dedup.MarkFor)
+	claim("stale", "t2")
+	check("stale", "t2", true, false)
+
+	st.Put("loaded", "inflight:t1", clock.Now().Add(time.Minute))
+	check("loaded", "t1", true, false)
+
+	plain := New(clock.Now, time.Hour)
+	defer plain.Destruct()
+	if _, _, err := plain.Claim("k", "t1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if held, once := plain.HoldsOnce("k", "t1"); !held || once {
+		t.Fatalf("without a journal HoldsOnce = %v, %v; want true, false", held, once)
+	}
+}

@@ -109,7 +109,8 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, held, released bool
 	err = st.writeRecordThen(key, func(tx *txn) error {
-		if held = st.leases.Holds(key, token); held {
+		var once bool
+		if held, once = st.leases.HoldsOnce(key, token); held {
 			// The lease is still ours, so no attempt of this commit
 			// landed (its landing drops the lease, in this order): no
 			// record of ours to find. The lease leaves the disk with
@@ -117,7 +118,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 			if err := tx.set(key, enc, retention); err != nil {
 				return err
 			}
-			return tx.b.Delete(leaseKey(key), nil)
+			return deleteLease(tx.b, key, once)
 		}
 		var err error
 		again, err = tx.replace(key, enc, retention) // a retried commit whose first attempt landed
