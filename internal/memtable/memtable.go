@@ -28,6 +28,17 @@ const memShards = 64
 type memEntry struct {
 	val     string
 	expires time.Time
+	// once: a journaled lease that was its key's only write to the
+	// journal since the key's last deletion there (the key held no entry
+	// when it was set: an entry leaves the map once its deletion is
+	// queued in the journal, or written by the store (SettleWritten); a
+	// lease the file store took back at its start is put back with Put,
+	// which leaves once false). Such a lease can be deleted with Pebble's
+	// SingleDelete: see HoldsOnce.
+	once bool
+	// gen tells this write of the entry from the key's later ones (see
+	// SettleWritten).
+	gen uint64
 }
 
 // lease reports whether e is a lease (live, or a mark).
@@ -56,6 +67,7 @@ type memShard struct {
 	// landing counts, per key, the records on their way to the file
 	// store's disk (under mu): see Landing.
 	landing map[string]int
+	gen     uint64 // the last memEntry.gen given (under mu)
 }
 
 // Journal is told of every change to the leases (and marks), under the
@@ -120,7 +132,9 @@ func (s *Table) setLease(sh *memShard, key, val string, expires time.Time) error
 			return err
 		}
 	}
-	sh.m[key] = memEntry{val: val, expires: expires}
+	_, had := sh.m[key] // any entry, past its time too: its write is still in the journal
+	sh.gen++
+	sh.m[key] = memEntry{val: val, expires: expires, once: s.journal != nil && !had, gen: sh.gen}
 	return nil
 }
 
@@ -277,17 +291,21 @@ func (s *Table) Commit(key, token, rec string, retention time.Duration) bool {
 // commit replaces it); another token's live lease stays. It reports
 // whether key held token's lease.
 func (s *Table) Settle(key, token string) (bool, error) {
-	return s.settle(key, token, true)
+	return s.settle(key, token, true, 0)
 }
 
 // SettleWritten is Settle for a store that deleted token's lease from
 // the journal's data itself, in the write of the done record: the drop
-// is not recorded in the journal.
-func (s *Table) SettleWritten(key, token string) (bool, error) {
-	return s.settle(key, token, false)
+// is not recorded in the journal. gen is the lease's write that the
+// store deleted (HoldsOnce): if the lease was written again since (a
+// renewal, a claim after a release, racing the commit), that later
+// write is on its way to the journal behind the deletion, and the drop
+// is recorded in the journal, as Settle does.
+func (s *Table) SettleWritten(key, token string, gen uint64) (bool, error) {
+	return s.settle(key, token, false, gen)
 }
 
-func (s *Table) settle(key, token string, journal bool) (bool, error) {
+func (s *Table) settle(key, token string, journal bool, gen uint64) (bool, error) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -301,7 +319,7 @@ func (s *Table) settle(key, token string, journal bool) (bool, error) {
 	if !ours && now.Before(e.expires) {
 		return false, nil
 	}
-	if !journal && ours {
+	if !journal && ours && e.gen == gen {
 		delete(sh.m, key)
 		return true, nil
 	}
@@ -367,6 +385,33 @@ func (s *Table) Holds(key, token string) bool {
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
 	return ok && dedup.IsLease(e.val, token)
+}
+
+// HoldsOnce is Holds, and reports too whether the lease was its key's
+// only write to the journal since the key's last deletion there: then
+// the lease can be deleted with Pebble's SingleDelete (the file store's
+// commit), which leaves nothing once it meets that write, where a
+// deletion travels down to the last level. A lease renewed, taken over
+// from a mark, or taken back at the store's start is not (it may have
+// two writes behind it: SingleDelete would delete only the last one).
+// once is reported true once per write: a second deletion of that write
+// (two commits of one token racing) must be a Delete, since two
+// SingleDeletes cannot share one write. gen identifies the write, for
+// SettleWritten.
+func (s *Table) HoldsOnce(key, token string) (held, once bool, gen uint64) {
+	sh := s.shard(key)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := s.get(sh, key, now)
+	if !ok || !dedup.IsLease(e.val, token) {
+		return false, false, 0
+	}
+	if once = e.once; once {
+		e.once = false
+		sh.m[key] = e
+	}
+	return true, once, e.gen
 }
 
 // Release deletes token's lease on key, live or its mark (a release
@@ -447,7 +492,8 @@ func (s *Table) Destruct() error {
 func (s *Table) Put(key, val string, expires time.Time) {
 	sh := s.shard(key)
 	sh.mu.Lock()
-	sh.m[key] = memEntry{val: val, expires: expires}
+	sh.gen++
+	sh.m[key] = memEntry{val: val, expires: expires, gen: sh.gen}
 	sh.mu.Unlock()
 }
 

@@ -138,11 +138,16 @@ func TestSettleWritten(t *testing.T) {
 		}
 	}
 	j.calls = nil
-	if ok, err := st.SettleWritten("a", "t1"); !ok || err != nil {
+	gen := func(key, token string) uint64 {
+		t.Helper()
+		_, _, g := st.HoldsOnce(key, token)
+		return g
+	}
+	if ok, err := st.SettleWritten("a", "t1", gen("a", "t1")); !ok || err != nil {
 		t.Fatalf("SettleWritten = %v, %v; want the lease dropped", ok, err)
 	}
 	clock.Advance(2 * time.Second) // b's lease is a mark now
-	if ok, err := st.SettleWritten("b", "t1"); !ok || err != nil {
+	if ok, err := st.SettleWritten("b", "t1", gen("b", "t1")); !ok || err != nil {
 		t.Fatalf("SettleWritten of the mark = %v, %v; want it dropped", ok, err)
 	}
 	if len(j.calls) != 0 {
@@ -162,11 +167,30 @@ func TestSettleWritten(t *testing.T) {
 	if res, _, err := st.Claim("d", "t2", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim d = %v, %v", res, err)
 	}
-	if ok, err := st.SettleWritten("d", "t1"); ok || err != nil {
+	if ok, err := st.SettleWritten("d", "t1", gen("d", "t2")); ok || err != nil {
 		t.Fatalf("SettleWritten of another token's live lease = %v, %v; want it kept", ok, err)
 	}
 	if _, ok := st.Lookup("d"); !ok {
 		t.Fatal("another token's live lease was dropped")
+	}
+	// Written again after the write the store deleted: that write is
+	// behind the deletion, so the drop goes to the journal.
+	if res, _, err := st.Claim("e", "t1", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim e = %v, %v", res, err)
+	}
+	deleted := gen("e", "t1")
+	if ok, err := st.Renew("e", "t1", time.Minute); !ok || err != nil {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	j.calls = nil
+	if ok, err := st.SettleWritten("e", "t1", deleted); !ok || err != nil {
+		t.Fatalf("SettleWritten after a renewal = %v, %v; want the lease dropped", ok, err)
+	}
+	if want := []string{"delete e"}; !slices.Equal(j.calls, want) {
+		t.Fatalf("SettleWritten after a renewal: journal = %q, want %q", j.calls, want)
+	}
+	if _, ok := st.Lookup("e"); ok {
+		t.Fatal("e still holds its lease")
 	}
 }
 
@@ -227,5 +251,91 @@ func TestSettledSince(t *testing.T) {
 	}
 	if st.SettledSince("k", st.Settles("k")) {
 		t.Fatal("SettledSince true from a count taken after the landing")
+	}
+}
+
+// HoldsOnce says "once" only for a lease that is its key's one write to
+// the journal since the key's last deletion there: a new claim, or a
+// claim after a release, a sweep or a settle, and only once per write. A
+// renewal, a claim over a mark (its write is still in the journal), or a
+// lease put back at the store's start (what lies behind it on disk is
+// unknown) has two writes behind it, or may. A table without a journal
+// never says it.
+func TestHoldsOnce(t *testing.T) {
+	clock := testclock.New()
+	st := NewJournaled(clock.Now, time.Hour, &failing{})
+	defer st.Destruct()
+	claim := func(key, token string) {
+		t.Helper()
+		if _, _, err := st.Claim(key, token, time.Second); err != nil {
+			t.Fatalf("claim %s: %v", key, err)
+		}
+	}
+	check := func(key, token string, wantHeld, wantOnce bool) {
+		t.Helper()
+		if held, once, _ := st.HoldsOnce(key, token); held != wantHeld || once != wantOnce {
+			t.Fatalf("HoldsOnce(%s, %s) = %v, %v; want %v, %v", key, token, held, once, wantHeld, wantOnce)
+		}
+	}
+	claim("new", "t1")
+	check("new", "t2", false, false)
+	st.Extend("new", "t1", time.Minute) // in memory only: no write
+	check("new", "t1", true, true)
+	check("new", "t1", true, false) // told once
+
+	claim("renewed", "t1")
+	if ok, err := st.Renew("renewed", "t1", time.Minute); !ok || err != nil {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	check("renewed", "t1", true, false)
+
+	claim("released", "t1")
+	if ok, err := st.Release("released", "t1"); !ok || err != nil {
+		t.Fatalf("release = %v, %v", ok, err)
+	}
+	claim("released", "t2")
+	check("released", "t2", true, true)
+
+	claim("marked", "t1")
+	claim("settled", "t1")
+	if ok, err := st.Settle("settled", "t1"); !ok || err != nil {
+		t.Fatalf("settle = %v, %v", ok, err)
+	}
+	claim("settled", "t2")
+	check("settled", "t2", true, true)
+	_, _, g := st.HoldsOnce("settled", "t2")
+	if ok, err := st.SettleWritten("settled", "t2", g); !ok || err != nil {
+		t.Fatalf("SettleWritten = %v, %v", ok, err)
+	}
+	claim("settled", "t3")
+	check("settled", "t3", true, true)
+	clock.Advance(2 * time.Second) // marked's lease is a mark now
+	check("marked", "t1", true, true)
+	if res, _, err := st.Claim("marked", "t2", time.Minute); err != nil || res != dedup.Reclaimed {
+		t.Fatalf("claim over the mark = %v, %v", res, err)
+	}
+	check("marked", "t2", true, false)
+
+	// Past MarkFor, not swept yet: the write is still in the journal.
+	claim("stale", "t1")
+	claim("swept", "t1")
+	clock.Advance(time.Second + dedup.MarkFor)
+	claim("stale", "t2")
+	check("stale", "t2", true, false)
+	clock.Advance(2 * dedup.MarkFor)
+	st.Sweep() // deletes swept's mark (and the rest) from the journal
+	claim("swept", "t2")
+	check("swept", "t2", true, true)
+
+	st.Put("loaded", "inflight:t1", clock.Now().Add(time.Minute))
+	check("loaded", "t1", true, false)
+
+	plain := New(clock.Now, time.Hour)
+	defer plain.Destruct()
+	if _, _, err := plain.Claim("k", "t1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if held, once, _ := plain.HoldsOnce("k", "t1"); !held || once {
+		t.Fatalf("without a journal HoldsOnce = %v, %v; want true, false", held, once)
 	}
 }

@@ -14,7 +14,7 @@ import (
 // The store's keys and values in Pebble.
 //
 //	'd' key             -> done record: version, expiry, value
-//	'l' key             -> a lease parked by a clean stop: version, expiry, value
+//	'l' key             -> a lease, live or a mark (written at its claim and renewals): version, expiry, value
 //	"\x00sangho_dedup"  -> storeFormat: marks a sangho_dedup store
 //
 // (The layout before this one also kept 'x' expiry(8) key -> empty, an

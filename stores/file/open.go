@@ -138,6 +138,13 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 					zap.String("file", info.Path), zap.Error(info.Details),
 					zap.String("fix", "restore the folder from a backup, or move it away to start with an empty store"))
 			},
+			// Above all a SingleDelete that met two writes of a lease,
+			// or none (deleteLease): the store's bug, which could bring
+			// a lease back. Said, so that it is seen.
+			PossibleAPIMisuse: func(info pebble.PossibleAPIMisuseInfo) {
+				logger.Error("file store: Pebble reports a misuse of its API by the store (a bug: please report it)",
+					zap.String("path", path), zap.String("kind", info.Kind.String()), zap.ByteString("key", info.UserKey))
+			},
 		},
 	}
 	for i := range o.Levels {

@@ -108,8 +108,10 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, held, released bool
+	var gen uint64 // the lease's write this commit deletes
 	err = st.writeRecordThen(key, func(tx *txn) error {
-		if held = st.leases.Holds(key, token); held {
+		var once bool
+		if held, once, gen = st.leases.HoldsOnce(key, token); held {
 			// The lease is still ours, so no attempt of this commit
 			// landed (its landing drops the lease, in this order): no
 			// record of ours to find. The lease leaves the disk with
@@ -117,7 +119,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 			if err := tx.set(key, enc, retention); err != nil {
 				return err
 			}
-			return tx.b.Delete(leaseKey(key), nil)
+			return deleteLease(tx.b, key, once)
 		}
 		var err error
 		again, err = tx.replace(key, enc, retention) // a retried commit whose first attempt landed
@@ -128,7 +130,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 		// waiting: a forget that follows finds the record, not a lease.
 		// A mark there (an earlier attempt's) is replaced too.
 		if held {
-			released, _ = st.leases.SettleWritten(key, token)
+			released, _ = st.leases.SettleWritten(key, token, gen)
 		} else {
 			released, _ = st.leases.Settle(key, token)
 		}

@@ -1,0 +1,248 @@
+package file
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
+)
+
+// openObserved opens the store at path with its log kept, for a test
+// that closes it.
+func openObserved(t *testing.T, path string, now func() time.Time) (*shared, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zapcore.InfoLevel)
+	st, err := openShared(path, now, time.Hour, zap.New(core))
+	if err != nil {
+		t.Fatalf("opening %s: %v", path, err)
+	}
+	return st, logs
+}
+
+// tableDeletions flushes the memtable and counts the deletions in the
+// tables.
+func tableDeletions(t *testing.T, st *shared) uint64 {
+	t.Helper()
+	if err := st.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	levels, err := st.db.SSTables(pebble.WithProperties())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, l := range levels {
+		for _, tb := range l {
+			n += tb.Properties.NumDeletions
+		}
+	}
+	return n
+}
+
+// leasesOnDisk returns the keys of the leases in the database.
+func leasesOnDisk(t *testing.T, st *shared) []string {
+	t.Helper()
+	it, err := st.db.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixLease}, UpperBound: []byte{prefixLease + 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for ok := it.First(); ok; ok = it.Next() {
+		keys = append(keys, string(it.Key()[1:]))
+	}
+	if err := it.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return keys
+}
+
+// noMisuse fails the test if Pebble reported a misuse of its API.
+func noMisuse(t *testing.T, logs *observer.ObservedLogs) {
+	t.Helper()
+	if l := logs.FilterMessageSnippet("misuse").All(); len(l) > 0 {
+		t.Fatalf("Pebble reported %d misuses, the first: %s %v", len(l), l[0].Message, l[0].ContextMap())
+	}
+}
+
+// A new event's lease, claimed and committed, leaves nothing in the
+// tables: its deletion (a SingleDelete) and its write annul each other
+// in the flush of the memtable that holds both. A Delete would stay, one
+// per event, and travel down the levels with the compactions.
+func TestFileStoreCommittedLeaseLeavesNothing(t *testing.T) {
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
+	st, logs := openObserved(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	defer st.Destruct()
+	s, ctx := &Store{state: st}, context.Background()
+	const events = 50
+	for i := range events {
+		key := fmt.Sprintf("evt_%d", i)
+		if res, _, err := s.Claim(ctx, key, "tok", time.Minute); err != nil || res != dedup.Claimed {
+			t.Fatalf("claim %s = %v, %v", key, res, err)
+		}
+		if _, err := s.Commit(ctx, key, "tok", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := tableDeletions(t, st); n != 0 {
+		t.Fatalf("%d deletions in the tables after %d events claimed and committed; want none", n, events)
+	}
+	if keys := leasesOnDisk(t, st); len(keys) != 0 {
+		t.Fatalf("leases on disk after the commits: %q", keys)
+	}
+	for i := range events {
+		if _, done, err := st.read(fmt.Sprintf("evt_%d", i)); err != nil || !done {
+			t.Fatalf("evt_%d: done = %v, %v; want its record", i, done, err)
+		}
+	}
+	noMisuse(t, logs)
+}
+
+// A lease with two writes behind it (renewed, taken over from a mark,
+// or taken back at the store's start) is deleted with a Delete at its
+// commit: a SingleDelete would delete its last write only, and the
+// earlier one would come back, after the flush and the compactions.
+func TestFileStoreLeaseWrittenTwiceIsDeletedForGood(t *testing.T) {
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st, _ := openObserved(t, path, clock.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	claim := func(key, token string, ttl time.Duration, want dedup.ClaimResult) {
+		t.Helper()
+		if res, _, err := s.Claim(ctx, key, token, ttl); err != nil || res != want {
+			t.Fatalf("claim %s by %s = %v, %v; want %v", key, token, res, err, want)
+		}
+	}
+	commit := func(key, token string) {
+		t.Helper()
+		if _, err := s.Commit(ctx, key, token, dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Written twice before a restart, the first write in a table of its
+	// own (else a flush keeps the last one only), committed after it.
+	claim("restarted", "t1", time.Hour, dedup.Claimed)
+	if err := st.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Renew(ctx, "restarted", "t1", time.Hour); err != nil || !ok {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	st, logs := openObserved(t, path, clock.Now)
+	defer st.Destruct()
+	s = &Store{state: st}
+	commit("restarted", "t1")
+
+	claim("renewed", "t1", time.Minute, dedup.Claimed)
+	if ok, err := s.Renew(ctx, "renewed", "t1", time.Minute); err != nil || !ok {
+		t.Fatalf("renew = %v, %v", ok, err)
+	}
+	commit("renewed", "t1")
+
+	claim("reclaimed", "t1", time.Second, dedup.Claimed)
+	clock.Advance(2 * time.Second)
+	claim("reclaimed", "t2", time.Minute, dedup.Reclaimed)
+	commit("reclaimed", "t2")
+
+	if err := st.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if keys := leasesOnDisk(t, st); len(keys) != 0 {
+		t.Fatalf("leases back on disk after the flush: %q", keys)
+	}
+	if err := st.db.Compact(ctx, []byte{prefixLease}, []byte{prefixLease + 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	if keys := leasesOnDisk(t, st); len(keys) != 0 {
+		t.Fatalf("leases back on disk after a compaction: %q", keys)
+	}
+	noMisuse(t, logs)
+}
+
+// A lease written again while its commit's batch is on its way (a
+// renewal racing the commit: the handler does not, the Store's contract
+// allows it) is not left on disk behind the commit's deletion: that
+// write follows the deletion, so dropping the lease from memory puts a
+// deletion of it in the journal too. Claimed again later, its key is
+// deleted for good.
+func TestFileStoreLeaseRenewedDuringItsCommit(t *testing.T) {
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
+	st, logs := openObserved(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+	defer st.Destruct()
+	s, ctx := &Store{state: st}, context.Background()
+	if res, _, err := s.Claim(ctx, "k", "t1", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim = %v, %v", res, err)
+	}
+	renewed := make(chan error, 1)
+	var once sync.Once
+	hook := beforeCommitHook(func(ops []*fileOp, _ int) error {
+		once.Do(func() {
+			// The commit's write is in the batch: the renewal queues its
+			// write now, and waits for the next batch.
+			go func() {
+				_, err := s.Renew(ctx, "k", "t1", time.Minute)
+				renewed <- err
+			}()
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+				st.lq.mu.Lock()
+				n := len(st.lq.changes)
+				st.lq.mu.Unlock()
+				if n > 0 {
+					return
+				}
+			}
+			t.Error("the renewal queued no write within 10 s")
+		})
+		return nil
+	})
+	st.beforeCommitHook.Store(&hook)
+	if _, err := s.Commit(ctx, "k", "t1", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	st.beforeCommitHook.Store(nil)
+	if err := <-renewed; err != nil {
+		t.Fatal(err)
+	}
+	if err := st.syncLeases(); err != nil {
+		t.Fatal(err)
+	}
+	if keys := leasesOnDisk(t, st); len(keys) != 0 {
+		t.Fatalf("leases on disk after the commit and the renewal: %q", keys)
+	}
+	// The record goes (forgotten), and the key is claimed and committed
+	// again: nothing of either lease comes back.
+	if _, _, err := s.Forget(ctx, "k", false); err != nil {
+		t.Fatal(err)
+	}
+	if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("claim after the forget = %v, %v", res, err)
+	}
+	if _, err := s.Commit(ctx, "k", "t2", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.db.Compact(ctx, []byte{prefixLease}, []byte{prefixLease + 1}, false); err != nil {
+		t.Fatal(err)
+	}
+	if keys := leasesOnDisk(t, st); len(keys) != 0 {
+		t.Fatalf("leases back on disk: %q", keys)
+	}
+	noMisuse(t, logs)
+}
