@@ -82,6 +82,11 @@ type Journal interface {
 	// Sync makes the changes recorded so far durable. It is called
 	// without any lock held, after a claim or a renewal.
 	Sync() error
+	// Pending reports whether a change of key is recorded but not yet
+	// on its way to disk: queued behind the write that asks (the file
+	// store's commit, see HoldsOnce). Called under the key's shard
+	// lock.
+	Pending(key string) bool
 }
 
 // Table is a sharded map with per-entry expiry and a sweeper.
@@ -377,18 +382,9 @@ func (s *Table) SettledSince(key string, n uint64) bool {
 	return sh.landing[key] > 0 || sh.settles.Load() != n
 }
 
-// Holds reports whether key holds token's lease, live or its mark.
-func (s *Table) Holds(key, token string) bool {
-	sh := s.shard(key)
-	now := s.now()
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e, ok := s.get(sh, key, now)
-	return ok && dedup.IsLease(e.val, token)
-}
-
-// HoldsOnce is Holds, and reports too whether the lease was its key's
-// only write to the journal since the key's last deletion there: then
+// HoldsOnce reports whether key holds token's lease (live or its mark),
+// and whether that lease was its key's only write to the journal since
+// the key's last deletion there: then
 // the lease can be deleted with Pebble's SingleDelete (the file store's
 // commit), which leaves nothing once it meets that write, where a
 // deletion travels down to the last level. A lease renewed, taken over
@@ -397,7 +393,10 @@ func (s *Table) Holds(key, token string) bool {
 // once is reported true once per write: a second deletion of that write
 // (two commits of one token racing) must be a Delete, since two
 // SingleDeletes cannot share one write. gen identifies the write, for
-// SettleWritten.
+// SettleWritten; the caller holds the journal's changes recorded so far
+// (its write carries them, or follows them), and a change of key still
+// pending in the journal (Journal.Pending) is a later write: then once
+// is false and gen 0.
 func (s *Table) HoldsOnce(key, token string) (held, once bool, gen uint64) {
 	sh := s.shard(key)
 	now := s.now()
@@ -406,6 +405,13 @@ func (s *Table) HoldsOnce(key, token string) (held, once bool, gen uint64) {
 	e, ok := s.get(sh, key, now)
 	if !ok || !dedup.IsLease(e.val, token) {
 		return false, false, 0
+	}
+	if s.journal != nil && s.journal.Pending(key) {
+		// Written again (or released and taken again) since the write
+		// that asks took the journal's changes: that change lands
+		// after this one. Not once, and a gen that no entry has, so
+		// that SettleWritten records the drop behind it.
+		return true, false, 0
 	}
 	if once = e.once; once {
 		e.once = false

@@ -58,9 +58,12 @@ func TestSweeperRunsAndStops(t *testing.T) {
 
 // failing is a journal whose writes fail while fail is set.
 type failing struct {
-	fail  bool
-	calls []string
+	fail    bool
+	calls   []string
+	pending map[string]bool
 }
+
+func (j *failing) Pending(key string) bool { return j.pending[key] }
 
 func (j *failing) Set(key, val string, _ time.Time) error {
 	j.calls = append(j.calls, "set "+key+" "+val)
@@ -195,7 +198,7 @@ func TestSettleWritten(t *testing.T) {
 }
 
 // Settles rises with every Settle of a key, whether or not it drops a
-// lease, and with no other change; Holds tells token's lease, live or
+// lease, and with no other change; HoldsOnce tells token's lease, live or
 // its mark, from anyone else's.
 func TestSettlesAndHolds(t *testing.T) {
 	clock := testclock.New()
@@ -203,8 +206,8 @@ func TestSettlesAndHolds(t *testing.T) {
 	defer st.Destruct()
 	st.Claim("k", "t", time.Second)
 	n0 := st.Settles("k")
-	if !st.Holds("k", "t") || st.Holds("k", "u") || st.Holds("other", "t") {
-		t.Fatal("Holds: want only t's lease on k")
+	if !holds(st, "k", "t") || holds(st, "k", "u") || holds(st, "other", "t") {
+		t.Fatal("HoldsOnce: want only t's lease on k")
 	}
 	st.Renew("k", "t", time.Second)
 	st.Claim("j", "t", time.Second)
@@ -219,14 +222,14 @@ func TestSettlesAndHolds(t *testing.T) {
 		t.Fatal("Settles did not rise with a Settle that dropped nothing")
 	}
 	clock.Advance(2 * time.Second) // t's lease is a mark now
-	if !st.Holds("k", "t") {
-		t.Fatal("Holds: t's mark is still t's")
+	if !holds(st, "k", "t") {
+		t.Fatal("HoldsOnce: t's mark is still t's")
 	}
 	n1 := st.Settles("k")
 	if ok, _ := st.Settle("k", "t"); !ok {
 		t.Fatal("t's Settle did not drop its mark")
 	}
-	if st.Settles("k") == n1 || st.Holds("k", "t") {
+	if st.Settles("k") == n1 || holds(st, "k", "t") {
 		t.Fatal("after t's Settle: want the count raised and no lease held")
 	}
 }
@@ -263,7 +266,8 @@ func TestSettledSince(t *testing.T) {
 // never says it.
 func TestHoldsOnce(t *testing.T) {
 	clock := testclock.New()
-	st := NewJournaled(clock.Now, time.Hour, &failing{})
+	j := &failing{pending: map[string]bool{}}
+	st := NewJournaled(clock.Now, time.Hour, j)
 	defer st.Destruct()
 	claim := func(key, token string) {
 		t.Helper()
@@ -330,6 +334,22 @@ func TestHoldsOnce(t *testing.T) {
 	st.Put("loaded", "inflight:t1", clock.Now().Add(time.Minute))
 	check("loaded", "t1", true, false)
 
+	// A change of the key pending in the journal (written again after
+	// the asking write took the journal's changes) lands after it: not
+	// once, and gen 0, so that SettleWritten records the drop.
+	claim("pending", "t1")
+	j.pending["pending"] = true
+	if held, once, g := st.HoldsOnce("pending", "t1"); !held || once || g != 0 {
+		t.Fatalf("HoldsOnce with a change pending = %v, %v, %d; want true, false, 0", held, once, g)
+	}
+	j.calls = nil
+	if ok, err := st.SettleWritten("pending", "t1", 0); !ok || err != nil {
+		t.Fatalf("SettleWritten = %v, %v", ok, err)
+	}
+	if want := []string{"delete pending"}; !slices.Equal(j.calls, want) {
+		t.Fatalf("SettleWritten with a change pending: journal = %q, want %q", j.calls, want)
+	}
+
 	plain := New(clock.Now, time.Hour)
 	defer plain.Destruct()
 	if _, _, err := plain.Claim("k", "t1", time.Minute); err != nil {
@@ -338,4 +358,10 @@ func TestHoldsOnce(t *testing.T) {
 	if held, once, _ := plain.HoldsOnce("k", "t1"); !held || once {
 		t.Fatalf("without a journal HoldsOnce = %v, %v; want true, false", held, once)
 	}
+}
+
+// holds reports whether key holds token's lease (HoldsOnce).
+func holds(st *Table, key, token string) bool {
+	held, _, _ := st.HoldsOnce(key, token)
+	return held
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -175,74 +176,83 @@ func TestFileStoreLeaseWrittenTwiceIsDeletedForGood(t *testing.T) {
 
 // A lease written again while its commit's batch is on its way (a
 // renewal racing the commit: the handler does not, the Store's contract
-// allows it) is not left on disk behind the commit's deletion: that
-// write follows the deletion, so dropping the lease from memory puts a
-// deletion of it in the journal too. Claimed again later, its key is
-// deleted for good.
+// allows it), before or after the commit's write is in the batch, is not
+// left on disk behind the commit's deletion: that write follows the
+// deletion, so dropping the lease from memory puts a deletion of it in
+// the journal too. Claimed again later, its key is deleted for good.
 func TestFileStoreLeaseRenewedDuringItsCommit(t *testing.T) {
-	clock := testclock.New()
-	clock.Advance(time.Since(clock.Now()))
-	st, logs := openObserved(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
-	defer st.Destruct()
-	s, ctx := &Store{state: st}, context.Background()
-	if res, _, err := s.Claim(ctx, "k", "t1", time.Minute); err != nil || res != dedup.Claimed {
-		t.Fatalf("claim = %v, %v", res, err)
-	}
-	renewed := make(chan error, 1)
-	var once sync.Once
-	hook := beforeCommitHook(func(ops []*fileOp, _ int) error {
-		once.Do(func() {
-			// The commit's write is in the batch: the renewal queues its
-			// write now, and waits for the next batch.
-			go func() {
-				_, err := s.Renew(ctx, "k", "t1", time.Minute)
-				renewed <- err
-			}()
-			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-				st.lq.mu.Lock()
-				n := len(st.lq.changes)
-				st.lq.mu.Unlock()
-				if n > 0 {
+	for _, window := range []string{"before its write", "after its write"} {
+		t.Run(window, func(t *testing.T) {
+			clock := testclock.New()
+			clock.Advance(time.Since(clock.Now()))
+			st, logs := openObserved(t, filepath.Join(t.TempDir(), "dedup.db"), clock.Now)
+			defer st.Destruct()
+			s, ctx := &Store{state: st}, context.Background()
+			if res, _, err := s.Claim(ctx, "k", "t1", time.Minute); err != nil || res != dedup.Claimed {
+				t.Fatalf("claim = %v, %v", res, err)
+			}
+			renewed := make(chan error, 1)
+			var once sync.Once
+			// In the writer, in the commit's batch: the renewal queues its
+			// write, and waits for the next batch.
+			renew := func(ops []*fileOp) {
+				if !slices.ContainsFunc(ops, func(op *fileOp) bool { return op.lands == "k" }) {
 					return
 				}
+				once.Do(func() {
+					go func() {
+						_, err := s.Renew(ctx, "k", "t1", time.Minute)
+						renewed <- err
+					}()
+					for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+						if st.lq.pending("k") {
+							return
+						}
+					}
+					t.Error("the renewal queued no write within 3 s")
+				})
 			}
-			t.Error("the renewal queued no write within 10 s")
+			if window == "before its write" {
+				st.leasesTakenHook.Store(&renew)
+			} else {
+				hook := beforeCommitHook(func(ops []*fileOp, _ int) error { renew(ops); return nil })
+				st.beforeCommitHook.Store(&hook)
+			}
+			if _, err := s.Commit(ctx, "k", "t1", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			st.leasesTakenHook.Store(nil)
+			st.beforeCommitHook.Store(nil)
+			if err := <-renewed; err != nil {
+				t.Fatal(err)
+			}
+			if err := st.syncLeases(); err != nil {
+				t.Fatal(err)
+			}
+			if keys := leasesOnDisk(t, st); len(keys) != 0 {
+				t.Fatalf("leases on disk after the commit and the renewal: %q", keys)
+			}
+			// The record goes (forgotten), and the key is claimed and
+			// committed again: nothing of either lease comes back.
+			if _, _, err := s.Forget(ctx, "k", false); err != nil {
+				t.Fatal(err)
+			}
+			if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.Claimed {
+				t.Fatalf("claim after the forget = %v, %v", res, err)
+			}
+			if _, err := s.Commit(ctx, "k", "t2", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			if err := st.db.Compact(ctx, []byte{prefixLease}, []byte{prefixLease + 1}, false); err != nil {
+				t.Fatal(err)
+			}
+			if keys := leasesOnDisk(t, st); len(keys) != 0 {
+				t.Fatalf("leases back on disk: %q", keys)
+			}
+			noMisuse(t, logs)
 		})
-		return nil
-	})
-	st.beforeCommitHook.Store(&hook)
-	if _, err := s.Commit(ctx, "k", "t1", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
-		t.Fatal(err)
 	}
-	st.beforeCommitHook.Store(nil)
-	if err := <-renewed; err != nil {
-		t.Fatal(err)
-	}
-	if err := st.syncLeases(); err != nil {
-		t.Fatal(err)
-	}
-	if keys := leasesOnDisk(t, st); len(keys) != 0 {
-		t.Fatalf("leases on disk after the commit and the renewal: %q", keys)
-	}
-	// The record goes (forgotten), and the key is claimed and committed
-	// again: nothing of either lease comes back.
-	if _, _, err := s.Forget(ctx, "k", false); err != nil {
-		t.Fatal(err)
-	}
-	if res, _, err := s.Claim(ctx, "k", "t2", time.Minute); err != nil || res != dedup.Claimed {
-		t.Fatalf("claim after the forget = %v, %v", res, err)
-	}
-	if _, err := s.Commit(ctx, "k", "t2", dedup.DoneRecord{ProcessedAt: clock.Now()}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.db.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.db.Compact(ctx, []byte{prefixLease}, []byte{prefixLease + 1}, false); err != nil {
-		t.Fatal(err)
-	}
-	if keys := leasesOnDisk(t, st); len(keys) != 0 {
-		t.Fatalf("leases back on disk: %q", keys)
-	}
-	noMisuse(t, logs)
 }

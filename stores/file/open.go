@@ -101,6 +101,7 @@ type shared struct {
 	closeMu sync.Mutex
 
 	beforeCommitHook atomic.Pointer[beforeCommitHook] // tests only
+	leasesTakenHook  atomic.Pointer[func([]*fileOp)]  // tests only: runs once the writer took the lease queue
 }
 
 // pebbleOptions are the store's Pebble options. ErrorIfNotExists: a

@@ -108,7 +108,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, held, released bool
-	var gen uint64 // the lease's write this commit deletes
+	var gen uint64 // the lease's write this commit deletes (0: one written since is pending)
 	err = st.writeRecordThen(key, func(tx *txn) error {
 		var once bool
 		if held, once, gen = st.leases.HoldsOnce(key, token); held {

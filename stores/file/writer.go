@@ -143,6 +143,9 @@ func (st *shared) writer() {
 		// lease before it sends its sync (an op) here, so the batch that
 		// carries the op carries the lease, or follows the one that did.
 		leases, _ := st.lq.take(false)
+		if h := st.leasesTakenHook.Load(); h != nil {
+			(*h)(batch)
+		}
 		leaseErr := writeLeases(tx.b, leases)
 		for _, op := range batch {
 			op.err = tx.run(st, op.fn)
