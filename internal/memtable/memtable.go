@@ -84,8 +84,9 @@ type Journal interface {
 	Sync() error
 	// Pending reports whether a change of key is recorded but not yet
 	// on its way to disk: queued behind the write that asks (the file
-	// store's commit, see HoldsOnce). Called under the key's shard
-	// lock.
+	// store's commit, in its writer once the batch has taken the
+	// changes recorded before it; see HoldsOnce). Called under the key's
+	// shard lock.
 	Pending(key string) bool
 }
 
