@@ -36,9 +36,6 @@ type memEntry struct {
 	// which leaves once false). Such a lease can be deleted with Pebble's
 	// SingleDelete: see HoldsOnce.
 	once bool
-	// gen tells this write of the entry from the key's later ones (see
-	// SettleWritten).
-	gen uint64
 }
 
 // lease reports whether e is a lease (live, or a mark).
@@ -67,7 +64,6 @@ type memShard struct {
 	// landing counts, per key, the records on their way to the file
 	// store's disk (under mu): see Landing.
 	landing map[string]int
-	gen     uint64 // the last memEntry.gen given (under mu)
 }
 
 // Journal is told of every change to the leases (and marks), under the
@@ -85,8 +81,8 @@ type Journal interface {
 	// Pending reports whether a change of key is recorded but not yet
 	// on its way to disk: queued behind the write that asks (the file
 	// store's commit, in its writer once the batch has taken the
-	// changes recorded before it; see HoldsOnce). Called under the key's
-	// shard lock.
+	// changes recorded before it; see HoldsOnce and SettleWritten).
+	// Called under the key's shard lock.
 	Pending(key string) bool
 }
 
@@ -139,8 +135,7 @@ func (s *Table) setLease(sh *memShard, key, val string, expires time.Time) error
 		}
 	}
 	_, had := sh.m[key] // any entry, past its time too: its write is still in the journal
-	sh.gen++
-	sh.m[key] = memEntry{val: val, expires: expires, once: s.journal != nil && !had, gen: sh.gen}
+	sh.m[key] = memEntry{val: val, expires: expires, once: s.journal != nil && !had}
 	return nil
 }
 
@@ -297,21 +292,22 @@ func (s *Table) Commit(key, token, rec string, retention time.Duration) bool {
 // commit replaces it); another token's live lease stays. It reports
 // whether key held token's lease.
 func (s *Table) Settle(key, token string) (bool, error) {
-	return s.settle(key, token, true, 0)
+	return s.settle(key, token, true)
 }
 
 // SettleWritten is Settle for a store that deleted token's lease from
 // the journal's data itself, in the write of the done record: the drop
-// is not recorded in the journal. gen is the lease's write that the
-// store deleted (HoldsOnce): if the lease was written again since (a
-// renewal, a claim after a release, racing the commit), that later
-// write is on its way to the journal behind the deletion, and the drop
-// is recorded in the journal, as Settle does.
-func (s *Table) SettleWritten(key, token string, gen uint64) (bool, error) {
-	return s.settle(key, token, false, gen)
+// is not recorded in the journal. It is called where the write that
+// deleted the lease ran (the file store's writer, before it takes the
+// journal's changes again): a change of key still pending in the journal
+// (a renewal, a claim after a release, racing the commit) was written
+// after that deletion, and lands behind it, so then the drop is recorded
+// in the journal, as Settle does.
+func (s *Table) SettleWritten(key, token string) (bool, error) {
+	return s.settle(key, token, false)
 }
 
-func (s *Table) settle(key, token string, journal bool, gen uint64) (bool, error) {
+func (s *Table) settle(key, token string, journal bool) (bool, error) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
@@ -325,7 +321,7 @@ func (s *Table) settle(key, token string, journal bool, gen uint64) (bool, error
 	if !ours && now.Before(e.expires) {
 		return false, nil
 	}
-	if !journal && ours && e.gen == gen {
+	if !journal && ours && !(s.journal != nil && s.journal.Pending(key)) {
 		delete(sh.m, key)
 		return true, nil
 	}
@@ -393,32 +389,30 @@ func (s *Table) SettledSince(key string, n uint64) bool {
 // two writes behind it: SingleDelete would delete only the last one).
 // once is reported true once per write: a second deletion of that write
 // (two commits of one token racing) must be a Delete, since two
-// SingleDeletes cannot share one write. gen identifies the write, for
-// SettleWritten; the caller holds the journal's changes recorded so far
-// (its write carries them, or follows them), and a change of key still
-// pending in the journal (Journal.Pending) is a later write: then once
-// is false and gen 0.
-func (s *Table) HoldsOnce(key, token string) (held, once bool, gen uint64) {
+// SingleDeletes cannot share one write. The caller's write carries the
+// journal's changes recorded so far, or follows them; a change of key
+// still pending in the journal (Journal.Pending) is a later write, which
+// lands after the caller's deletion: then once is false.
+func (s *Table) HoldsOnce(key, token string) (held, once bool) {
 	sh := s.shard(key)
 	now := s.now()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e, ok := s.get(sh, key, now)
 	if !ok || !dedup.IsLease(e.val, token) {
-		return false, false, 0
+		return false, false
 	}
 	if s.journal != nil && s.journal.Pending(key) {
 		// Written again (or released and taken again) since the write
 		// that asks took the journal's changes: that change lands
-		// after this one. Not once, and a gen that no entry has, so
-		// that SettleWritten records the drop behind it.
-		return true, false, 0
+		// after this one.
+		return true, false
 	}
 	if once = e.once; once {
 		e.once = false
 		sh.m[key] = e
 	}
-	return true, once, e.gen
+	return true, once
 }
 
 // Release deletes token's lease on key, live or its mark (a release
@@ -499,8 +493,7 @@ func (s *Table) Destruct() error {
 func (s *Table) Put(key, val string, expires time.Time) {
 	sh := s.shard(key)
 	sh.mu.Lock()
-	sh.gen++
-	sh.m[key] = memEntry{val: val, expires: expires, gen: sh.gen}
+	sh.m[key] = memEntry{val: val, expires: expires}
 	sh.mu.Unlock()
 }
 

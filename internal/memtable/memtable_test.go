@@ -141,16 +141,11 @@ func TestSettleWritten(t *testing.T) {
 		}
 	}
 	j.calls = nil
-	gen := func(key, token string) uint64 {
-		t.Helper()
-		_, _, g := st.HoldsOnce(key, token)
-		return g
-	}
-	if ok, err := st.SettleWritten("a", "t1", gen("a", "t1")); !ok || err != nil {
+	if ok, err := st.SettleWritten("a", "t1"); !ok || err != nil {
 		t.Fatalf("SettleWritten = %v, %v; want the lease dropped", ok, err)
 	}
 	clock.Advance(2 * time.Second) // b's lease is a mark now
-	if ok, err := st.SettleWritten("b", "t1", gen("b", "t1")); !ok || err != nil {
+	if ok, err := st.SettleWritten("b", "t1"); !ok || err != nil {
 		t.Fatalf("SettleWritten of the mark = %v, %v; want it dropped", ok, err)
 	}
 	if len(j.calls) != 0 {
@@ -170,23 +165,24 @@ func TestSettleWritten(t *testing.T) {
 	if res, _, err := st.Claim("d", "t2", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim d = %v, %v", res, err)
 	}
-	if ok, err := st.SettleWritten("d", "t1", gen("d", "t2")); ok || err != nil {
+	if ok, err := st.SettleWritten("d", "t1"); ok || err != nil {
 		t.Fatalf("SettleWritten of another token's live lease = %v, %v; want it kept", ok, err)
 	}
 	if _, ok := st.Lookup("d"); !ok {
 		t.Fatal("another token's live lease was dropped")
 	}
 	// Written again after the write the store deleted: that write is
-	// behind the deletion, so the drop goes to the journal.
+	// pending in the journal, behind the deletion, so the drop goes to
+	// the journal.
 	if res, _, err := st.Claim("e", "t1", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim e = %v, %v", res, err)
 	}
-	deleted := gen("e", "t1")
 	if ok, err := st.Renew("e", "t1", time.Minute); !ok || err != nil {
 		t.Fatalf("renew = %v, %v", ok, err)
 	}
+	j.pending = map[string]bool{"e": true} // the renewal's write, queued
 	j.calls = nil
-	if ok, err := st.SettleWritten("e", "t1", deleted); !ok || err != nil {
+	if ok, err := st.SettleWritten("e", "t1"); !ok || err != nil {
 		t.Fatalf("SettleWritten after a renewal = %v, %v; want the lease dropped", ok, err)
 	}
 	if want := []string{"delete e"}; !slices.Equal(j.calls, want) {
@@ -277,7 +273,7 @@ func TestHoldsOnce(t *testing.T) {
 	}
 	check := func(key, token string, wantHeld, wantOnce bool) {
 		t.Helper()
-		if held, once, _ := st.HoldsOnce(key, token); held != wantHeld || once != wantOnce {
+		if held, once := st.HoldsOnce(key, token); held != wantHeld || once != wantOnce {
 			t.Fatalf("HoldsOnce(%s, %s) = %v, %v; want %v, %v", key, token, held, once, wantHeld, wantOnce)
 		}
 	}
@@ -307,8 +303,7 @@ func TestHoldsOnce(t *testing.T) {
 	}
 	claim("settled", "t2")
 	check("settled", "t2", true, true)
-	_, _, g := st.HoldsOnce("settled", "t2")
-	if ok, err := st.SettleWritten("settled", "t2", g); !ok || err != nil {
+	if ok, err := st.SettleWritten("settled", "t2"); !ok || err != nil {
 		t.Fatalf("SettleWritten = %v, %v", ok, err)
 	}
 	claim("settled", "t3")
@@ -336,14 +331,14 @@ func TestHoldsOnce(t *testing.T) {
 
 	// A change of the key pending in the journal (written again after
 	// the asking write took the journal's changes) lands after it: not
-	// once, and gen 0, so that SettleWritten records the drop.
+	// once, and SettleWritten records the drop.
 	claim("pending", "t1")
 	j.pending["pending"] = true
-	if held, once, g := st.HoldsOnce("pending", "t1"); !held || once || g != 0 {
-		t.Fatalf("HoldsOnce with a change pending = %v, %v, %d; want true, false, 0", held, once, g)
+	if held, once := st.HoldsOnce("pending", "t1"); !held || once {
+		t.Fatalf("HoldsOnce with a change pending = %v, %v; want true, false", held, once)
 	}
 	j.calls = nil
-	if ok, err := st.SettleWritten("pending", "t1", 0); !ok || err != nil {
+	if ok, err := st.SettleWritten("pending", "t1"); !ok || err != nil {
 		t.Fatalf("SettleWritten = %v, %v", ok, err)
 	}
 	if want := []string{"delete pending"}; !slices.Equal(j.calls, want) {
@@ -355,13 +350,13 @@ func TestHoldsOnce(t *testing.T) {
 	if _, _, err := plain.Claim("k", "t1", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	if held, once, _ := plain.HoldsOnce("k", "t1"); !held || once {
+	if held, once := plain.HoldsOnce("k", "t1"); !held || once {
 		t.Fatalf("without a journal HoldsOnce = %v, %v; want true, false", held, once)
 	}
 }
 
 // holds reports whether key holds token's lease (HoldsOnce).
 func holds(st *Table, key, token string) bool {
-	held, _, _ := st.HoldsOnce(key, token)
+	held, _ := st.HoldsOnce(key, token)
 	return held
 }

@@ -108,10 +108,9 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 	// gets 409, never a second processing.
 	st.leases.Extend(key, token, dedup.DrainFor)
 	var again, held, released bool
-	var gen uint64 // the lease's write this commit deletes (0: one written since is pending)
 	err = st.writeRecordThen(key, func(tx *txn) error {
 		var once bool
-		if held, once, gen = st.leases.HoldsOnce(key, token); held {
+		if held, once = st.leases.HoldsOnce(key, token); held {
 			// The lease is still ours, so no attempt of this commit
 			// landed (its landing drops the lease, in this order): no
 			// record of ours to find. The lease leaves the disk with
@@ -130,7 +129,7 @@ func (s *Store) Commit(_ context.Context, key, token string, rec dedup.DoneRecor
 		// waiting: a forget that follows finds the record, not a lease.
 		// A mark there (an earlier attempt's) is replaced too.
 		if held {
-			released, _ = st.leases.SettleWritten(key, token, gen)
+			released, _ = st.leases.SettleWritten(key, token)
 		} else {
 			released, _ = st.leases.Settle(key, token)
 		}
