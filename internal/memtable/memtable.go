@@ -321,7 +321,7 @@ func (s *Table) settle(key, token string, journal bool) (bool, error) {
 	if !ours && now.Before(e.expires) {
 		return false, nil
 	}
-	if !journal && ours && !(s.journal != nil && s.journal.Pending(key)) {
+	if !journal && ours && !s.pending(key) {
 		delete(sh.m, key)
 		return true, nil
 	}
@@ -379,6 +379,13 @@ func (s *Table) SettledSince(key string, n uint64) bool {
 	return sh.landing[key] > 0 || sh.settles.Load() != n
 }
 
+// pending reports whether the journal has a change of key still pending
+// (Journal.Pending); never without a journal. Called under key's shard
+// lock.
+func (s *Table) pending(key string) bool {
+	return s.journal != nil && s.journal.Pending(key)
+}
+
 // HoldsOnce reports whether key holds token's lease (live or its mark),
 // and whether that lease was its key's only write to the journal since
 // the key's last deletion there: then
@@ -402,7 +409,7 @@ func (s *Table) HoldsOnce(key, token string) (held, once bool) {
 	if !ok || !dedup.IsLease(e.val, token) {
 		return false, false
 	}
-	if s.journal != nil && s.journal.Pending(key) {
+	if s.pending(key) {
 		// Written again (or released and taken again) since the write
 		// that asks took the journal's changes: that change lands
 		// after this one.
