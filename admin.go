@@ -47,9 +47,11 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision keeps the logger.
+// Provision keeps the logger, named for this module: Caddy makes admin
+// routers without loading them into the context, whose ctx.Logger()
+// would be the unnamed default logger.
 func (a *AdminAPI) Provision(ctx caddy.Context) error {
-	a.logger = ctx.Logger()
+	a.logger = ctx.Logger(a)
 	return nil
 }
 

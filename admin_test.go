@@ -31,9 +31,19 @@ type adminServer struct {
 
 func startAdminCaddy(t *testing.T, site string) *adminServer {
 	t.Helper()
+	return startAdminCaddyLogging(t, site, "")
+}
+
+// startAdminCaddyLogging is startAdminCaddy with Caddy's log written
+// to logFile, JSON, when it is not "" (else discarded).
+func startAdminCaddyLogging(t *testing.T, site, logFile string) *adminServer {
+	t.Helper()
 	ownDataDir(t)
 	port, admin := freePort(t), "127.0.0.1:"+strconv.Itoa(freePort(t))
 	cfg := strings.Replace(serverCaddyfile(port, site), "admin off", "admin "+admin, 1)
+	if logFile != "" {
+		cfg = strings.Replace(cfg, "output discard", "output file "+logFile+"\n\t\tformat json", 1)
+	}
 	adapted, _ := adaptCaddyfile(t, cfg)
 	if err := caddy.Load([]byte(adapted), true); err != nil {
 		t.Fatalf("loading config: %v", err)
@@ -84,6 +94,42 @@ func runCommand(t *testing.T, verb, id string, flags ...string) (int, string, er
 	var out bytes.Buffer
 	code, err := runEventCommand(sub, verb, id, &out)
 	return code, out.String(), err
+}
+
+// TestAdminForgetLoggedUnderItsModule: an operator's forget is logged
+// as docs/observability.md says, `event forgotten` from the logger
+// admin.api.sangho_dedup with its fields, so that a filter on the
+// logger finds it. (Caddy makes admin routers without loading them as
+// modules of its context: ctx.Logger() alone is the unnamed logger.)
+func TestAdminForgetLoggedUnderItsModule(t *testing.T) {
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	l := ledger.New(t)
+	s := startAdminCaddyLogging(t, dedupSite(l.Addr, "store memory\n\t\tname logged"), logFile)
+	if a := send(t, s.url, `{"id":"evt_logged","type":"invoice.paid"}`, "evt_logged"); a.status != 200 {
+		t.Fatalf("delivery: %d", a.status)
+	}
+	if status, v := s.api(t, http.MethodDelete, "/sangho_dedup/logged/events/evt_logged"); status != 200 || v["state"] != "done" {
+		t.Fatalf("DELETE a processed event: %d %v", status, v)
+	}
+	b, err := os.ReadFile(logFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []map[string]any
+	for _, line := range strings.Split(string(b), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) == nil && e["msg"] == "event forgotten" {
+			lines = append(lines, e)
+		}
+	}
+	if len(lines) != 1 {
+		t.Fatalf("%d lines \"event forgotten\" in Caddy's log, want 1:\n%s", len(lines), b)
+	}
+	e := lines[0]
+	if e["level"] != "info" || e["logger"] != "admin.api.sangho_dedup" || e["name"] != "logged" ||
+		e["event_id"] != "evt_logged" || e["state"] != "done" || e["force"] != false {
+		t.Errorf("the forget's log line: %v; want level info, logger admin.api.sangho_dedup, name logged, event_id evt_logged, state done, force false", e)
+	}
 }
 
 // TestAdminAPIAndCommand: look up and forget events through Caddy's admin

@@ -169,6 +169,7 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nlock_ttl 1s\nlock_ttl 2s\n}": "lock_ttl given more than once",
 		"sangho_dedup {\n}":                                                "at least one secret is required",
 		"sangho_dedup {\nsecret s\ntolerance soon\n}":                      `tolerance: invalid duration "soon"`,
+		"sangho_dedup {\nsecret s\nretention 3days\n}":                     `retention: invalid duration "3days": a number and a unit (ns, us, ms, s, m, h, d), as 90s, 72h or 3d`,
 		"sangho_dedup {\nsecret s\non_store_error maybe\n}":                `on_store_error: must be reject or pass, not "maybe"`,
 		"sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}":            `unrecognized redis store option "host"`,
 		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}":            `db: "one" is not a non-negative whole number`,
@@ -185,6 +186,19 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want it to contain %q", in, err, want)
+		}
+	}
+}
+
+// TestCaddyfileDurationErrorShowsWhatWasWritten: a bad duration's error
+// quotes the value as written, not Caddy's parser's rewrite of it ("3d"
+// read as "72h": `unknown unit "hays" in duration "72hays"`).
+func TestCaddyfileDurationErrorShowsWhatWasWritten(t *testing.T) {
+	for _, in := range []string{"3days", "1dd", "2d4x"} {
+		var h Handler
+		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\nretention " + in + "\n}"))
+		if err == nil || !strings.Contains(err.Error(), `invalid duration "`+in+`": a number and a unit`) || strings.Contains(err.Error(), "unknown unit") {
+			t.Errorf("retention %s: error %v, want the value as written, the units, and no rewrite of it", in, err)
 		}
 	}
 }

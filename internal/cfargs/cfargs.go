@@ -70,7 +70,9 @@ func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
-		return d.Errf("%s: invalid duration %q: %v", name, s, err)
+		// Not Caddy's error: it quotes its rewrite of the value, days
+		// as hours ("3days" as "72hays").
+		return d.Errf("%s: invalid duration %q: a number and a unit (ns, us, ms, s, m, h, d), as 90s, 72h or 3d", name, s)
 	}
 	if dur <= 0 {
 		return d.Errf("%s: duration must be positive, got %q", name, s)
