@@ -49,7 +49,8 @@ func (AdminAPI) CaddyModule() caddy.ModuleInfo {
 
 // Provision keeps the logger, named for this module: Caddy makes admin
 // routers without loading them into the context, whose ctx.Logger()
-// would be the unnamed default logger.
+// would be the unnamed default logger. (Caddy's own caddypki admin API
+// does the same, caddy issue #5032.)
 func (a *AdminAPI) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger(a)
 	return nil

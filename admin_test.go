@@ -34,15 +34,21 @@ func startAdminCaddy(t *testing.T, site string) *adminServer {
 	return startAdminCaddyLogging(t, site, "")
 }
 
-// startAdminCaddyLogging is startAdminCaddy with Caddy's log written
-// to logFile, JSON, when it is not "" (else discarded).
+// startAdminCaddyLogging is startAdminCaddy with a second log, when
+// logFile is not "": the lines of the logger admin.api.sangho_dedup,
+// chosen by a filter on that name as an operator's would be, written to
+// logFile as JSON. (The default log is discarded.)
 func startAdminCaddyLogging(t *testing.T, site, logFile string) *adminServer {
 	t.Helper()
 	ownDataDir(t)
 	port, admin := freePort(t), "127.0.0.1:"+strconv.Itoa(freePort(t))
 	cfg := strings.Replace(serverCaddyfile(port, site), "admin off", "admin "+admin, 1)
 	if logFile != "" {
-		cfg = strings.Replace(cfg, "output discard", "output file "+logFile+"\n\t\tformat json", 1)
+		discard := "\tlog {\n\t\toutput discard\n\t}\n"
+		if !strings.Contains(cfg, discard) {
+			t.Fatalf("no default log block to add a log beside in:\n%s", cfg)
+		}
+		cfg = strings.Replace(cfg, discard, discard+"\tlog admin {\n\t\toutput file "+logFile+"\n\t\tformat json\n\t\tinclude admin.api.sangho_dedup\n\t}\n", 1)
 	}
 	adapted, _ := adaptCaddyfile(t, cfg)
 	if err := caddy.Load([]byte(adapted), true); err != nil {
@@ -98,9 +104,10 @@ func runCommand(t *testing.T, verb, id string, flags ...string) (int, string, er
 
 // TestAdminForgetLoggedUnderItsModule: an operator's forget is logged
 // as docs/observability.md says, `event forgotten` from the logger
-// admin.api.sangho_dedup with its fields, so that a filter on the
-// logger finds it. (Caddy makes admin routers without loading them as
-// modules of its context: ctx.Logger() alone is the unnamed logger.)
+// admin.api.sangho_dedup with its fields, and a log that includes that
+// logger gets it. (Caddy makes admin routers without loading them as
+// modules of its context: ctx.Logger() alone is the unnamed logger; a
+// logger named from caddy.Log() writes to the default log only.)
 func TestAdminForgetLoggedUnderItsModule(t *testing.T) {
 	logFile := filepath.Join(t.TempDir(), "caddy.log")
 	l := ledger.New(t)
@@ -123,7 +130,7 @@ func TestAdminForgetLoggedUnderItsModule(t *testing.T) {
 		}
 	}
 	if len(lines) != 1 {
-		t.Fatalf("%d lines \"event forgotten\" in Caddy's log, want 1:\n%s", len(lines), b)
+		t.Fatalf("%d lines \"event forgotten\" in the log that includes admin.api.sangho_dedup, want 1:\n%s", len(lines), b)
 	}
 	e := lines[0]
 	if e["level"] != "info" || e["logger"] != "admin.api.sangho_dedup" || e["name"] != "logged" ||

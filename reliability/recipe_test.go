@@ -94,7 +94,7 @@ func TestBackendRecipe(t *testing.T) {
 
 	const work = 600 * time.Millisecond
 	var mu sync.Mutex
-	committed := map[string]time.Time{} // when each event's work was last committed
+	committing := map[string]time.Time{} // when each event's work last sent its COMMIT
 	fail := map[string]bool{"evt_failed": true}
 	var reached, working, markedSeen atomic.Int64 // deliveries received; under way; marked
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -139,10 +139,14 @@ func TestBackendRecipe(t *testing.T) {
 			w.WriteHeader(500)
 			return
 		}
-		exec(stmts[2])
+		// Noted before COMMIT is sent: the server ends the transaction,
+		// and a retry waiting on its row goes on, before COMMIT returns
+		// here, so a time noted after it may come after the retry's
+		// answer (or not yet be noted when the retry is checked).
 		mu.Lock()
-		committed[id] = time.Now()
+		committing[id] = time.Now()
 		mu.Unlock()
+		exec(stmts[2])
 		w.WriteHeader(200)
 	}))
 	defer backend.Close()
@@ -173,10 +177,10 @@ func TestBackendRecipe(t *testing.T) {
 	retry := <-post("evt_crash", true, long)
 	want200("evt_crash, marked retry during the first attempt's work", retry)
 	mu.Lock()
-	firstDone := committed["evt_crash"]
+	firstCommit := committing["evt_crash"]
 	mu.Unlock()
-	if firstDone.IsZero() || retry.At.Before(firstDone) {
-		t.Errorf("evt_crash: the marked retry answered at %v, before the first attempt's work committed (%v): it did not wait for it", retry.At, firstDone)
+	if firstCommit.IsZero() || retry.At.Before(firstCommit) {
+		t.Errorf("evt_crash: the marked retry answered at %v, before the first attempt's work sent its COMMIT (%v): it did not wait for it", retry.At, firstCommit)
 	}
 
 	// The first attempt's work failed and rolled back: the marked retry

@@ -5,6 +5,8 @@ package cfargs
 
 import (
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -70,13 +72,26 @@ func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	}
 	dur, err := caddy.ParseDuration(s)
 	if err != nil {
-		// Not Caddy's error: it quotes its rewrite of the value, days
-		// as hours ("3days" as "72hays").
-		return d.Errf("%s: invalid duration %q: a number and a unit (ns, us, ms, s, m, h, d), as 90s, 72h or 3d", name, s)
+		return d.Errf("%s: invalid duration %q: %s", name, s, durationError(s, err))
 	}
 	if dur <= 0 {
 		return d.Errf("%s: duration must be positive, got %q", name, s)
 	}
 	*dst = caddy.Duration(dur)
 	return nil
+}
+
+// durationError says why caddy.ParseDuration refused s. Caddy rewrites
+// each "<n>d" as hours before Go's parser reports, whose error then
+// quotes a value never written ("3days" as "72hays"): for a value with
+// a d, the error is the units, or the range if the value parses with
+// hours in place of days. Else Go's error, which names a bad unit.
+func durationError(s string, err error) string {
+	if len(s) > 1024 || !strings.ContainsRune(s, 'd') {
+		return err.Error()
+	}
+	if _, herr := time.ParseDuration(strings.ReplaceAll(s, "d", "h")); herr == nil {
+		return "out of range (at most 106751d)"
+	}
+	return "a number and a unit per part (ns, us, µs, ms, s, m, h, d), as 90s, 72h, 3d or 1d12h"
 }
