@@ -17,6 +17,7 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 )
 
 // readmeRecipe returns the README's backend recipe (the SQL block marked
@@ -94,7 +95,8 @@ func TestBackendRecipe(t *testing.T) {
 
 	const work = 600 * time.Millisecond
 	var mu sync.Mutex
-	committing := map[string]time.Time{} // when each event's work last sent its COMMIT
+	committing := map[string]time.Time{} // when each event's unmarked delivery sent its COMMIT
+	inserted := map[string]bool{}        // events whose unmarked delivery has done its insert
 	fail := map[string]bool{"evt_failed": true}
 	var reached, working, markedSeen atomic.Int64 // deliveries received; under way; marked
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -129,6 +131,11 @@ func TestBackendRecipe(t *testing.T) {
 			return
 		}
 		exec("INSERT INTO payments (event_id) VALUES ($1)", id)
+		if !marked {
+			mu.Lock()
+			inserted[id] = true
+			mu.Unlock()
+		}
 		time.Sleep(work)
 		mu.Lock()
 		failed := fail[id]
@@ -143,9 +150,11 @@ func TestBackendRecipe(t *testing.T) {
 		// and a retry waiting on its row goes on, before COMMIT returns
 		// here, so a time noted after it may come after the retry's
 		// answer (or not yet be noted when the retry is checked).
-		mu.Lock()
-		committing[id] = time.Now()
-		mu.Unlock()
+		if !marked {
+			mu.Lock()
+			committing[id] = time.Now()
+			mu.Unlock()
+		}
 		exec(stmts[2])
 		w.WriteHeader(200)
 	}))
@@ -174,6 +183,13 @@ func TestBackendRecipe(t *testing.T) {
 	if a := <-post("evt_crash", false, 100*time.Millisecond); a.Err == nil {
 		t.Fatalf("evt_crash: the first attempt answered %d before its work was done", a.Status)
 	}
+	// The retry is sent once the first attempt holds its row (its
+	// transaction open, the work under way): the case checked.
+	poll.Until(t, 10*time.Second, "evt_crash: the first attempt's insert", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return inserted["evt_crash"]
+	})
 	retry := <-post("evt_crash", true, long)
 	want200("evt_crash, marked retry during the first attempt's work", retry)
 	mu.Lock()

@@ -6,7 +6,6 @@ package cfargs
 import (
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -84,14 +83,11 @@ func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 // durationError says why caddy.ParseDuration refused s. Caddy rewrites
 // each "<n>d" as hours before Go's parser reports, whose error then
 // quotes a value never written ("3days" as "72hays"): for a value with
-// a d, the error is the units, or the range if the value parses with
-// hours in place of days. Else Go's error, which names a bad unit.
+// a d, the form and range accepted instead. Else Go's error, which
+// quotes s as written.
 func durationError(s string, err error) string {
 	if len(s) > 1024 || !strings.ContainsRune(s, 'd') {
 		return err.Error()
 	}
-	if _, herr := time.ParseDuration(strings.ReplaceAll(s, "d", "h")); herr == nil {
-		return "out of range (at most 106751d)"
-	}
-	return "a number and a unit per part (ns, us, µs, ms, s, m, h, d), as 90s, 72h, 3d or 1d12h"
+	return "write a number and a unit per part (ns, us, µs, ms, s, m, h, d), as 90s, 72h, 3d or 1d12h, under 106752d"
 }
