@@ -118,19 +118,15 @@ func TestAdminForgetLoggedUnderItsModule(t *testing.T) {
 	if status, v := s.api(t, http.MethodDelete, "/sangho_dedup/logged/events/evt_logged"); status != 200 || v["state"] != "done" {
 		t.Fatalf("DELETE a processed event: %d %v", status, v)
 	}
-	b, err := os.ReadFile(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	entries, text := logEntries(t, logFile)
 	var lines []map[string]any
-	for _, line := range strings.Split(string(b), "\n") {
-		var e map[string]any
-		if json.Unmarshal([]byte(line), &e) == nil && e["msg"] == "event forgotten" {
+	for _, e := range entries {
+		if e["msg"] == "event forgotten" {
 			lines = append(lines, e)
 		}
 	}
 	if len(lines) != 1 {
-		t.Fatalf("%d lines \"event forgotten\" in the log that includes admin.api.sangho_dedup, want 1:\n%s", len(lines), b)
+		t.Fatalf("%d lines \"event forgotten\" in the log that includes admin.api.sangho_dedup, want 1:\n%s", len(lines), text)
 	}
 	e := lines[0]
 	if e["level"] != "info" || e["logger"] != "admin.api.sangho_dedup" || e["name"] != "logged" ||

@@ -3,12 +3,10 @@ package sanghodedup
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -448,14 +446,10 @@ http://127.0.0.1:%d {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = caddy.Stop() })
-	data, err := os.ReadFile(logFile)
-	if err != nil {
-		t.Fatal(err)
-	}
+	entries, data := logEntries(t, logFile)
 	var retention, literal bool
-	for _, line := range strings.Split(string(data), "\n") {
-		var e map[string]any
-		if json.Unmarshal([]byte(line), &e) != nil || e["logger"] != "http.handlers.sangho_dedup" {
+	for _, e := range entries {
+		if e["logger"] != "http.handlers.sangho_dedup" {
 			continue
 		}
 		msg, _ := e["msg"].(string)
@@ -469,7 +463,7 @@ http://127.0.0.1:%d {
 	if !retention || !literal {
 		t.Errorf("warnings (retention %v, literal secret %v) not as expected in the log:\n%s", retention, literal, data)
 	}
-	if strings.Contains(string(data), secret1) || strings.Contains(string(data), "whsec_lit_") {
+	if strings.Contains(data, secret1) || strings.Contains(data, "whsec_lit_") {
 		t.Errorf("the log holds a secret:\n%s", data)
 	}
 }

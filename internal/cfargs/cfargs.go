@@ -84,7 +84,8 @@ func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 // each "<n>d" as hours before Go's parser reports, whose error then
 // quotes a value never written ("3days" as "72hays"): for a value with
 // a d, the form and range accepted instead. Else Go's error, which
-// quotes s as written.
+// quotes s as written (or Caddy's, for a value over its 1024 bytes,
+// refused before any rewrite).
 func durationError(s string, err error) string {
 	if len(s) > 1024 || !strings.ContainsRune(s, 'd') {
 		return err.Error()
