@@ -269,6 +269,11 @@ func (c *redisClient) Destruct() error {
 // the addresses lead to (see redisClient.identify); it does not contact
 // a standalone server.
 func (s *Store) Provision(ctx caddy.Context) error {
+	// Caddy validates after provisioning; the client built below must
+	// not see a bad value first (a negative pool_size panics go-redis).
+	if err := s.validateValues(); err != nil {
+		return err
+	}
 	s.check = newPermCheck()
 	if s.logger == nil {
 		s.logger = ctx.Logger()
@@ -507,8 +512,20 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 // Redis at most that long, and the deadlines built from them never wrap.
 const MaxTimeout = time.Hour
 
-// Validate checks values that need no placeholder resolution.
+// Validate checks values that need no placeholder resolution, and
+// wait_timeout against the read timeout (a url's, once provisioned).
 func (s *Store) Validate() error {
+	if err := s.validateValues(); err != nil {
+		return err
+	}
+	if s.WaitTimeout > 0 && s.WaitTimeout >= s.effectiveReadTimeout() {
+		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
+	}
+	return nil
+}
+
+// validateValues checks each value on its own.
+func (s *Store) validateValues() error {
 	switch {
 	case s.DB < 0:
 		return errors.New("redis store: db must not be negative")
@@ -516,8 +533,6 @@ func (s *Store) Validate() error {
 		return errors.New("redis store: pool_size must not be negative")
 	case s.WaitReplicas < 0 || s.WaitTimeout < 0:
 		return errors.New("redis store: wait_replicas and wait_timeout must not be negative")
-	case s.WaitTimeout > 0 && s.WaitTimeout >= s.effectiveReadTimeout():
-		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("redis store: timeouts must not be negative")
 	case s.LocalCache != nil && *s.LocalCache < 0:

@@ -195,3 +195,25 @@ var tokens atomic.Uint64
 
 // newToken is a lease token unique in this test process.
 func newToken() string { return "tok-" + strconv.FormatUint(tokens.Add(1), 36) }
+
+// Caddy calls Validate after Provision, which builds the client:
+// Provision checks the values first, so that a JSON config's bad value
+// is an error naming it, not a panic in go-redis (pool_size -1 made a
+// channel of size -1).
+func TestRedisStoreProvisionRefusesBadValuesFirst(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, c := range []struct {
+		s    Store
+		want string
+	}{
+		{Store{Address: []string{"127.0.0.1:1"}, PoolSize: -1}, "pool_size"},
+		{Store{Address: []string{"127.0.0.1:1"}, DB: -1}, "db"},
+		{Store{Address: []string{"127.0.0.1:1"}, DialTimeout: -1}, "timeouts"},
+	} {
+		err := c.s.Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: Provision() = %v, want an error naming %s", c.s, err, c.want)
+		}
+	}
+}
