@@ -64,8 +64,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // providers.HMAC.UnmarshalCaddyfile); the others take none.
 func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoValue(d, "sangho_dedup", "its options, secret among them, go in its block"); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {

@@ -339,3 +339,27 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 		}
 	}
 }
+
+// TestCaddyfileExtraValueNotQuoted: a value on a line that takes none
+// (the directive's, a store's, a provider's) is refused without quoting
+// it: what a user puts there by mistake is often the secret, a DSN or a
+// URL with its password, and Caddy's ArgErr would print it.
+func TestCaddyfileExtraValueNotQuoted(t *testing.T) {
+	const secret = "hunter2TOPSECRET"
+	for _, c := range []struct{ line, want string }{
+		{"sangho_dedup whsec_" + secret + " {\n\t\tsecret s\n\t}", "sangho_dedup: takes no value on its line"},
+		{"sangho_dedup /hook whsec_" + secret + " {\n\t\tsecret s\n\t}", "sangho_dedup: takes no value on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore memory whsec_" + secret + "\n\t}", "store memory: takes no value on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore redis redis://:" + secret + "@127.0.0.1:1\n\t}", "store redis: takes no value on its line (write url <url> or address <host:port> in its block)"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore redis redis://:" + secret + "@127.0.0.1:1 {\n\t\t\tdb 1\n\t\t}\n\t}", "store redis: takes no value on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore postgres postgres://u:" + secret + "@127.0.0.1:1/db\n\t}", "store postgres: takes no value on its line (write dsn <dsn> in its block)"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore file /var/lib/x.db " + secret + "\n\t}", "store file: takes at most its path on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tprovider hmac whsec_" + secret + " {\n\t\t\theader X-Sig\n\t\t}\n\t}", "provider hmac: takes no value on its line"},
+	} {
+		src := ":8080 {\n\t" + c.line + "\n\trespond 200\n}\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), secret) {
+			t.Errorf("%s\nerror: %v\nwant it to contain %q and not the value given", c.line, err, c.want)
+		}
+	}
+}

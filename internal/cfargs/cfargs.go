@@ -25,6 +25,34 @@ func Once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) 
 	return nil
 }
 
+// notRepeated ends an error about a value that is not quoted.
+const notRepeated = "; the value is not repeated here, as it may be a secret"
+
+// NoValue refuses a value after the current token (a directive's, a
+// store's or a provider's name), whose options go in its block; who,
+// if not empty, prefixes the error. It never quotes the value, as
+// Caddy's ArgErr would: what is written there by mistake is often the
+// secret, a DSN or a URL with its password.
+func NoValue(d *caddyfile.Dispenser, who, hint string) error {
+	if !d.NextArg() {
+		return nil
+	}
+	msg := "takes no value on its line (" + hint + ")" + notRepeated
+	if who != "" {
+		msg = who + ": " + msg
+	}
+	return d.Err(msg)
+}
+
+// NoMore refuses a value after the arguments already read, as NoValue,
+// with what says what the line takes.
+func NoMore(d *caddyfile.Dispenser, what string) error {
+	if !d.NextArg() {
+		return nil
+	}
+	return d.Err("takes at most " + what + " on its line" + notRepeated)
+}
+
 // Flag sets the flag option in d.Val(), which takes no argument.
 func Flag(d *caddyfile.Dispenser, dst *bool) error {
 	name := d.Val()

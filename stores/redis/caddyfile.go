@@ -37,8 +37,8 @@ import (
 //	}
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoValue(d, "", "write url <url> or address <host:port> in its block"); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
