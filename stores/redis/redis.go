@@ -327,6 +327,24 @@ func (s *Store) Cleanup() error {
 	return s.users.Release(s.poolKey, s.logger)
 }
 
+// resolvePlaceholders resolves v's placeholders. One unset, empty or
+// unknown is an error naming the option, as the file store's path and
+// PostgreSQL's dsn: an unset {env.REDIS_URL} must not quietly become the
+// default 127.0.0.1:6379 (another server, another dedup state), nor an
+// unset password no password. The error names the placeholder only when
+// it is the whole value: in a password or a url, anything else may be
+// part of the secret.
+func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error) {
+	out, err := repl.ReplaceOrErr(v, true, true)
+	if err == nil {
+		return out, nil
+	}
+	if strings.HasPrefix(v, "{") && strings.HasSuffix(v, "}") && strings.Count(v, "{") == 1 {
+		return "", fmt.Errorf("%s: %s is unset or empty", option, v)
+	}
+	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (the value is not shown, as it may hold a secret)", option)
+}
+
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {
 	universal *goredis.UniversalOptions
@@ -398,23 +416,30 @@ func canonicalAddr(a string) string {
 // two clients differ, TLS included.
 func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	repl := caddy.NewReplacer()
-	resolve := func(v string) string { return repl.ReplaceAll(v, "") }
+	var unresolved error // the first placeholder left unresolved
+	resolve := func(option, v string) string {
+		out, err := resolvePlaceholders(repl, option, v)
+		if unresolved == nil {
+			unresolved = err
+		}
+		return out
+	}
 	fail := func(err error) (resolvedOptions, error) {
 		return resolvedOptions{}, fmt.Errorf("redis store: %w", err)
 	}
 
 	var addrs []string
 	for _, a := range s.Address {
-		if a = resolve(a); a != "" {
+		if a = resolve("address", a); a != "" {
 			addrs = append(addrs, a)
 		}
 	}
-	u := resolve(s.URL)
+	u := resolve("url", s.URL)
 	o := &goredis.UniversalOptions{
 		Addrs:                 addrs,
-		MasterName:            resolve(s.MasterName),
-		Username:              resolve(s.Username),
-		Password:              resolve(s.Password),
+		MasterName:            resolve("master_name", s.MasterName),
+		Username:              resolve("username", s.Username),
+		Password:              resolve("password", s.Password),
 		DB:                    s.DB,
 		DialTimeout:           time.Duration(s.DialTimeout),
 		ReadTimeout:           time.Duration(s.ReadTimeout),
@@ -433,6 +458,9 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		// does not grant it (Redis 7.0 lacks it, so it cannot be granted
 		// everywhere), and a refused one fills Redis's ACL LOG.
 		DisableIdentity: true,
+	}
+	if unresolved != nil {
+		return fail(unresolved)
 	}
 	wantTLS, skipVerify := s.TLS, false
 	if u != "" {
@@ -460,6 +488,9 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	var tlsID map[string]any
 	if wantTLS || len(s.tlsOptions()) > 0 {
 		cfg, id, err := s.tlsConfig(ctx, resolve, skipVerify)
+		if err == nil {
+			err = unresolved
+		}
 		if err != nil {
 			return fail(err)
 		}
