@@ -180,6 +180,13 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":                  `max_body_size: invalid size "huge"`,
 		"sangho_dedup {\nsecret s\nrequire_body_id yes\n}":                 `require_body_id: must be on or off, not "yes"`,
 		"sangho_dedup {\nsecret s\nmax_body_size 65MiB\n}":                 "max_body_size: 65MiB is over the maximum of 64MiB",
+		// bounds where the value is written, quoted as written
+		"sangho_dedup {\nsecret s\ntolerance 8d\n}":                                 `tolerance: "8d" is over the maximum of 7d, at Testfile:3`,
+		"sangho_dedup {\nsecret s\nretention 3651d\n}":                              `retention: "3651d" is over the maximum of 3650d`,
+		"sangho_dedup {\nsecret s\nlock_ttl 10ms\n}":                                `lock_ttl: "10ms" is under the minimum of 30ms`,
+		"sangho_dedup {\nsecret s\nretry_after 2d\n}":                               `retry_after: "2d" is over the maximum of 24h`,
+		"sangho_dedup {\nsecret s\nstore redis {\nwrite_timeout 1d\n}\n}":           `write_timeout: "1d" is over the maximum of 1h`,
+		"sangho_dedup {\nsecret s\nstore postgres {\nstatement_timeout 500us\n}\n}": `statement_timeout: "500us" is under the minimum of 1ms`,
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))

@@ -4,8 +4,10 @@
 package cfargs
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -91,8 +93,10 @@ func Int(d *caddyfile.Dispenser, dst *int) error {
 }
 
 // Duration reads the one argument of the option in d.Val() as a
-// positive duration (caddy.ParseDuration: 30s, 1h, 2d).
-func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+// positive duration (caddy.ParseDuration: 30s, 1h, 2d) within [min,
+// max] (0: no bound), so that a value out of range is refused where it
+// is written, quoted as written.
+func Duration(d *caddyfile.Dispenser, dst *caddy.Duration, min, max time.Duration) error {
 	name, s := d.Val(), ""
 	if err := One(d, &s); err != nil {
 		return err
@@ -104,8 +108,41 @@ func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	if dur <= 0 {
 		return d.Errf("%s: duration must be positive, got %q", name, s)
 	}
+	if err := Range(name, strconv.Quote(s), dur, min, max); err != nil {
+		return d.Err(err.Error())
+	}
 	*dst = caddy.Duration(dur)
 	return nil
+}
+
+// Range refuses v outside [min, max] (0: no bound), naming the option
+// and the value as shown (quoted as written in a Caddyfile, Human(v)
+// from JSON): "tolerance: \"8d\" is over the maximum of 7d".
+func Range(name, shown string, v, min, max time.Duration) error {
+	switch {
+	case min > 0 && v < min:
+		return fmt.Errorf("%s: %s is under the minimum of %s", name, shown, Human(min))
+	case max > 0 && v > max:
+		return fmt.Errorf("%s: %s is over the maximum of %s", name, shown, Human(max))
+	}
+	return nil
+}
+
+// Human writes d as a user writes it: whole days from 2 days up (7d),
+// else Go's form without its zero units (24h, 1h30m, 30ms).
+func Human(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d >= 2*day && d%day == 0 {
+		return strconv.FormatInt(int64(d/day), 10) + "d"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }
 
 // durationError says why caddy.ParseDuration refused s. Caddy rewrites

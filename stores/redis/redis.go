@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
 
@@ -506,8 +507,8 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		option string
 		value  time.Duration
 	}{{"dial_timeout", o.DialTimeout}, {"read_timeout", o.ReadTimeout}, {"write_timeout", o.WriteTimeout}, {"wait_timeout", time.Duration(s.WaitTimeout)}} {
-		if d.value > MaxTimeout {
-			return fail(fmt.Errorf("%s must be at most %v, not %v", d.option, MaxTimeout, d.value))
+		if err := cfargs.Range(d.option, cfargs.Human(d.value), d.value, 0, MaxTimeout); err != nil {
+			return fail(err)
 		}
 	}
 	s.readTimeout = o.ReadTimeout
