@@ -70,6 +70,9 @@ type EndpointInfo struct {
 
 // EventInfo is the answer of GET and DELETE /sangho_dedup/<name>/events/<id>.
 type EventInfo struct {
+	// Endpoint is the name of the endpoint that answered: the one asked
+	// for, or the endpoint an earlier name of it reached.
+	Endpoint    string     `json:"endpoint"`
 	ID          string     `json:"id"`
 	State       string     `json:"state"` // done, in_flight, unknown (a mark: see dedup.MarkFor) or absent
 	ProcessedAt *time.Time `json:"processed_at,omitempty"`
@@ -78,8 +81,8 @@ type EventInfo struct {
 	Fingerprint string     `json:"fingerprint,omitempty"`
 }
 
-func eventInfo(id string, e dedup.Entry) EventInfo {
-	info := EventInfo{ID: id, State: e.State()}
+func eventInfo(endpoint, id string, e dedup.Entry) EventInfo {
+	info := EventInfo{Endpoint: endpoint, ID: id, State: e.State()}
 	if !e.ExpiresAt.IsZero() {
 		exp := e.ExpiresAt.UTC().Round(time.Millisecond)
 		info.ExpiresAt = &exp
@@ -133,14 +136,14 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		if e.Value == "" {
 			status = http.StatusNotFound
 		}
-		return writeJSON(w, status, eventInfo(id, e))
+		return writeJSON(w, status, eventInfo(h.Name, id, e))
 	case http.MethodDelete:
 		force := r.URL.Query().Get("force") == "true"
 		e, deleted, err := h.forget(ctx, key, force)
 		if err != nil {
 			return apiError(http.StatusServiceUnavailable, "forgetting %q: %v", id, err)
 		}
-		info := eventInfo(id, e)
+		info := eventInfo(h.Name, id, e)
 		switch {
 		case e.Value == "":
 			return writeJSON(w, http.StatusNotFound, info)
@@ -149,7 +152,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		case !deleted:
 			return apiError(http.StatusConflict, "event %q is in flight (a backend is working on it): not forgotten; ?force=true removes its lease too, and a redelivery may then be processed while the backend still works", id)
 		}
-		a.logger.Info("event forgotten", zap.String("name", name), zap.String("event_id", id),
+		a.logger.Info("event forgotten", zap.String("name", h.Name), zap.String("event_id", id),
 			zap.String("state", info.State), zap.Bool("force", force))
 		return writeJSON(w, http.StatusOK, info)
 	}

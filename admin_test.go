@@ -392,11 +392,12 @@ func TestCommandDefaultEndpointName(t *testing.T) {
 		t.Fatalf("get: exit %d, %v\n%s", code, err, out)
 	}
 	for _, name := range []string{"sangho_dedup", "sangho_dedup:", "sangho_dedup%3A"} {
-		if status, v := s.api(t, http.MethodGet, "/sangho_dedup/"+name+"/events/"+id); status != 200 || v["state"] != "done" {
-			t.Errorf("GET through the name %s: %d %v", name, status, v)
+		if status, v := s.api(t, http.MethodGet, "/sangho_dedup/"+name+"/events/"+id); status != 200 || v["state"] != "done" || v["endpoint"] != "sangho_dedup" {
+			t.Errorf("GET through the name %s: %d %v, want state done from the endpoint sangho_dedup", name, status, v)
 		}
 	}
-	if code, out, err := s.cli(t, "get", id, "name", "sangho_dedup:"); code != 0 || err != nil {
-		t.Errorf("get --name sangho_dedup: (the name before): exit %d, %v\n%s", code, err, out)
+	// The name before reaches the endpoint, which is named as it is now.
+	if code, out, err := s.cli(t, "get", id, "name", "sangho_dedup:"); code != 0 || err != nil || !strings.Contains(out, "  endpoint      sangho_dedup\n") {
+		t.Errorf("get --name sangho_dedup: (the name before): exit %d, %v, want the endpoint named sangho_dedup\n%s", code, err, out)
 	}
 }

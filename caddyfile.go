@@ -64,8 +64,8 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 // providers.HMAC.UnmarshalCaddyfile); the others take none.
 func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // directive name
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoValue(d, "sangho_dedup", "its options, secret among them, go in its block"); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for d.NextBlock(0) {
@@ -82,7 +82,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.Secrets = append(m.Secrets, args...)
 		case "tolerance":
-			if err := cfargs.Duration(d, &m.Tolerance); err != nil {
+			if err := cfargs.Duration(d, &m.Tolerance, 0, MaxTolerance); err != nil {
 				return err
 			}
 		case "max_body_size":
@@ -113,15 +113,15 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("signature_header: %q is not a valid header name", m.SignatureHeader)
 			}
 		case "retention":
-			if err := cfargs.Duration(d, &m.Retention); err != nil {
+			if err := cfargs.Duration(d, &m.Retention, 0, MaxRetention); err != nil {
 				return err
 			}
 		case "lock_ttl":
-			if err := cfargs.Duration(d, &m.LockTTL); err != nil {
+			if err := cfargs.Duration(d, &m.LockTTL, minLockTTL, MaxLockTTL); err != nil {
 				return err
 			}
 		case "retry_after":
-			if err := cfargs.Duration(d, &m.RetryAfter); err != nil {
+			if err := cfargs.Duration(d, &m.RetryAfter, 0, MaxRetryAfter); err != nil {
 				return err
 			}
 		case "on_store_error":

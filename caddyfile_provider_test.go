@@ -55,7 +55,7 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 		"provider github extra":                                   `provider github: takes no arguments (a secret goes in secret)`,
 		"provider stripe {\ntolerance 1m\n}":                      `provider stripe: takes no options, found "tolerance"`,
 		"provider standard_webhooks {\nsvix on\n}":                `provider standard_webhooks: takes no options, found "svix"`,
-		"provider hmac extra {\n}":                                "wrong argument count",
+		"provider hmac extra {\n}":                                "provider hmac: takes no value on its line",
 		hmacBlock("frobnicate 1"):                                 `provider hmac: unrecognized option "frobnicate"`,
 		hmacBlock("algorithm md5"):                                `algorithm must be sha256, sha512 or sha1, not "md5"`,
 		hmacBlock("encoding base32"):                              `encoding must be hex or base64, not "base32"`,

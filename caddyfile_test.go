@@ -180,6 +180,13 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":                  `max_body_size: invalid size "huge"`,
 		"sangho_dedup {\nsecret s\nrequire_body_id yes\n}":                 `require_body_id: must be on or off, not "yes"`,
 		"sangho_dedup {\nsecret s\nmax_body_size 65MiB\n}":                 "max_body_size: 65MiB is over the maximum of 64MiB",
+		// bounds where the value is written, quoted as written
+		"sangho_dedup {\nsecret s\ntolerance 8d\n}":                                 `tolerance: "8d" is over the maximum of 7d, at Testfile:3`,
+		"sangho_dedup {\nsecret s\nretention 3651d\n}":                              `retention: "3651d" is over the maximum of 3650d`,
+		"sangho_dedup {\nsecret s\nlock_ttl 10ms\n}":                                `lock_ttl: "10ms" is under the minimum of 30ms`,
+		"sangho_dedup {\nsecret s\nretry_after 2d\n}":                               `retry_after: "2d" is over the maximum of 24h`,
+		"sangho_dedup {\nsecret s\nstore redis {\nwrite_timeout 1d\n}\n}":           `write_timeout: "1d" is over the maximum of 1h`,
+		"sangho_dedup {\nsecret s\nstore postgres {\nstatement_timeout 500us\n}\n}": `statement_timeout: "500us" is under the minimum of 1ms`,
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
@@ -336,6 +343,30 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 		}
 		if text := strings.Join(strings.Fields(string(b)), " "); !strings.Contains(text, "`{$X}`") || !strings.Contains(text, "adapted JSON") || !strings.Contains(text, "`{env.X}`") {
 			t.Errorf("%s does not say what {$X} does beside {env.X}", doc)
+		}
+	}
+}
+
+// TestCaddyfileExtraValueNotQuoted: a value on a line that takes none
+// (the directive's, a store's, a provider's) is refused without quoting
+// it: what a user puts there by mistake is often the secret, a DSN or a
+// URL with its password, and Caddy's ArgErr would print it.
+func TestCaddyfileExtraValueNotQuoted(t *testing.T) {
+	const secret = "hunter2TOPSECRET"
+	for _, c := range []struct{ line, want string }{
+		{"sangho_dedup whsec_" + secret + " {\n\t\tsecret s\n\t}", "sangho_dedup: takes no value on its line"},
+		{"sangho_dedup /hook whsec_" + secret + " {\n\t\tsecret s\n\t}", "sangho_dedup: takes no value on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore memory whsec_" + secret + "\n\t}", "store memory: takes no value on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore redis redis://:" + secret + "@127.0.0.1:1\n\t}", "store redis: takes no value on its line (write url <url> or address <host:port> in its block)"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore redis redis://:" + secret + "@127.0.0.1:1 {\n\t\t\tdb 1\n\t\t}\n\t}", "store redis: takes no value on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore postgres postgres://u:" + secret + "@127.0.0.1:1/db\n\t}", "store postgres: takes no value on its line (write dsn <dsn> in its block)"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore file /var/lib/x.db " + secret + "\n\t}", "store file: takes at most its path on its line"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tprovider hmac whsec_" + secret + " {\n\t\t\theader X-Sig\n\t\t}\n\t}", "provider hmac: takes no value on its line"},
+	} {
+		src := ":8080 {\n\t" + c.line + "\n\trespond 200\n}\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) || strings.Contains(err.Error(), secret) {
+			t.Errorf("%s\nerror: %v\nwant it to contain %q and not the value given", c.line, err, c.want)
 		}
 	}
 }

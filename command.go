@@ -140,6 +140,9 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 	if asJSON {
 		_, _ = out.Write(body)
 	} else {
+		if info.Endpoint != "" {
+			name = info.Endpoint // an earlier name of it may have been given
+		}
 		printEvent(out, verb, name, info)
 	}
 	if info.State == "absent" {

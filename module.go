@@ -24,6 +24,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 	"github.com/sangho/caddy-sangho-dedup/providers"
 
 	// The modules this handler loads by default: every store and every
@@ -445,7 +446,7 @@ func (h *Handler) Validate() error {
 	case h.provider.timestamp && h.Tolerance <= 0:
 		return errors.New("tolerance must be positive")
 	case time.Duration(h.Tolerance) > MaxTolerance:
-		return fmt.Errorf("tolerance: at most %v (7 days), not %v", MaxTolerance, time.Duration(h.Tolerance))
+		return cfargs.Range("tolerance", cfargs.Human(time.Duration(h.Tolerance)), time.Duration(h.Tolerance), 0, MaxTolerance)
 	case h.MaxBodySize <= 0:
 		return errors.New("max_body_size must be positive")
 	case h.MaxBodySize > MaxMaxBodySize:
@@ -453,15 +454,13 @@ func (h *Handler) Validate() error {
 	case h.Retention <= 0:
 		return errors.New("retention must be positive")
 	case time.Duration(h.Retention) > MaxRetention:
-		return fmt.Errorf("retention must be at most 3650d (10 years), not %v", time.Duration(h.Retention))
-	case time.Duration(h.LockTTL) < minLockTTL:
-		return fmt.Errorf("lock_ttl must be at least %v", minLockTTL)
-	case time.Duration(h.LockTTL) > MaxLockTTL:
-		return fmt.Errorf("lock_ttl must be at most 24h, not %v", time.Duration(h.LockTTL))
+		return cfargs.Range("retention", cfargs.Human(time.Duration(h.Retention)), time.Duration(h.Retention), 0, MaxRetention)
+	case time.Duration(h.LockTTL) < minLockTTL || time.Duration(h.LockTTL) > MaxLockTTL:
+		return cfargs.Range("lock_ttl", cfargs.Human(time.Duration(h.LockTTL)), time.Duration(h.LockTTL), minLockTTL, MaxLockTTL)
 	case h.RetryAfter <= 0:
 		return errors.New("retry_after must be positive")
 	case time.Duration(h.RetryAfter) > MaxRetryAfter:
-		return fmt.Errorf("retry_after must be at most 24h, not %v", time.Duration(h.RetryAfter))
+		return cfargs.Range("retry_after", cfargs.Human(time.Duration(h.RetryAfter)), time.Duration(h.RetryAfter), 0, MaxRetryAfter)
 	case h.OnStoreError != storeErrorReject && h.OnStoreError != storeErrorPass:
 		return fmt.Errorf("on_store_error must be %q or %q, not %q", storeErrorReject, storeErrorPass, h.OnStoreError)
 	case h.OnPayloadMismatch != mismatchReject && h.OnPayloadMismatch != mismatchLog:

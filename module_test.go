@@ -15,6 +15,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
@@ -264,7 +265,7 @@ func TestDurationBounds(t *testing.T) {
 			switch {
 			case d <= c.max && err != nil:
 				t.Errorf("%s %v (the maximum): %v", c.option, d, err)
-			case d > c.max && (err == nil || !strings.HasPrefix(err.Error(), c.option+" must be at most")):
+			case d > c.max && (err == nil || !strings.HasPrefix(err.Error(), c.option+": ") || !strings.HasSuffix(err.Error(), " is over the maximum of "+cfargs.Human(c.max))):
 				t.Errorf("%s %v: %v; want an error naming %s and its maximum", c.option, d, err, c.option)
 			}
 			_ = h.Cleanup()

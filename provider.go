@@ -1,6 +1,7 @@
 package sanghodedup
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -87,8 +88,12 @@ func (h *Handler) validateProvider() error {
 		return fmt.Errorf("tolerance: the %s provider signs no timestamp, so there is no tolerance to set (a captured delivery stays valid: see docs/providers.md)", s.name)
 	case h.RequireBodyID != nil && s.idSource != dedup.IDFromBody:
 		return fmt.Errorf("require_body_id: applies only where the event ID comes from the body (sangho, stripe, hmac with id_field); the %s provider takes it from a %s", s.name, s.idSource)
+	case h.SignatureHeader == "" && s.name == "hmac":
+		return errors.New("signature_header: the hmac provider has no default signature header: give its header (provider hmac { header <name> }), or signature_header")
 	case h.SignatureHeader == "":
 		return fmt.Errorf("signature_header: the %s provider has no default signature header: give one", s.name)
+	case s.idSource == dedup.IDFromHeader && len(s.idHeaders) == 0 && s.name == "hmac":
+		return errors.New("event_id_header: the hmac provider has no default event ID source: give its id_header (a header) or id_field (the JSON body's field), or event_id_header")
 	case s.idSource == dedup.IDFromHeader && len(s.idHeaders) == 0:
 		return fmt.Errorf("event_id_header: the %s provider takes the event ID from a header and has no default one: give one", s.name)
 	}

@@ -225,8 +225,8 @@ func (s *HMAC) Verify(r *http.Request, body []byte) (dedup.Verified, error) {
 //	}
 func (s *HMAC) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // provider name
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoValue(d, "", "its options go in its block, the secret in the directive's secret"); err != nil {
+		return err
 	}
 	// The handler's parser prefixes each error with "provider hmac: ".
 	seen := map[string]bool{}

@@ -4,8 +4,10 @@
 package cfargs
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -23,6 +25,34 @@ func Once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) 
 	}
 	seen[opt] = true
 	return nil
+}
+
+// notRepeated ends an error about a value that is not quoted.
+const notRepeated = "; the value is not repeated here, as it may be a secret"
+
+// NoValue refuses a value after the current token (a directive's, a
+// store's or a provider's name), whose options go in its block; who,
+// if not empty, prefixes the error. It never quotes the value, as
+// Caddy's ArgErr would: what is written there by mistake is often the
+// secret, a DSN or a URL with its password.
+func NoValue(d *caddyfile.Dispenser, who, hint string) error {
+	if !d.NextArg() {
+		return nil
+	}
+	msg := "takes no value on its line (" + hint + ")" + notRepeated
+	if who != "" {
+		msg = who + ": " + msg
+	}
+	return d.Err(msg)
+}
+
+// NoMore refuses a value after the arguments already read, as NoValue,
+// with what says what the line takes.
+func NoMore(d *caddyfile.Dispenser, what string) error {
+	if !d.NextArg() {
+		return nil
+	}
+	return d.Err("takes at most " + what + " on its line" + notRepeated)
 }
 
 // Flag sets the flag option in d.Val(), which takes no argument.
@@ -63,8 +93,10 @@ func Int(d *caddyfile.Dispenser, dst *int) error {
 }
 
 // Duration reads the one argument of the option in d.Val() as a
-// positive duration (caddy.ParseDuration: 30s, 1h, 2d).
-func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+// positive duration (caddy.ParseDuration: 30s, 1h, 2d) within [min,
+// max] (0: no bound), so that a value out of range is refused where it
+// is written, quoted as written.
+func Duration(d *caddyfile.Dispenser, dst *caddy.Duration, min, max time.Duration) error {
 	name, s := d.Val(), ""
 	if err := One(d, &s); err != nil {
 		return err
@@ -76,8 +108,41 @@ func Duration(d *caddyfile.Dispenser, dst *caddy.Duration) error {
 	if dur <= 0 {
 		return d.Errf("%s: duration must be positive, got %q", name, s)
 	}
+	if err := Range(name, strconv.Quote(s), dur, min, max); err != nil {
+		return d.Err(err.Error())
+	}
 	*dst = caddy.Duration(dur)
 	return nil
+}
+
+// Range refuses v outside [min, max] (0: no bound), naming the option
+// and the value as shown (quoted as written in a Caddyfile, Human(v)
+// from JSON): "tolerance: \"8d\" is over the maximum of 7d".
+func Range(name, shown string, v, min, max time.Duration) error {
+	switch {
+	case min > 0 && v < min:
+		return fmt.Errorf("%s: %s is under the minimum of %s", name, shown, Human(min))
+	case max > 0 && v > max:
+		return fmt.Errorf("%s: %s is over the maximum of %s", name, shown, Human(max))
+	}
+	return nil
+}
+
+// Human writes d as a user writes it: whole days from 2 days up (7d),
+// else Go's form without its zero units (24h, 1h30m, 30ms).
+func Human(d time.Duration) string {
+	const day = 24 * time.Hour
+	if d >= 2*day && d%day == 0 {
+		return strconv.FormatInt(int64(d/day), 10) + "d"
+	}
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }
 
 // durationError says why caddy.ParseDuration refused s. Caddy rewrites

@@ -36,6 +36,9 @@ type memEntry struct {
 	// which leaves once false). Such a lease can be deleted with Pebble's
 	// SingleDelete: see HoldsOnce.
 	once bool
+	// replaced: the mark a lease took over (Reclaimed), put back by
+	// Untake if the lease cannot be made durable.
+	replaced *memEntry
 }
 
 // lease reports whether e is a lease (live, or a mark).
@@ -169,9 +172,8 @@ func (s *Table) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, 
 		return res, found, err
 	}
 	if err := s.Sync(); err != nil {
-		// Not durable: the claim failed, and its lease goes (unless
-		// it is another's by now).
-		_, _ = s.Release(key, token)
+		// Not durable: the claim failed (see Untake).
+		_ = s.Untake(key, token)
 		return 0, "", err
 	}
 	return res, found, nil
@@ -179,12 +181,12 @@ func (s *Table) Claim(key, token string, ttl time.Duration) (dedup.ClaimResult, 
 
 // Take is Claim up to the journal's sync: the lease is taken in memory
 // and recorded in the journal (wrote), not synced. The caller calls
-// Sync before it relies on the lease, and releases the lease if Sync
-// fails.
+// Sync before it relies on the lease, and calls Untake if Sync fails.
 func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResult, found string, wrote bool, err error) {
 	sh := s.shard(key)
 	now := s.now()
 	res = dedup.Claimed
+	var replaced *memEntry
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e, ok := s.get(sh, key, now); ok {
@@ -196,12 +198,38 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 			return dedup.Classify(e.val, token), e.val, false, nil
 		case !dedup.IsLease(e.val, token):
 			res, found = dedup.Reclaimed, e.val // another attempt's mark
+			replaced = &memEntry{val: e.val, expires: e.expires}
 		}
 	}
 	if err := s.setLease(sh, key, dedup.LeaseValue(token), now.Add(ttl)); err != nil {
 		return 0, "", false, err
 	}
+	if replaced != nil {
+		e := sh.m[key]
+		e.replaced = replaced
+		sh.m[key] = e
+	}
 	return res, found, s.journal != nil, nil
+}
+
+// Untake undoes token's Take on key (unless the key is another's by
+// now) for a claim that failed: its lease goes, and the mark it took
+// over (Reclaimed) is put back, recorded in the journal again, so that
+// the next delivery is still marked: the earlier attempt's fate is
+// still unknown. Release instead would leave it unmarked.
+func (s *Table) Untake(key, token string) error {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := s.get(sh, key, s.now())
+	switch {
+	case !ok || !dedup.IsLease(e.val, token):
+		return nil
+	case e.replaced != nil:
+		return s.setLease(sh, key, e.replaced.val, e.replaced.expires)
+	default:
+		return s.drop(sh, key)
+	}
 }
 
 // Lookup returns key's kept entry: live, or a mark.

@@ -249,8 +249,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
 	if d.NextArg() {
 		s.Path = d.Val()
-		if d.NextArg() {
-			return d.ArgErr()
+		if err := cfargs.NoMore(d, "its path"); err != nil {
+			return err
 		}
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {

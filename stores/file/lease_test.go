@@ -2,6 +2,7 @@ package file
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -266,5 +267,47 @@ func TestFileStoreLeaseRenewedDuringItsCommit(t *testing.T) {
 			}
 			noMisuse(t, logs)
 		})
+	}
+}
+
+// A claim over a mark (Reclaimed) whose lease cannot be made durable
+// (the disk stalled past fileWriteTimeout) fails, and puts the mark
+// back: the earlier attempt's fate is still unknown, so the next
+// delivery must still be marked, now and after a restart. (It was
+// released, mark and all: the next delivery went to the backend
+// unmarked.)
+func TestFileStoreFailedReclaimKeepsTheMark(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = 300 * time.Millisecond
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st := openUnclosed(t, path, clock.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	if res, _, err := s.Claim(ctx, "k", "T", time.Second); err != nil || res != dedup.Claimed {
+		t.Fatalf("T's claim: %v %v", res, err)
+	}
+	clock.Advance(2 * time.Second) // T's lease ran out: a mark
+	if e, _ := s.Get(ctx, "k"); e.State() != "unknown" {
+		t.Fatalf("before: %q, want unknown", e.State())
+	}
+	stalled, release := holdWriter(st)
+	<-stalled
+	if res, _, err := s.Claim(ctx, "k", "U", time.Minute); !errors.Is(err, errFileStalled) {
+		t.Fatalf("U's claim on a stalled disk: %v %v, want the stall", res, err)
+	}
+	release()
+	if err := Sync(s); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.Get(ctx, "k"); e.State() != "unknown" || !dedup.IsLease(e.Value, "T") {
+		t.Errorf("after U's failed claim: %q %q, want T's mark", e.State(), e.Value)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s = &Store{state: openTestShared(t, path, clock.Now)}
+	if res, found, err := s.Claim(ctx, "k", "V", time.Minute); err != nil || res != dedup.Reclaimed || !dedup.IsLease(found, "T") {
+		t.Errorf("V's claim after a restart: %v %q %v, want Reclaimed over T's mark", res, found, err)
 	}
 }

@@ -38,7 +38,7 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	// delivery done) refuses the claim: its commit could not land, and
 	// an event processed without its record would be processed again.
 	if st.isClosed() {
-		_, _ = st.leases.Release(key, token)
+		_ = st.leases.Untake(key, token)
 		return 0, "", errFileClosed
 	}
 	// A commit puts its record in the database before it drops its
@@ -58,8 +58,9 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	}
 	if wrote {
 		if err := st.leases.Sync(); err != nil {
-			// Not durable: the claim failed, and its lease goes.
-			_, _ = st.leases.Release(key, token)
+			// Not durable: the claim failed, and its lease goes; a
+			// mark it took over comes back (Untake).
+			_ = st.leases.Untake(key, token)
 			return 0, "", err
 		}
 	}
@@ -72,12 +73,14 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 }
 
 // claimFoundDone releases the lease of a claim that found key's done
-// record (val) after taking it, or failed to read it (err).
+// record (val) after taking it, or undoes it if the claim failed to
+// read (err): a mark it took over comes back (Untake).
 func (st *shared) claimFoundDone(key, token, val string, err error) (dedup.ClaimResult, string, error) {
-	_, _ = st.leases.Release(key, token)
 	if err != nil {
+		_ = st.leases.Untake(key, token)
 		return 0, "", err
 	}
+	_, _ = st.leases.Release(key, token)
 	return dedup.AlreadyDone, val, nil
 }
 

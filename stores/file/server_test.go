@@ -43,7 +43,7 @@ func openAt(t *testing.T, path string) *file.Store {
 
 func TestFileStoreCaddyfileErrors(t *testing.T) {
 	for in, want := range map[string]string{
-		"store file a b":                  "wrong argument count",
+		"store file a b":                  "takes at most its path on its line",
 		"store file a {\npath b\n}":       "path given more than once",
 		"store file {\npath a\npath b\n}": "path given more than once",
 		"store file {\npath\n}":           "path: needs a value",

@@ -10,6 +10,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 	"github.com/sangho/caddy-sangho-dedup/internal/memtable"
 	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
@@ -72,8 +73,8 @@ func (m *Store) Cleanup() error {
 // UnmarshalCaddyfile accepts `store memory` with no arguments or block.
 func (m *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoValue(d, "", "it takes no options"); err != nil {
+		return err
 	}
 	if nesting := d.Nesting(); d.NextBlock(nesting) {
 		return d.Errf("takes no options, found %q", d.Val())

@@ -21,8 +21,8 @@ import (
 //	}
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoValue(d, "", "write dsn <dsn> in its block"); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -54,9 +54,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				s.CreateTable = &on
 			}
 		case "statement_timeout":
-			err = cfargs.Duration(d, &s.StatementTimeout)
+			err = cfargs.Duration(d, &s.StatementTimeout, minStatementTimeout, 0)
 		case "cleanup_interval":
-			err = cfargs.Duration(d, &s.CleanupInterval)
+			err = cfargs.Duration(d, &s.CleanupInterval, minCleanupInterval, 0)
 		case "local_cache":
 			var v string
 			if err = cfargs.One(d, &v); err == nil && v != "off" {

@@ -32,7 +32,7 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 // Every error names the option it is about.
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	for in, want := range map[string]string{
-		"postgres extra":                            "wrong argument count",
+		"postgres extra":                            "takes no value on its line (write dsn <dsn> in its block)",
 		"postgres {\n nope 1\n}":                    `unrecognized subdirective "nope"`,
 		"postgres {\n dsn a\n dsn b\n}":             "dsn given more than once",
 		"postgres {\n dsn\n}":                       "dsn: needs a value",

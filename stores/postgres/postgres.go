@@ -30,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
 
@@ -42,6 +43,8 @@ const (
 	DefaultTable            = "processed_webhook_events"
 	DefaultStatementTimeout = 5 * time.Second
 	DefaultCleanupInterval  = time.Minute
+	minStatementTimeout     = time.Millisecond
+	minCleanupInterval      = 10 * time.Millisecond
 )
 
 // Store keeps dedup state in a PostgreSQL table, shared by every Caddy
@@ -243,14 +246,14 @@ func (s *Store) resolve() (*options, error) {
 	if o.timeout = time.Duration(s.StatementTimeout); o.timeout == 0 {
 		o.timeout = DefaultStatementTimeout
 	}
-	if o.timeout < time.Millisecond {
-		return fail(fmt.Errorf("statement_timeout: %v is below 1ms", o.timeout))
+	if err := cfargs.Range("statement_timeout", cfargs.Human(o.timeout), o.timeout, minStatementTimeout, 0); err != nil {
+		return fail(err)
 	}
 	if o.cleanup = time.Duration(s.CleanupInterval); o.cleanup == 0 {
 		o.cleanup = DefaultCleanupInterval
 	}
-	if o.cleanup < 10*time.Millisecond {
-		return fail(fmt.Errorf("cleanup_interval: %v is below 10ms", o.cleanup))
+	if err := cfargs.Range("cleanup_interval", cfargs.Human(o.cleanup), o.cleanup, minCleanupInterval, 0); err != nil {
+		return fail(err)
 	}
 
 	repl := caddy.NewReplacer()

@@ -37,8 +37,8 @@ import (
 //	}
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
-	if d.NextArg() {
-		return d.ArgErr()
+	if err := cfargs.NoValue(d, "", "write url <url> or address <host:port> in its block"); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
@@ -108,15 +108,15 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "dial_timeout":
-			if err := cfargs.Duration(d, &s.DialTimeout); err != nil {
+			if err := cfargs.Duration(d, &s.DialTimeout, 0, MaxTimeout); err != nil {
 				return err
 			}
 		case "read_timeout":
-			if err := cfargs.Duration(d, &s.ReadTimeout); err != nil {
+			if err := cfargs.Duration(d, &s.ReadTimeout, 0, MaxTimeout); err != nil {
 				return err
 			}
 		case "write_timeout":
-			if err := cfargs.Duration(d, &s.WriteTimeout); err != nil {
+			if err := cfargs.Duration(d, &s.WriteTimeout, 0, MaxTimeout); err != nil {
 				return err
 			}
 		case "pool_size":
@@ -128,7 +128,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "wait_timeout":
-			if err := cfargs.Duration(d, &s.WaitTimeout); err != nil {
+			if err := cfargs.Duration(d, &s.WaitTimeout, 0, MaxTimeout); err != nil {
 				return err
 			}
 		case "local_cache":

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
 
@@ -269,6 +270,11 @@ func (c *redisClient) Destruct() error {
 // the addresses lead to (see redisClient.identify); it does not contact
 // a standalone server.
 func (s *Store) Provision(ctx caddy.Context) error {
+	// Caddy validates after provisioning; the client built below must
+	// not see a bad value first (a negative pool_size panics go-redis).
+	if err := s.validateValues(); err != nil {
+		return err
+	}
 	s.check = newPermCheck()
 	if s.logger == nil {
 		s.logger = ctx.Logger()
@@ -320,6 +326,24 @@ func (s *Store) Cleanup() error {
 		return nil
 	}
 	return s.users.Release(s.poolKey, s.logger)
+}
+
+// resolvePlaceholders resolves v's placeholders. One unset, empty or
+// unknown is an error naming the option, as the file store's path and
+// PostgreSQL's dsn: an unset {env.REDIS_URL} must not quietly become the
+// default 127.0.0.1:6379 (another server, another dedup state), nor an
+// unset password no password. The error names the placeholder only when
+// it is the whole value: in a password or a url, anything else may be
+// part of the secret.
+func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error) {
+	out, err := repl.ReplaceOrErr(v, true, true)
+	if err == nil {
+		return out, nil
+	}
+	if strings.HasPrefix(v, "{") && strings.HasSuffix(v, "}") && strings.Count(v, "{") == 1 {
+		return "", fmt.Errorf("%s: %s is unset or empty", option, v)
+	}
+	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (the value is not shown, as it may hold a secret)", option)
 }
 
 // resolvedOptions are the settings after placeholders, ready for go-redis.
@@ -393,23 +417,30 @@ func canonicalAddr(a string) string {
 // two clients differ, TLS included.
 func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	repl := caddy.NewReplacer()
-	resolve := func(v string) string { return repl.ReplaceAll(v, "") }
+	var unresolved error // the first placeholder left unresolved
+	resolve := func(option, v string) string {
+		out, err := resolvePlaceholders(repl, option, v)
+		if unresolved == nil {
+			unresolved = err
+		}
+		return out
+	}
 	fail := func(err error) (resolvedOptions, error) {
 		return resolvedOptions{}, fmt.Errorf("redis store: %w", err)
 	}
 
 	var addrs []string
 	for _, a := range s.Address {
-		if a = resolve(a); a != "" {
+		if a = resolve("address", a); a != "" {
 			addrs = append(addrs, a)
 		}
 	}
-	u := resolve(s.URL)
+	u := resolve("url", s.URL)
 	o := &goredis.UniversalOptions{
 		Addrs:                 addrs,
-		MasterName:            resolve(s.MasterName),
-		Username:              resolve(s.Username),
-		Password:              resolve(s.Password),
+		MasterName:            resolve("master_name", s.MasterName),
+		Username:              resolve("username", s.Username),
+		Password:              resolve("password", s.Password),
 		DB:                    s.DB,
 		DialTimeout:           time.Duration(s.DialTimeout),
 		ReadTimeout:           time.Duration(s.ReadTimeout),
@@ -428,6 +459,9 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		// does not grant it (Redis 7.0 lacks it, so it cannot be granted
 		// everywhere), and a refused one fills Redis's ACL LOG.
 		DisableIdentity: true,
+	}
+	if unresolved != nil {
+		return fail(unresolved)
 	}
 	wantTLS, skipVerify := s.TLS, false
 	if u != "" {
@@ -455,6 +489,9 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	var tlsID map[string]any
 	if wantTLS || len(s.tlsOptions()) > 0 {
 		cfg, id, err := s.tlsConfig(ctx, resolve, skipVerify)
+		if err == nil {
+			err = unresolved
+		}
 		if err != nil {
 			return fail(err)
 		}
@@ -470,8 +507,8 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		option string
 		value  time.Duration
 	}{{"dial_timeout", o.DialTimeout}, {"read_timeout", o.ReadTimeout}, {"write_timeout", o.WriteTimeout}, {"wait_timeout", time.Duration(s.WaitTimeout)}} {
-		if d.value > MaxTimeout {
-			return fail(fmt.Errorf("%s must be at most %v, not %v", d.option, MaxTimeout, d.value))
+		if err := cfargs.Range(d.option, cfargs.Human(d.value), d.value, 0, MaxTimeout); err != nil {
+			return fail(err)
 		}
 	}
 	s.readTimeout = o.ReadTimeout
@@ -507,8 +544,20 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 // Redis at most that long, and the deadlines built from them never wrap.
 const MaxTimeout = time.Hour
 
-// Validate checks values that need no placeholder resolution.
+// Validate checks values that need no placeholder resolution, and
+// wait_timeout against the read timeout (a url's, once provisioned).
 func (s *Store) Validate() error {
+	if err := s.validateValues(); err != nil {
+		return err
+	}
+	if s.WaitTimeout > 0 && s.WaitTimeout >= s.effectiveReadTimeout() {
+		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
+	}
+	return nil
+}
+
+// validateValues checks each value on its own.
+func (s *Store) validateValues() error {
 	switch {
 	case s.DB < 0:
 		return errors.New("redis store: db must not be negative")
@@ -516,8 +565,6 @@ func (s *Store) Validate() error {
 		return errors.New("redis store: pool_size must not be negative")
 	case s.WaitReplicas < 0 || s.WaitTimeout < 0:
 		return errors.New("redis store: wait_replicas and wait_timeout must not be negative")
-	case s.WaitTimeout > 0 && s.WaitTimeout >= s.effectiveReadTimeout():
-		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
 		return errors.New("redis store: timeouts must not be negative")
 	case s.LocalCache != nil && *s.LocalCache < 0:

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -195,3 +196,55 @@ var tokens atomic.Uint64
 
 // newToken is a lease token unique in this test process.
 func newToken() string { return "tok-" + strconv.FormatUint(tokens.Add(1), 36) }
+
+// Caddy calls Validate after Provision, which builds the client:
+// Provision checks the values first, so that a JSON config's bad value
+// is an error naming it, not a panic in go-redis (pool_size -1 made a
+// channel of size -1).
+func TestRedisStoreProvisionRefusesBadValuesFirst(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	for _, c := range []struct {
+		s    Store
+		want string
+	}{
+		{Store{Address: []string{"127.0.0.1:1"}, PoolSize: -1}, "pool_size"},
+		{Store{Address: []string{"127.0.0.1:1"}, DB: -1}, "db"},
+		{Store{Address: []string{"127.0.0.1:1"}, DialTimeout: -1}, "timeouts"},
+	} {
+		err := c.s.Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v: Provision() = %v, want an error naming %s", c.s, err, c.want)
+		}
+	}
+}
+
+// An unset placeholder is refused with the option's name, as the file
+// store's path and PostgreSQL's dsn do: an unset {env.REDIS_URL} quietly
+// became the default 127.0.0.1:6379 (another Redis, another dedup
+// state), an unset password no password. A password's error names the
+// placeholder only when it is the whole value.
+func TestRedisStoreUnsetPlaceholderRefused(t *testing.T) {
+	const unset = "SANGHO_DEDUP_TEST_UNSET_REDIS"
+	os.Unsetenv(unset)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	ph := "{env." + unset + "}"
+	for _, c := range []struct {
+		s          Store
+		want, hide string
+	}{
+		{Store{URL: ph}, "url: " + ph + " is unset or empty", ""},
+		{Store{Address: []string{ph}}, "address: " + ph + " is unset or empty", ""},
+		{Store{Address: []string{"127.0.0.1:1"}, Username: ph}, "username: " + ph + " is unset or empty", ""},
+		{Store{Address: []string{"127.0.0.1:1"}, Password: ph}, "password: " + ph + " is unset or empty", ""},
+		{Store{Address: []string{"127.0.0.1:1"}, Password: "s3cr{et}x"}, "password: a placeholder in it is unset, empty or unknown", "s3cr"},
+		{Store{URL: "redis://:pw" + ph + "@127.0.0.1:1"}, "url: a placeholder in it is unset, empty or unknown", "redis://"},
+		{Store{Address: []string{"127.0.0.1:1"}, MasterName: ph}, "master_name: " + ph + " is unset or empty", ""},
+	} {
+		err := c.s.Provision(ctx)
+		if err == nil || !strings.Contains(err.Error(), c.want) || (c.hide != "" && strings.Contains(err.Error(), c.hide)) {
+			t.Errorf("%+v: Provision() = %v, want an error with %q", c.s, err, c.want)
+		}
+	}
+}

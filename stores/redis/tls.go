@@ -36,12 +36,12 @@ func (s *Store) tlsOptions() []string {
 // shared-client key: the server name, whether verification is off, and
 // digests of the trusted certificates and of the client certificate
 // (digests only: the key never holds a secret in clear, nor do errors).
-func (s *Store) tlsConfig(ctx caddy.Context, resolve func(string) string, skipVerify bool) (*tls.Config, map[string]any, error) {
+func (s *Store) tlsConfig(ctx caddy.Context, resolve func(option, v string) string, skipVerify bool) (*tls.Config, map[string]any, error) {
 	cfg := &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		// Empty: each connection verifies the host it dials (every node
 		// of a Cluster its own).
-		ServerName:         resolve(s.TLSServerName),
+		ServerName:         resolve("tls_server_name", s.TLSServerName),
 		InsecureSkipVerify: s.TLSInsecureSkipVerify || skipVerify,
 	}
 	id := map[string]any{"server_name": cfg.ServerName, "insecure": cfg.InsecureSkipVerify, "roots": "system"}
@@ -73,7 +73,7 @@ func (s *Store) tlsConfig(ctx caddy.Context, resolve func(string) string, skipVe
 		}
 	}
 
-	certFile, keyFile := resolve(s.TLSClientCertificateFile), resolve(s.TLSClientCertificateKeyFile)
+	certFile, keyFile := resolve("tls_client_auth", s.TLSClientCertificateFile), resolve("tls_client_auth", s.TLSClientCertificateKeyFile)
 	if (certFile == "") != (keyFile == "") {
 		return nil, nil, errors.New("tls_client_auth: needs both a certificate file and a key file")
 	}
