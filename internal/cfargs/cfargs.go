@@ -129,7 +129,8 @@ func Range(name, shown string, v, min, max time.Duration) error {
 }
 
 // Human writes d as a user writes it: whole days from 2 days up (7d),
-// else Go's form without its zero units (24h, 1h30m, 30ms).
+// else Go's form without its trailing zero minutes and seconds (24h,
+// 1h30m, 30ms; 168h0m1s as Go writes it).
 func Human(d time.Duration) string {
 	const day = 24 * time.Hour
 	if d >= 2*day && d%day == 0 {
