@@ -50,7 +50,7 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 	}
 	for in, want := range map[string]string{
 		"provider":                                                "wrong argument count",
-		"provider nosuch":                                         "http.sangho_dedup.providers.nosuch",
+		"provider nosuch":                                         "provider: not one of github, hmac, sangho, shopify, standard_webhooks, stripe",
 		"provider github\nprovider shopify":                       "provider given more than once",
 		"provider github extra":                                   `provider github: takes no arguments (a secret goes in secret)`,
 		"provider stripe {\ntolerance 1m\n}":                      `provider stripe: takes no options, found "tolerance"`,
