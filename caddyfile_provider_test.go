@@ -61,7 +61,7 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 		hmacBlock("encoding base32"):                              `encoding must be hex or base64, not "base32"`,
 		hmacBlock("algorithm sha1\nalgorithm sha256"):             "algorithm given more than once",
 		hmacBlock("prefix"):                                       "prefix: needs a value",
-		hmacBlock(`prefix ""`):                                    "prefix: needs a value that is not empty",
+		hmacBlock(`prefix ""`):                                    `prefix: needs a value, not ""`,
 		hmacBlock("prefix a b"):                                   "prefix: takes one value, got more",
 		hmacBlock("signed_content {timestamp}"):                   "must hold {body} exactly once",
 		hmacBlock("timestamp_header X-Ts\nsigned_content {body}"): "timestamp_header is set but signed_content has no {timestamp}",

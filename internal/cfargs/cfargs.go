@@ -89,6 +89,9 @@ func One(d *caddyfile.Dispenser, dst *string) error {
 	if !d.AllArgs(dst) {
 		return d.Errf("%s: takes one value, got more", name)
 	}
+	if *dst == "" { // written "": no option means its default
+		return d.Errf(`%s: needs a value, not ""`, name)
+	}
 	return nil
 }
 
