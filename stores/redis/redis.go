@@ -467,6 +467,12 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	if unresolved != nil {
 		return fail(unresolved)
 	}
+	for _, a := range addrs {
+		// go-redis would only fail at the first dial, as a store error
+		if _, port, err := net.SplitHostPort(a); err != nil || !validPort(port) {
+			return fail(fmt.Errorf("address %q: write host:port (a Redis server, a Cluster node or a Sentinel), or use url", a))
+		}
+	}
 	wantTLS, skipVerify := s.TLS, false
 	if u != "" {
 		if len(addrs) > 0 || o.MasterName != "" || s.TLS {
@@ -601,3 +607,9 @@ var (
 // DataID implements dedup.DataSharer: the Redis data this store
 // reaches, as Provision settled it (see resolvedOptions.stateID).
 func (s *Store) DataID() string { return s.state }
+
+// validPort reports whether p is a TCP port number, 1 to 65535.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
+}

@@ -211,6 +211,8 @@ func TestRedisStoreProvisionRefusesBadValuesFirst(t *testing.T) {
 		{Store{Address: []string{"127.0.0.1:1"}, PoolSize: -1}, "pool_size"},
 		{Store{Address: []string{"127.0.0.1:1"}, DB: -1}, "db"},
 		{Store{Address: []string{"127.0.0.1:1"}, DialTimeout: -1}, "timeouts"},
+		{Store{Address: []string{"notaport"}}, `address "notaport": write host:port`},
+		{Store{Address: []string{"127.0.0.1:1", "h:x"}}, `address "h:x": write host:port`},
 	} {
 		err := c.s.Provision(ctx)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
