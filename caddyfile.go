@@ -163,6 +163,9 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			name := d.Val()
+			if err := cfargs.Known(d, "provider", "http.sangho_dedup.providers"); err != nil {
+				return err
+			}
 			mod, err := caddyfile.UnmarshalModule(d, "http.sangho_dedup.providers."+name)
 			if err != nil {
 				// The one prefix: the providers' parsers add none.
@@ -174,6 +177,9 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			name := d.Val()
+			if err := cfargs.Known(d, "store", "http.sangho_dedup.stores"); err != nil {
+				return err
+			}
 			mod, err := caddyfile.UnmarshalModule(d, "http.sangho_dedup.stores."+name)
 			if err != nil {
 				return fmt.Errorf("store %s: %w", name, err)

@@ -50,7 +50,7 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 	}
 	for in, want := range map[string]string{
 		"provider":                                                "wrong argument count",
-		"provider nosuch":                                         "http.sangho_dedup.providers.nosuch",
+		"provider nosuch":                                         "provider: not one of github, hmac, sangho, shopify, standard_webhooks, stripe",
 		"provider github\nprovider shopify":                       "provider given more than once",
 		"provider github extra":                                   `provider github: takes no arguments (a secret goes in secret)`,
 		"provider stripe {\ntolerance 1m\n}":                      `provider stripe: takes no options, found "tolerance"`,
@@ -61,7 +61,7 @@ func TestCaddyfileProviderErrors(t *testing.T) {
 		hmacBlock("encoding base32"):                              `encoding must be hex or base64, not "base32"`,
 		hmacBlock("algorithm sha1\nalgorithm sha256"):             "algorithm given more than once",
 		hmacBlock("prefix"):                                       "prefix: needs a value",
-		hmacBlock(`prefix ""`):                                    "prefix: needs a value that is not empty",
+		hmacBlock(`prefix ""`):                                    `prefix: needs a value, not ""`,
 		hmacBlock("prefix a b"):                                   "prefix: takes one value, got more",
 		hmacBlock("signed_content {timestamp}"):                   "must hold {body} exactly once",
 		hmacBlock("timestamp_header X-Ts\nsigned_content {body}"): "timestamp_header is set but signed_content has no {timestamp}",

@@ -175,8 +175,11 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nstore redis {\npipeline off\n}\n}":      "pipeline: the option is now disable_pipeline",
 		"sangho_dedup {\nsecret s\nstore redis {\nurl url x\n}\n}":         "url: takes one value, got more",
 		"sangho_dedup {\nsecret s\nstore redis {\nurl\n}\n}":               "url: needs a value",
+		"sangho_dedup {\nsecret s\nkey_prefix \"\"\n}":                     `key_prefix: needs a value, not ""`,
+		"sangho_dedup {\nsecret s\nname \"\"\n}":                           `name: needs a value, not ""`,
+		"sangho_dedup {\nsecret s\nstore file {\npath \"\"\n}\n}":          `path: needs a value, not ""`,
 		"sangho_dedup {\nsecret s\nstore redis {\ntls_client_auth c\n}\n}": "tls_client_auth: needs <cert_file> <key_file>",
-		"sangho_dedup {\nsecret s\nstore nosuch\n}":                        "http.sangho_dedup.stores.nosuch",
+		"sangho_dedup {\nsecret s\nstore nosuch\n}":                        "store: not one of ",
 		"sangho_dedup {\nsecret s\nmax_body_size huge\n}":                  `max_body_size: invalid size "huge"`,
 		"sangho_dedup {\nsecret s\nrequire_body_id yes\n}":                 `require_body_id: must be on or off, not "yes"`,
 		"sangho_dedup {\nsecret s\nmax_body_size 65MiB\n}":                 "max_body_size: 65MiB is over the maximum of 64MiB",
@@ -362,6 +365,10 @@ func TestCaddyfileExtraValueNotQuoted(t *testing.T) {
 		{"sangho_dedup {\n\t\tsecret s\n\t\tstore postgres postgres://u:" + secret + "@127.0.0.1:1/db\n\t}", "store postgres: takes no value on its line (write dsn <dsn> in its block)"},
 		{"sangho_dedup {\n\t\tsecret s\n\t\tstore file /var/lib/x.db " + secret + "\n\t}", "store file: takes at most its path on its line"},
 		{"sangho_dedup {\n\t\tsecret s\n\t\tprovider hmac whsec_" + secret + " {\n\t\t\theader X-Sig\n\t\t}\n\t}", "provider hmac: takes no value on its line"},
+		// a value in a module's name or a flag's place
+		{"sangho_dedup {\n\t\tsecret s\n\t\tprovider whsec_" + secret + "\n\t}", "provider: not one of github, hmac, sangho, shopify, standard_webhooks, stripe; the value is not repeated here"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore redis://:" + secret + "@127.0.0.1:1\n\t}", "store: not one of file, memory, postgres, redis; the value is not repeated here"},
+		{"sangho_dedup {\n\t\tsecret s\n\t\tstore redis {\n\t\t\ttls " + secret + "\n\t\t}\n\t}", "tls: takes no argument; the value is not repeated here"},
 	} {
 		src := ":8080 {\n\t" + c.line + "\n\trespond 200\n}\n"
 		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"sync/atomic"
@@ -74,6 +75,10 @@ const statusClientClosedRequest = 499
 // client went away (see judge).
 var errClientGone = errors.New("the client went away mid-request (status 499)")
 
+// errMarkedNotTaken is the cause of a marked delivery held for a non-2xx
+// answer (see settle).
+var errMarkedNotTaken = errors.New("a marked delivery (the earlier attempt's fate unknown) not taken by the backend: kept marked until lock_ttl")
+
 // verdict is how a delivery that reached the next handler ends.
 type verdict int
 
@@ -141,6 +146,19 @@ func (d *delivery) settle(err error) {
 	v := judge(status, err, gone)
 	if v == toHold && err == nil && status == statusClientClosedRequest {
 		err = errClientGone
+	}
+	if v == toRelease && d.marked {
+		// A marked delivery that the backend did not take: the earlier
+		// attempt's fate is still unknown (the backend may have failed
+		// before it checked its records). Released, the next delivery
+		// would go on unmarked; held, the lease lapses into a mark again
+		// at lock_ttl, and the next delivery after it is marked.
+		v = toHold
+		if err == nil {
+			err = fmt.Errorf("%w: the backend answered %d", errMarkedNotTaken, status)
+		} else {
+			err = fmt.Errorf("%w: %w", errMarkedNotTaken, err)
+		}
 	}
 	switch v {
 	case toCommit:

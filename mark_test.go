@@ -97,10 +97,13 @@ func TestReclaimedDeliveryIsMarked(t *testing.T) {
 	}
 }
 
-// TestReclaimedDeliveryLikeClaimed: apart from the mark, a reclaimed
-// delivery is a claimed one: its lease is renewed while the backend
-// works (a concurrent delivery gets 409), and a non-2xx answer releases
-// it (the next delivery is processed, unmarked).
+// TestReclaimedDeliveryLikeClaimed: a reclaimed delivery is a claimed
+// one, its lease renewed while the backend works (a concurrent delivery
+// gets 409), except for a non-2xx answer: the earlier attempt's fate is
+// still unknown (the backend may have failed before it checked), so its
+// lease is held until lock_ttl, not released, and lapses into a mark
+// again: the next delivery gets 409 until then, and is marked after.
+// (Released, the next delivery went on unmarked.)
 func TestReclaimedDeliveryLikeClaimed(t *testing.T) {
 	h, _ := redisHandler(t, 300*time.Millisecond)
 	held := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return errors.New("boom") })
@@ -121,13 +124,17 @@ func TestReclaimedDeliveryLikeClaimed(t *testing.T) {
 	if concurrent.Load() != 409 {
 		t.Fatal("a delivery while the reclaimed one worked was not answered 409")
 	}
-	if outcomeOf(repl) != outcomeReleased || priorAttemptOf(repl) != "unknown" {
-		t.Fatalf("reclaimed, backend 500: outcome %q, prior attempt %q; want released, unknown", outcomeOf(repl), priorAttemptOf(repl))
+	if outcomeOf(repl) != outcomeHeld || priorAttemptOf(repl) != "unknown" {
+		t.Fatalf("reclaimed, backend 500: outcome %q, prior attempt %q; want held, unknown", outcomeOf(repl), priorAttemptOf(repl))
 	}
 	var got []string
 	next := priorAttemptBackend(&got)
-	if _, repl, _ := serve(h, signedRequest(bodyA, ""), next); outcomeOf(repl) != outcomeProcessed || len(got) != 0 {
-		t.Fatalf("after the release: %q, header %q; want processed, unmarked", outcomeOf(repl), got)
+	if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 409 || len(got) != 0 {
+		t.Fatalf("right after: %d %q, header %q; want 409, the backend not reached", w.Code, outcomeOf(repl), got)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked || len(got) != 1 || got[0] != "unknown" {
+		t.Fatalf("after lock_ttl: %d %q, header %q; want 200 processed_marked, unknown", w.Code, outcomeOf(repl), got)
 	}
 }
 

@@ -15,7 +15,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 
-	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
@@ -250,10 +249,11 @@ func TestDurationBounds(t *testing.T) {
 		option string
 		set    func(*Handler, time.Duration)
 		max    time.Duration
+		maxIs  string
 	}{
-		{"retention", func(h *Handler, d time.Duration) { h.Retention = caddy.Duration(d) }, MaxRetention},
-		{"lock_ttl", func(h *Handler, d time.Duration) { h.LockTTL = caddy.Duration(d) }, MaxLockTTL},
-		{"retry_after", func(h *Handler, d time.Duration) { h.RetryAfter = caddy.Duration(d) }, MaxRetryAfter},
+		{"retention", func(h *Handler, d time.Duration) { h.Retention = caddy.Duration(d) }, MaxRetention, "3650d"},
+		{"lock_ttl", func(h *Handler, d time.Duration) { h.LockTTL = caddy.Duration(d) }, MaxLockTTL, "24h"},
+		{"retry_after", func(h *Handler, d time.Duration) { h.RetryAfter = caddy.Duration(d) }, MaxRetryAfter, "24h"},
 	} {
 		for _, d := range []time.Duration{c.max, c.max + 1, 100000 * 24 * time.Hour, time.Duration(math.MaxInt64)} {
 			h := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"memory"}`)}
@@ -265,7 +265,7 @@ func TestDurationBounds(t *testing.T) {
 			switch {
 			case d <= c.max && err != nil:
 				t.Errorf("%s %v (the maximum): %v", c.option, d, err)
-			case d > c.max && (err == nil || !strings.HasPrefix(err.Error(), c.option+": ") || !strings.HasSuffix(err.Error(), " is over the maximum of "+cfargs.Human(c.max))):
+			case d > c.max && (err == nil || !strings.HasPrefix(err.Error(), c.option+": ") || !strings.HasSuffix(err.Error(), " is over the maximum of "+c.maxIs)):
 				t.Errorf("%s %v: %v; want an error naming %s and its maximum", c.option, d, err, c.option)
 			}
 			_ = h.Cleanup()

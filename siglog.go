@@ -46,7 +46,7 @@ func (s *sigRejectLog) note(fields ...zap.Field) {
 		s.timer = time.AfterFunc(wait, s.flush)
 		return
 	}
-	s.writeLocked(now)
+	s.writeLocked()
 }
 
 func (s *sigRejectLog) flush() {
@@ -54,14 +54,18 @@ func (s *sigRejectLog) flush() {
 	defer s.mu.Unlock()
 	s.timer = nil
 	if s.pending > 0 && !s.stopped {
-		s.writeLocked(time.Now())
+		s.writeLocked()
 	}
 }
 
-func (s *sigRejectLog) writeLocked(now time.Time) {
+// writeLocked writes the pending line. The next may come every after
+// the moment this one is written, taken once it is (the line's own time
+// is taken after any wait before the write: a window counted from
+// before it could put the next line less than every after this one).
+func (s *sigRejectLog) writeLocked() {
 	s.logger.Warn("signatures rejected", append([]zap.Field{zap.Int64("count", s.pending),
 		zap.Duration("every", s.every)}, s.latest...)...)
-	s.pending, s.latest, s.last = 0, nil, now
+	s.pending, s.latest, s.last = 0, nil, time.Now()
 }
 
 // stop writes the pending line and stops the timer: the handler is
@@ -74,7 +78,7 @@ func (s *sigRejectLog) stop() {
 		s.timer = nil
 	}
 	if s.pending > 0 && !s.stopped {
-		s.writeLocked(time.Now())
+		s.writeLocked()
 	}
 	s.stopped = true
 }

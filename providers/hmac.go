@@ -259,11 +259,8 @@ func (s *HMAC) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized option %q", opt)
 		}
-		if err := cfargs.One(d, dst); err != nil {
+		if err := cfargs.One(d, dst); err != nil { // never ""
 			return err
-		}
-		if *dst == "" {
-			return d.Errf("%s: needs a value that is not empty", opt)
 		}
 	}
 	// Check now, so that the Caddyfile error points at the block.

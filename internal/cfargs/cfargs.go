@@ -55,11 +55,26 @@ func NoMore(d *caddyfile.Dispenser, what string) error {
 	return d.Err("takes at most " + what + " on its line" + notRepeated)
 }
 
+// Known refuses a module name (d.Val()) that is not one of namespace's
+// modules, listing them. It does not quote the name: what is written
+// there by mistake may be a secret ("provider whsec_…", "store
+// redis://:pw@host").
+func Known(d *caddyfile.Dispenser, option, namespace string) error {
+	var names []string
+	for _, m := range caddy.GetModules(namespace) {
+		if m.ID.Name() == d.Val() {
+			return nil
+		}
+		names = append(names, m.ID.Name())
+	}
+	return d.Errf("%s: not one of %s%s", option, strings.Join(names, ", "), notRepeated)
+}
+
 // Flag sets the flag option in d.Val(), which takes no argument.
 func Flag(d *caddyfile.Dispenser, dst *bool) error {
 	name := d.Val()
 	if d.NextArg() {
-		return d.Errf("%s: takes no argument, got %q", name, d.Val())
+		return d.Err(name + ": takes no argument" + notRepeated)
 	}
 	*dst = true
 	return nil
@@ -73,6 +88,9 @@ func One(d *caddyfile.Dispenser, dst *string) error {
 	}
 	if !d.AllArgs(dst) {
 		return d.Errf("%s: takes one value, got more", name)
+	}
+	if *dst == "" { // written "": no option means its default
+		return d.Errf(`%s: needs a value, not ""`, name)
 	}
 	return nil
 }
@@ -129,7 +147,8 @@ func Range(name, shown string, v, min, max time.Duration) error {
 }
 
 // Human writes d as a user writes it: whole days from 2 days up (7d),
-// else Go's form without its zero units (24h, 1h30m, 30ms).
+// else Go's form without its trailing zero minutes and seconds (24h,
+// 1h30m, 30ms; 168h0m1s as Go writes it).
 func Human(d time.Duration) string {
 	const day = 24 * time.Hour
 	if d >= 2*day && d%day == 0 {

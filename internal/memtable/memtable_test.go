@@ -360,3 +360,48 @@ func holds(st *Table, key, token string) bool {
 	held, _ := st.HoldsOnce(key, token)
 	return held
 }
+
+// TestUntake: Untake undoes a Take that wrote. Over a mark (Reclaimed)
+// it puts the mark back, value and time, recorded in the journal; over
+// nothing it deletes the lease; the key holding another token's lease,
+// or nothing, is left as it is.
+func TestUntake(t *testing.T) {
+	clock := testclock.New()
+	j := &failing{}
+	st := NewJournaled(clock.Now, time.Hour, j)
+	defer st.Destruct()
+	if res, _, _, err := st.Take("k", "t1", time.Second); err != nil || res != dedup.Claimed {
+		t.Fatalf("t1's take: %v %v", res, err)
+	}
+	clock.Advance(2 * time.Second) // t1's lease is a mark
+	mark, _ := st.Lookup("k")
+	res, found, _, err := st.Take("k", "t2", time.Minute)
+	if err != nil || res != dedup.Reclaimed || found != "inflight:t1" {
+		t.Fatalf("t2's take over the mark: %v %q %v", res, found, err)
+	}
+	if err := st.Untake("k", "t3"); err != nil { // not t3's: nothing
+		t.Fatal(err)
+	}
+	if e, _ := st.Lookup("k"); e.Value != "inflight:t2" {
+		t.Fatalf("Untake of another token changed the key: %+v", e)
+	}
+	j.calls = nil
+	if err := st.Untake("k", "t2"); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := st.Lookup("k"); !ok || e != mark {
+		t.Fatalf("after t2's Untake: %+v %v, want t1's mark %+v", e, ok, mark)
+	}
+	if want := []string{"set k inflight:t1"}; !slices.Equal(j.calls, want) {
+		t.Fatalf("journal = %q, want %q", j.calls, want)
+	}
+	if res, _, _, _ := st.Take("fresh", "t4", time.Minute); res != dedup.Claimed {
+		t.Fatalf("fresh take: %v", res)
+	}
+	if err := st.Untake("fresh", "t4"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st.Lookup("fresh"); ok {
+		t.Fatal("Untake of a take over nothing left a lease")
+	}
+}

@@ -41,8 +41,11 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		case "max_conns":
-			if err = cfargs.Int(d, &s.MaxConns); err == nil && s.MaxConns < 1 {
-				err = d.Errf("max_conns: %d is not a positive number", s.MaxConns)
+			var v string
+			if err = cfargs.One(d, &v); err == nil {
+				if s.MaxConns, err = strconv.Atoi(v); err != nil || s.MaxConns < 1 || s.MaxConns > maxMaxConns {
+					err = d.Errf("max_conns: must be 1 to %d, not %q", maxMaxConns, v)
+				}
 			}
 		case "create_table":
 			var v string
@@ -60,7 +63,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "local_cache":
 			var v string
 			if err = cfargs.One(d, &v); err == nil && v != "off" {
-				if s.LocalCache, err = strconv.Atoi(v); err != nil || s.LocalCache < 1 {
+				if s.LocalCache, err = strconv.Atoi(v); err != nil || s.LocalCache < 0 {
 					err = d.Errf("local_cache: must be a number of entries or off, not %q", v)
 				}
 			}

@@ -39,20 +39,30 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"postgres {\n table 1abc\n}":                "table:",
 		"postgres {\n table a.b.c\n}":               "table:",
 		"postgres {\n table \"x; DROP TABLE y\"\n}": "table:",
-		"postgres {\n max_conns 0\n}":               "max_conns:",
-		"postgres {\n max_conns many\n}":            "max_conns:",
+		"postgres {\n max_conns 0\n}":               `max_conns: must be 1 to 10000, not "0"`,
+		"postgres {\n max_conns -1\n}":              `max_conns: must be 1 to 10000, not "-1"`,
+		"postgres {\n max_conns 10001\n}":           `max_conns: must be 1 to 10000, not "10001"`,
+		"postgres {\n max_conns many\n}":            `max_conns: must be 1 to 10000, not "many"`,
 		"postgres {\n create_table yes\n}":          "create_table:",
 		"postgres {\n statement_timeout soon\n}":    "statement_timeout:",
 		"postgres {\n cleanup_interval -1s\n}":      "cleanup_interval:",
 		"postgres {\n statement_timeout 1s 2s\n}":   "statement_timeout: takes one value",
 		"postgres {\n local_cache lots\n}":          "local_cache:",
-		"postgres {\n local_cache 0\n}":             "local_cache:",
+		"postgres {\n local_cache -1\n}":            `local_cache: must be a number of entries or off, not "-1"`,
 	} {
 		var s Store
 		err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v; want an error with %q", in, err, want)
 		}
+	}
+}
+
+// local_cache 0 is off, as off is, and as 0 is in JSON and for Redis.
+func TestUnmarshalCaddyfileLocalCacheZeroIsOff(t *testing.T) {
+	s := Store{LocalCache: 5}
+	if err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser("postgres {\n local_cache 0\n}")); err != nil || s.LocalCache != 0 {
+		t.Fatalf("local_cache 0: %v, cache %d; want off", err, s.LocalCache)
 	}
 }
 

@@ -45,6 +45,7 @@ const (
 	DefaultCleanupInterval  = time.Minute
 	minStatementTimeout     = time.Millisecond
 	minCleanupInterval      = 10 * time.Millisecond
+	maxMaxConns             = 10000
 )
 
 // Store keeps dedup state in a PostgreSQL table, shared by every Caddy
@@ -240,8 +241,8 @@ func (s *Store) resolve() (*options, error) {
 		return fail(fmt.Errorf("local_cache: %d is negative (0: off)", s.LocalCache))
 	}
 	o.cache = s.LocalCache
-	if s.MaxConns < 0 || s.MaxConns > 10000 {
-		return fail(fmt.Errorf("max_conns: %d is out of range (1 to 10000)", s.MaxConns))
+	if s.MaxConns < 0 || s.MaxConns > maxMaxConns {
+		return fail(fmt.Errorf("max_conns: %d is out of range (1 to %d)", s.MaxConns, maxMaxConns))
 	}
 	if o.timeout = time.Duration(s.StatementTimeout); o.timeout == 0 {
 		o.timeout = DefaultStatementTimeout

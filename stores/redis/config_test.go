@@ -73,7 +73,7 @@ func TestRedisCaddyfileTrustPool(t *testing.T) {
 // names the option.
 func TestRedisCaddyfileErrors(t *testing.T) {
 	for block, want := range map[string]string{
-		"cluster yes":                  `cluster: takes no argument, got "yes"`,
+		"cluster yes":                  `cluster: takes no argument; the value is not repeated here`,
 		"cluster\ncluster":             "cluster given more than once",
 		"local_cache":                  "local_cache: needs a value",
 		"local_cache -1":               `local_cache: must be a number of entries or off, not "-1"`,

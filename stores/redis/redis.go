@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -333,18 +334,21 @@ func (s *Store) Cleanup() error {
 // PostgreSQL's dsn: an unset {env.REDIS_URL} must not quietly become the
 // default 127.0.0.1:6379 (another server, another dedup state), nor an
 // unset password no password. The error names the placeholder only when
-// it is the whole value: in a password or a url, anything else may be
-// part of the secret.
+// the whole value is one {env.*} or {file.*}: anything else in a password
+// or a url may be the secret, a literal brace pair ("{hunter2}") too.
 func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error) {
 	out, err := repl.ReplaceOrErr(v, true, true)
 	if err == nil {
 		return out, nil
 	}
-	if strings.HasPrefix(v, "{") && strings.HasSuffix(v, "}") && strings.Count(v, "{") == 1 {
+	if wholeEnvOrFile.MatchString(v) {
 		return "", fmt.Errorf("%s: %s is unset or empty", option, v)
 	}
-	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (the value is not shown, as it may hold a secret)", option)
+	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (a literal brace is written \\{); the value is not shown, as it may hold a secret", option)
 }
+
+// wholeEnvOrFile matches a value that is one {env.*} or {file.*}.
+var wholeEnvOrFile = regexp.MustCompile(`^\{(env|file)\.[^{}\\]+\}$`)
 
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {
@@ -463,6 +467,12 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	if unresolved != nil {
 		return fail(unresolved)
 	}
+	for _, a := range addrs {
+		// go-redis would only fail at the first dial, as a store error
+		if _, port, err := net.SplitHostPort(a); err != nil || !validPort(port) {
+			return fail(fmt.Errorf("address %q: write host:port (a Redis server, a Cluster node or a Sentinel), or use url", a))
+		}
+	}
 	wantTLS, skipVerify := s.TLS, false
 	if u != "" {
 		if len(addrs) > 0 || o.MasterName != "" || s.TLS {
@@ -489,7 +499,7 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	var tlsID map[string]any
 	if wantTLS || len(s.tlsOptions()) > 0 {
 		cfg, id, err := s.tlsConfig(ctx, resolve, skipVerify)
-		if err == nil {
+		if unresolved != nil { // the cause of tlsConfig's error, if any
 			err = unresolved
 		}
 		if err != nil {
@@ -597,3 +607,9 @@ var (
 // DataID implements dedup.DataSharer: the Redis data this store
 // reaches, as Provision settled it (see resolvedOptions.stateID).
 func (s *Store) DataID() string { return s.state }
+
+// validPort reports whether p is a TCP port number, 1 to 65535.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
+}

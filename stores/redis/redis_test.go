@@ -211,6 +211,8 @@ func TestRedisStoreProvisionRefusesBadValuesFirst(t *testing.T) {
 		{Store{Address: []string{"127.0.0.1:1"}, PoolSize: -1}, "pool_size"},
 		{Store{Address: []string{"127.0.0.1:1"}, DB: -1}, "db"},
 		{Store{Address: []string{"127.0.0.1:1"}, DialTimeout: -1}, "timeouts"},
+		{Store{Address: []string{"notaport"}}, `address "notaport": write host:port`},
+		{Store{Address: []string{"127.0.0.1:1", "h:x"}}, `address "h:x": write host:port`},
 	} {
 		err := c.s.Provision(ctx)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -241,6 +243,11 @@ func TestRedisStoreUnsetPlaceholderRefused(t *testing.T) {
 		{Store{Address: []string{"127.0.0.1:1"}, Password: "s3cr{et}x"}, "password: a placeholder in it is unset, empty or unknown", "s3cr"},
 		{Store{URL: "redis://:pw" + ph + "@127.0.0.1:1"}, "url: a placeholder in it is unset, empty or unknown", "redis://"},
 		{Store{Address: []string{"127.0.0.1:1"}, MasterName: ph}, "master_name: " + ph + " is unset or empty", ""},
+		// a literal brace pair is no placeholder: never quoted
+		{Store{Address: []string{"127.0.0.1:1"}, Password: "{hunter2}"}, "password: a placeholder in it is unset, empty or unknown", "hunter2"},
+		{Store{Address: []string{"127.0.0.1:1"}, Password: "{s3cr}t}"}, "password: a placeholder in it is unset, empty or unknown", "s3cr"},
+		// the error of an unset file, not tls_client_auth's own
+		{Store{Address: []string{"127.0.0.1:1"}, TLSClientCertificateFile: ph, TLSClientCertificateKeyFile: "/k.pem"}, "tls_client_auth: " + ph + " is unset or empty", ""},
 	} {
 		err := c.s.Provision(ctx)
 		if err == nil || !strings.Contains(err.Error(), c.want) || (c.hide != "" && strings.Contains(err.Error(), c.hide)) {

@@ -1,0 +1,49 @@
+package cfargs
+
+import (
+	"testing"
+	"time"
+)
+
+// Human writes a bound as a user writes it, and what it writes parses
+// back to the same duration.
+func TestHuman(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		30 * time.Millisecond:            "30ms",
+		time.Hour:                        "1h",
+		90 * time.Minute:                 "1h30m",
+		24 * time.Hour:                   "24h",
+		36 * time.Hour:                   "36h",
+		48 * time.Hour:                   "2d",
+		7 * 24 * time.Hour:               "7d",
+		3650 * 24 * time.Hour:            "3650d",
+		7*24*time.Hour + time.Second:     "168h0m1s",
+		time.Hour + 500*time.Millisecond: "1h0m0.5s",
+	} {
+		if got := Human(d); got != want {
+			t.Errorf("Human(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// Range's bounds are inclusive; 0 is no bound.
+func TestRange(t *testing.T) {
+	for _, c := range []struct {
+		v, min, max time.Duration
+		want        string
+	}{
+		{time.Second, time.Second, time.Hour, ""},
+		{time.Hour, time.Second, time.Hour, ""},
+		{time.Hour + 1, 0, time.Hour, `x: "v" is over the maximum of 1h`},
+		{time.Second - 1, time.Second, 0, `x: "v" is under the minimum of 1s`},
+		{1000 * time.Hour, 0, 0, ""},
+	} {
+		got := ""
+		if err := Range("x", `"v"`, c.v, c.min, c.max); err != nil {
+			got = err.Error()
+		}
+		if got != c.want {
+			t.Errorf("Range(%v, %v, %v) = %q, want %q", c.v, c.min, c.max, got, c.want)
+		}
+	}
+}
