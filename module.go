@@ -475,6 +475,13 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
+// UnmarshalJSON decodes the JSON config as Caddy does, a bad duration
+// answered with its key (cfargs.DecodeJSON).
+func (h *Handler) UnmarshalJSON(b []byte) error {
+	type plain Handler // without this method
+	return cfargs.DecodeJSON(b, (*plain)(h))
+}
+
 // Interface guards
 var (
 	_ caddy.Provisioner           = (*Handler)(nil)
