@@ -343,6 +343,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(secrets) == 0 {
 		return errors.New("at least one secret is required")
 	}
+	providerKey := "provider"
+	if h.VerifierRaw != nil {
+		providerKey = `verifier (deprecated, read as "provider")` // the key written
+	}
 	if err := h.upgradeVerifier(); err != nil {
 		return err
 	}
@@ -351,7 +355,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	pmod, err := ctx.LoadModule(h, "ProviderRaw")
 	if err != nil {
-		return fmt.Errorf("provider: %w", err)
+		return fmt.Errorf("%s: %w", providerKey, err)
 	}
 	v, ok := pmod.(dedup.Provider)
 	if !ok {
