@@ -394,6 +394,9 @@ func TestJSONDurationErrorNamesTheKey(t *testing.T) {
 		{`"tolerance":"3days"`, `tolerance: invalid duration "3days": write a number and a unit per part`},
 		{`"retention":"1x"`, `retention: invalid duration "1x": time: unknown unit "x" in duration "1x"`},
 		{`"lock_ttl":true`, `lock_ttl: invalid duration true`},
+		// other type errors name the key too, not the decoder's type
+		{`"max_body_size":"big"`, `max_body_size: a JSON string, not the int64 it takes`},
+		{`"store":{"type":"redis","db":"one"}`, `db: a JSON string, not the int it takes`},
 		{`"store":{"type":"redis","address":["127.0.0.1:1"],"dial_timeout":"2dd"}`, `dial_timeout: invalid duration "2dd": write a number`},
 		{`"store":{"type":"postgres","dsn":"postgres://u@127.0.0.1:1/db","statement_timeout":"5sec"}`, `statement_timeout: invalid duration "5sec": time: unknown unit "sec"`},
 	} {

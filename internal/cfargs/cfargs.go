@@ -5,6 +5,7 @@ package cfargs
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -212,6 +213,12 @@ func DecodeJSON(b []byte, v any) error {
 			return fmt.Errorf("%s: invalid duration %q: %s", key, s, durationError(s, derr))
 		}
 		return fmt.Errorf("%s: invalid duration %s: a number of nanoseconds or a string such as \"90s\" or \"3d\"", key, r)
+	}
+	// A value of the wrong JSON type: by its key, not by the decoder's
+	// Go type (the caller's method-less copy of its struct).
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return fmt.Errorf("%s: a JSON %s, not the %s it takes", te.Field, te.Value, te.Type)
 	}
 	return err
 }
