@@ -70,12 +70,19 @@ func TestUnmarshalCaddyfileEveryOption(t *testing.T) {
 	if !reflect.DeepEqual(h, want) {
 		t.Fatalf("got  %+v\nwant %+v", h, want)
 	}
-	var rs struct {
-		Type string `json:"type"`
-		redisstore.Store
-	}
-	if err := json.Unmarshal(store, &rs); err != nil {
+	// As Caddy loads it: its inline key "type" taken out first.
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(store, &obj); err != nil {
 		t.Fatal(err)
+	}
+	var rs struct {
+		Type  string
+		Store redisstore.Store
+	}
+	_ = json.Unmarshal(obj["type"], &rs.Type)
+	delete(obj, "type")
+	if b, _ := json.Marshal(obj); json.Unmarshal(b, &rs.Store) != nil {
+		t.Fatalf("store: %s", b)
 	}
 	wantStore := redisstore.Store{
 		Address:    []string{"10.0.0.1:6379", "10.0.0.2:6379", "10.0.0.3:6379"},
@@ -376,4 +383,41 @@ func TestCaddyfileExtraValueNotQuoted(t *testing.T) {
 			t.Errorf("%s\nerror: %v\nwant it to contain %q and not the value given", c.line, err, c.want)
 		}
 	}
+}
+
+// TestJSONDurationErrorNamesTheKey: a bad duration in JSON is answered
+// with its key and the value as written, as in a Caddyfile: Caddy's own
+// error named neither ("time: unknown unit \"hays\" in duration
+// \"72hays\"" for "tolerance": "3days"). Through Caddy's own loading.
+func TestJSONDurationErrorNamesTheKey(t *testing.T) {
+	for _, c := range []struct{ handler, want string }{
+		{`"tolerance":"3days"`, `tolerance: invalid duration "3days": write a number and a unit per part`},
+		{`"retention":"1x"`, `retention: invalid duration "1x": time: unknown unit "x" in duration "1x"`},
+		{`"lock_ttl":true`, `lock_ttl: invalid duration true`},
+		// other type errors name the key too, not the decoder's type
+		{`"max_body_size":"big"`, `max_body_size: a JSON string, not the int64 it takes`},
+		{`"store":{"type":"redis","db":"one"}`, `db: a JSON string, not the int it takes`},
+		{`"store":{"type":"redis","address":["127.0.0.1:1"],"dial_timeout":"2dd"}`, `dial_timeout: invalid duration "2dd": write a number`},
+		{`"store":{"type":"postgres","dsn":"postgres://u@127.0.0.1:1/db","statement_timeout":"5sec"}`, `statement_timeout: invalid duration "5sec": time: unknown unit "sec"`},
+	} {
+		cfg := `{"admin":{"disabled":true},"apps":{"http":{"servers":{"s":{"listen":["127.0.0.1:0"],"routes":[{"handle":[{"handler":"sangho_dedup","secret":["k"],` +
+			c.handler + `},{"handler":"static_response"}]}]}}}}}`
+		err := caddy.Validate(mustConfig(t, cfg))
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v\nwant %q", c.handler, err, c.want)
+		}
+	}
+	// Unknown keys are still refused, as Caddy refuses them.
+	if err := caddy.Validate(mustConfig(t, `{"apps":{"http":{"servers":{"s":{"listen":["127.0.0.1:0"],"routes":[{"handle":[{"handler":"sangho_dedup","secret":["k"],"retenton":"3d"}]}]}}}}}`)); err == nil || !strings.Contains(err.Error(), `unknown field "retenton"`) {
+		t.Errorf("an unknown key: %v", err)
+	}
+}
+
+func mustConfig(t *testing.T, s string) *caddy.Config {
+	t.Helper()
+	var cfg caddy.Config
+	if err := json.Unmarshal([]byte(s), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return &cfg
 }

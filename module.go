@@ -343,6 +343,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if len(secrets) == 0 {
 		return errors.New("at least one secret is required")
 	}
+	providerKey := "provider"
+	if h.VerifierRaw != nil {
+		providerKey = `verifier (deprecated, read as "provider")` // the key written
+	}
 	if err := h.upgradeVerifier(); err != nil {
 		return err
 	}
@@ -351,7 +355,7 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	pmod, err := ctx.LoadModule(h, "ProviderRaw")
 	if err != nil {
-		return fmt.Errorf("provider: %w", err)
+		return fmt.Errorf("%s: %w", providerKey, err)
 	}
 	v, ok := pmod.(dedup.Provider)
 	if !ok {
@@ -473,6 +477,13 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("key_prefix %q must not contain white space", h.KeyPrefix)
 	}
 	return nil
+}
+
+// UnmarshalJSON decodes the JSON config as Caddy does, a bad duration
+// answered with its key (cfargs.DecodeJSON).
+func (h *Handler) UnmarshalJSON(b []byte) error {
+	type plain Handler // without this method
+	return cfargs.DecodeJSON(b, (*plain)(h))
 }
 
 // Interface guards

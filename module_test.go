@@ -305,4 +305,10 @@ func TestDeprecatedVerifierShape(t *testing.T) {
 	if err := noScheme.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), `verifier: no "scheme"`) {
 		t.Fatalf("old shape without a scheme: %v", err)
 	}
+	// The old shape's errors name the key written: verifier, not provider.
+	unknown := &Handler{Secrets: []string{"s"}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: "deprecated4:",
+		VerifierRaw: json.RawMessage(`{"scheme":"nope"}`)}
+	if err := unknown.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), `verifier (deprecated, read as "provider"): `) {
+		t.Fatalf("old shape, unknown scheme: %v", err)
+	}
 }

@@ -4,7 +4,10 @@
 package cfargs
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -175,4 +178,47 @@ func durationError(s string, err error) string {
 		return err.Error()
 	}
 	return "write a number and a unit per part (ns, us, µs, ms, s, m, h, d), as 90s, 72h, 3d or 1d12h, under 106752d"
+}
+
+// DecodeJSON decodes a module's JSON config b into v, a pointer to a
+// struct without an UnmarshalJSON of its own, as Caddy does (an unknown
+// key refused), and answers a bad duration (a caddy.Duration field)
+// with its key and the value as written, as the Caddyfile's Duration
+// does: Caddy's own error names no key and may quote its rewrite of the
+// value ("3days" as "72hays").
+func DecodeJSON(b []byte, v any) error {
+	err := caddy.StrictUnmarshalJSON(b, v)
+	if err == nil {
+		return nil
+	}
+	var raw map[string]json.RawMessage
+	if json.Unmarshal(b, &raw) != nil {
+		return err
+	}
+	t := reflect.TypeOf(v).Elem()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		key, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		r, ok := raw[key]
+		if f.Type != reflect.TypeFor[caddy.Duration]() || !ok {
+			continue
+		}
+		var d caddy.Duration
+		derr := d.UnmarshalJSON(r)
+		if derr == nil {
+			continue
+		}
+		var s string
+		if json.Unmarshal(r, &s) == nil {
+			return fmt.Errorf("%s: invalid duration %q: %s", key, s, durationError(s, derr))
+		}
+		return fmt.Errorf("%s: invalid duration %s: a number of nanoseconds or a string such as \"90s\" or \"3d\"", key, r)
+	}
+	// A value of the wrong JSON type: by its key, not by the decoder's
+	// Go type (the caller's method-less copy of its struct).
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return fmt.Errorf("%s: a JSON %s, not the %s it takes", te.Field, te.Value, te.Type)
+	}
+	return err
 }

@@ -593,6 +593,13 @@ func (s *Store) effectiveReadTimeout() caddy.Duration {
 	return caddy.Duration(3 * time.Second)
 }
 
+// UnmarshalJSON decodes the JSON config as Caddy does, a bad duration
+// answered with its key (cfargs.DecodeJSON).
+func (s *Store) UnmarshalJSON(b []byte) error {
+	type plain Store // without this method
+	return cfargs.DecodeJSON(b, (*plain)(s))
+}
+
 // Interface guards
 var (
 	_ dedup.Store           = (*Store)(nil)
