@@ -75,9 +75,9 @@ const statusClientClosedRequest = 499
 // client went away (see judge).
 var errClientGone = errors.New("the client went away mid-request (status 499)")
 
-// errMarkedNotTaken is the cause of a marked delivery held for a non-2xx
-// answer (see settle).
-var errMarkedNotTaken = errors.New("a marked delivery (the earlier attempt's fate unknown) not taken by the backend: kept marked until lock_ttl")
+// errKeptMarked is the cause of a marked delivery held, not released,
+// though it was not processed (see settle, bindSignature).
+var errKeptMarked = errors.New("a marked delivery (the earlier attempt's fate still unknown) not processed: its lease is kept until lock_ttl, so that the next delivery is marked too")
 
 // verdict is how a delivery that reached the next handler ends.
 type verdict int
@@ -155,9 +155,9 @@ func (d *delivery) settle(err error) {
 		// at lock_ttl, and the next delivery after it is marked.
 		v = toHold
 		if err == nil {
-			err = fmt.Errorf("%w: the backend answered %d", errMarkedNotTaken, status)
+			err = fmt.Errorf("%w: the backend answered %d", errKeptMarked, status)
 		} else {
-			err = fmt.Errorf("%w: %w", errMarkedNotTaken, err)
+			err = fmt.Errorf("%w: %w", errKeptMarked, err)
 		}
 	}
 	switch v {
@@ -301,7 +301,8 @@ func signatureKey(prefix string, before, body, after []byte) string {
 // (2×tolerance+1s), or retention when the provider signs no timestamp, and
 // it becomes a durable done record when the event is processed (see
 // commitSignature). On a refusal or a store error the event's own lease
-// is released before returning.
+// is released before returning, or, if it took over a mark, kept until
+// lock_ttl, as settle does.
 func (d *delivery) bindSignature() error {
 	h := d.h
 	start := time.Now()
@@ -321,6 +322,11 @@ func (d *delivery) bindSignature() error {
 	}
 	if err == nil {
 		err = errSigReplayed
+	}
+	if d.marked {
+		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)),
+			zap.NamedError("cause", fmt.Errorf("%w: %w", errKeptMarked, err)))
+		return err
 	}
 	if _, rerr := d.release(d.ctx); rerr != nil {
 		h.logger.Warn("release failed", zap.String("event_id", d.id), zap.NamedError("cause", err),

@@ -128,7 +128,8 @@ const (
 // (a timeout, a connection lost, a panic), or the 499 reverse_proxy
 // writes when the client went away mid-request, leaves unknown whether
 // the backend got it: the lease is held until it expires (`lock_ttl`),
-// then the retry is processed, marked (below).
+// then the retry is processed, marked (below). A marked delivery (below)
+// that is not processed is held too, never released.
 //
 // A delivery that takes over an event whose earlier attempt's fate is
 // unknown (its lease ran out: its Caddy died, or it was held), or one
@@ -162,7 +163,7 @@ const (
 // `store_error` | the store failed: answered 503
 // `unchecked` | the store failed, `on_store_error` `pass`: passed on without deduplication
 // `released` | the next handler answered non-2xx or never reached the backend: the sender's retry is processed
-// `held` | unknown whether the backend got the event: its retry is processed after `lock_ttl`
+// `held` | unknown whether the backend got the event, or a marked delivery not processed: its retry is processed after `lock_ttl`
 type Handler struct {
 	// Signing secrets, used as bytes, whole (whsec_ included; for
 	// standard_webhooks, whsec_<base64> or a whpk_ public key). A request

@@ -2,6 +2,9 @@ package sanghodedup
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -31,5 +34,45 @@ func TestSignatureBindingEndsWithSigMemoryEvenAsAMark(t *testing.T) {
 	d := &delivery{h: h, ctx: ctx, sigKey: sigKey, id: "evt_second", key: "sangho_dedup:evt_second", token: "tok"}
 	if err := d.bindSignature(); err != nil {
 		t.Fatalf("bind over a binding whose time ran out = %v; want bound", err)
+	}
+}
+
+// A delivery that took over a mark (marked) and whose signature binding
+// then fails (a replay under its ID, or a store error) keeps its lease
+// until lock_ttl, as settle does for a non-2xx answer: released, the
+// next delivery would go on unmarked though the earlier attempt's fate
+// is still unknown. (Found by review of the hold of marked deliveries.)
+func TestSignatureBindingFailureKeepsTheMark(t *testing.T) {
+	dir := t.TempDir()
+	h, logs := newTestHandler(t, func(h *Handler) {
+		h.StoreRaw = json.RawMessage(`{"type":"file","path":"` + filepath.Join(dir, "dedup.db") + `"}`)
+	})
+	ctx := context.Background()
+	const key, sigKey = "sangho_dedup:evt_x", "sangho_dedup:sig:replayed"
+	if res, _, err := h.store.Claim(ctx, key, "first", 50*time.Millisecond); err != nil || res != dedup.Claimed {
+		t.Fatalf("first attempt's claim = %v, %v", res, err)
+	}
+	time.Sleep(120 * time.Millisecond) // its lease runs out unsettled: a mark
+	res, _, err := h.store.Claim(ctx, key, "second", 100*time.Millisecond)
+	if err != nil || res != dedup.Reclaimed {
+		t.Fatalf("second attempt's claim = %v, %v; want Reclaimed", res, err)
+	}
+	if res, _, err := h.store.Claim(ctx, sigKey, "evt_other", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("the message bound to another ID: %v, %v", res, err)
+	}
+	h.sigMemory = time.Minute
+	d := &delivery{h: h, ctx: ctx, sigKey: sigKey, id: "evt_x", key: key, token: "second", marked: true}
+	if err := d.bindSignature(); !errors.Is(err, errSigReplayed) {
+		t.Fatalf("bind = %v; want the replay refused", err)
+	}
+	if e, err := h.store.Get(ctx, key); err != nil || e.State() != "in_flight" {
+		t.Fatalf("after the refusal: %q %v; want the lease kept", e.State(), err)
+	}
+	if logs.FilterMessage("event held").Len() != 1 {
+		t.Errorf("no \"event held\" line for the kept lease")
+	}
+	time.Sleep(150 * time.Millisecond)
+	if res, _, err := h.store.Claim(ctx, key, "third", time.Minute); err != nil || res != dedup.Reclaimed {
+		t.Fatalf("the next attempt: %v, %v; want Reclaimed (marked)", res, err)
 	}
 }

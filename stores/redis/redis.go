@@ -468,9 +468,13 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		return fail(unresolved)
 	}
 	for _, a := range addrs {
-		// go-redis would only fail at the first dial, as a store error
+		// go-redis would only fail at the first dial, as a store error.
+		// A path is a Unix socket (go-redis dials it so).
+		if strings.HasPrefix(a, "/") {
+			continue
+		}
 		if _, port, err := net.SplitHostPort(a); err != nil || !validPort(port) {
-			return fail(fmt.Errorf("address %q: write host:port (a Redis server, a Cluster node or a Sentinel), or use url", a))
+			return fail(fmt.Errorf("address %q: write host:port (a Redis server, a Cluster node or a Sentinel) or a Unix socket's path, or use url", a))
 		}
 	}
 	wantTLS, skipVerify := s.TLS, false

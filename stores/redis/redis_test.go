@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -219,6 +220,12 @@ func TestRedisStoreProvisionRefusesBadValuesFirst(t *testing.T) {
 			t.Errorf("%+v: Provision() = %v, want an error naming %s", c.s, err, c.want)
 		}
 	}
+	// A Unix socket's path is an address (go-redis dials it so).
+	sock := &Store{Address: []string{filepath.Join(t.TempDir(), "redis.sock")}}
+	if err := sock.Provision(ctx); err != nil {
+		t.Errorf("a socket's path: %v", err)
+	}
+	_ = sock.Cleanup()
 }
 
 // An unset placeholder is refused with the option's name, as the file
