@@ -55,6 +55,21 @@ func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 				return "\troute {\n\t\ttest_body_probe\n" + dedupSite(l.Addr, store) + "\n\t}"
 			}
 			s := startCaddy(t, site(before))
+			// Caddy's log from the first reload on, the plugin's warnings and
+			// every error shown if the test fails (a 503 says only that the
+			// store failed).
+			s.logFile = filepath.Join(t.TempDir(), "caddy.log")
+			defer func() {
+				if t.Failed() {
+					entries, _ := logEntries(t, s.logFile)
+					for _, e := range entries {
+						logger, _ := e["logger"].(string)
+						if e["level"] == "error" || e["level"] == "warn" && strings.Contains(logger, "sangho") {
+							t.Logf("caddy's log: %v", e)
+						}
+					}
+				}
+			}()
 			id := func(round, i int) string { return fmt.Sprintf("evt_reload_%d_%02d", round, i) }
 			post := func(id string, body io.Reader) *http.Request {
 				req, _ := http.NewRequest(http.MethodPost, s.url, body)

@@ -31,24 +31,37 @@ import (
 type caddyServer struct {
 	url  string
 	port int
+	// logFile, if set, receives Caddy's log (JSON) from the next load
+	// on; else it is discarded.
+	logFile string
 }
 
 // serverConfig is the Caddyfile of a test server: the site block
 // body is given by the test, %PORT% is filled in.
 func serverCaddyfile(port int, site string) string {
+	return serverCaddyfileLogging(port, site, "")
+}
+
+// serverCaddyfileLogging is serverCaddyfile with Caddy's log in logFile
+// (JSON), or discarded if it is "".
+func serverCaddyfileLogging(port int, site, logFile string) string {
+	output := "discard"
+	if logFile != "" {
+		output = "file " + logFile + "\n\t\tformat json"
+	}
 	return fmt.Sprintf(`{
 	admin off
 	auto_https off
 	persist_config off
 	log {
-		output discard
+		output %s
 	}
 }
 http://127.0.0.1:%d {
 	bind 127.0.0.1
 %s
 }
-`, port, site)
+`, output, port, site)
 }
 
 // startCaddy loads a config; the test's cleanup stops Caddy.
@@ -82,7 +95,7 @@ func caddyLoad(cfg string) error { return caddy.Load([]byte(cfg), true) }
 // load (re)loads the server with a new site body: a config reload.
 func (s *caddyServer) load(t testing.TB, site string) {
 	t.Helper()
-	cfg, _ := adaptCaddyfile(t, serverCaddyfile(s.port, site))
+	cfg, _ := adaptCaddyfile(t, serverCaddyfileLogging(s.port, site, s.logFile))
 	if err := caddy.Load([]byte(cfg), true); err != nil {
 		t.Fatalf("loading config: %v", err)
 	}
