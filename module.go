@@ -447,25 +447,30 @@ func (h *Handler) Validate() error {
 	if err := h.validateProvider(); err != nil {
 		return err
 	}
+	for _, b := range []struct {
+		name        string
+		v, min, max time.Duration
+	}{
+		{"tolerance", time.Duration(h.Tolerance), 0, MaxTolerance},
+		{"retention", time.Duration(h.Retention), 0, MaxRetention},
+		{"lock_ttl", time.Duration(h.LockTTL), minLockTTL, MaxLockTTL},
+		{"retry_after", time.Duration(h.RetryAfter), 0, MaxRetryAfter},
+	} {
+		if err := cfargs.Bounds(b.name, b.v, b.min, b.max); err != nil {
+			return err
+		}
+	}
 	switch {
 	case h.provider.timestamp && h.Tolerance <= 0:
 		return errors.New("tolerance must be positive")
-	case time.Duration(h.Tolerance) > MaxTolerance:
-		return cfargs.Range("tolerance", cfargs.Human(time.Duration(h.Tolerance)), time.Duration(h.Tolerance), 0, MaxTolerance)
 	case h.MaxBodySize <= 0:
 		return errors.New("max_body_size must be positive")
 	case h.MaxBodySize > MaxMaxBodySize:
 		return fmt.Errorf("max_body_size must be at most %d bytes (64MiB), not %d", MaxMaxBodySize, h.MaxBodySize)
 	case h.Retention <= 0:
 		return errors.New("retention must be positive")
-	case time.Duration(h.Retention) > MaxRetention:
-		return cfargs.Range("retention", cfargs.Human(time.Duration(h.Retention)), time.Duration(h.Retention), 0, MaxRetention)
-	case time.Duration(h.LockTTL) < minLockTTL || time.Duration(h.LockTTL) > MaxLockTTL:
-		return cfargs.Range("lock_ttl", cfargs.Human(time.Duration(h.LockTTL)), time.Duration(h.LockTTL), minLockTTL, MaxLockTTL)
 	case h.RetryAfter <= 0:
 		return errors.New("retry_after must be positive")
-	case time.Duration(h.RetryAfter) > MaxRetryAfter:
-		return cfargs.Range("retry_after", cfargs.Human(time.Duration(h.RetryAfter)), time.Duration(h.RetryAfter), 0, MaxRetryAfter)
 	case h.OnStoreError != storeErrorReject && h.OnStoreError != storeErrorPass:
 		return fmt.Errorf("on_store_error must be %q or %q, not %q", storeErrorReject, storeErrorPass, h.OnStoreError)
 	case h.OnPayloadMismatch != mismatchReject && h.OnPayloadMismatch != mismatchLog:

@@ -149,6 +149,11 @@ func Range(name, shown string, v, min, max time.Duration) error {
 	return nil
 }
 
+// Bounds is Range for a value from JSON or a default, shown as Human(v).
+func Bounds(name string, v, min, max time.Duration) error {
+	return Range(name, Human(v), v, min, max)
+}
+
 // Human writes d as a user writes it: whole days from 2 days up (7d),
 // else Go's form without its trailing zero minutes and seconds (24h,
 // 1h30m, 30ms; 168h0m1s as Go writes it).

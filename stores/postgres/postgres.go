@@ -247,13 +247,13 @@ func (s *Store) resolve() (*options, error) {
 	if o.timeout = time.Duration(s.StatementTimeout); o.timeout == 0 {
 		o.timeout = DefaultStatementTimeout
 	}
-	if err := cfargs.Range("statement_timeout", cfargs.Human(o.timeout), o.timeout, minStatementTimeout, 0); err != nil {
+	if err := cfargs.Bounds("statement_timeout", o.timeout, minStatementTimeout, 0); err != nil {
 		return fail(err)
 	}
 	if o.cleanup = time.Duration(s.CleanupInterval); o.cleanup == 0 {
 		o.cleanup = DefaultCleanupInterval
 	}
-	if err := cfargs.Range("cleanup_interval", cfargs.Human(o.cleanup), o.cleanup, minCleanupInterval, 0); err != nil {
+	if err := cfargs.Bounds("cleanup_interval", o.cleanup, minCleanupInterval, 0); err != nil {
 		return fail(err)
 	}
 

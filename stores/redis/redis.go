@@ -521,7 +521,7 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		option string
 		value  time.Duration
 	}{{"dial_timeout", o.DialTimeout}, {"read_timeout", o.ReadTimeout}, {"write_timeout", o.WriteTimeout}, {"wait_timeout", time.Duration(s.WaitTimeout)}} {
-		if err := cfargs.Range(d.option, cfargs.Human(d.value), d.value, 0, MaxTimeout); err != nil {
+		if err := cfargs.Bounds(d.option, d.value, 0, MaxTimeout); err != nil {
 			return fail(err)
 		}
 	}
