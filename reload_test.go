@@ -148,6 +148,7 @@ func TestServerReloadKeepsStoreForRequestsStillOnTheWay(t *testing.T) {
 			post := func() *http.Request {
 				req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(eventBody(id)))
 				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Sangho-Event-ID", id)
 				req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(eventBody(id)), secret1))
 				return req
 			}
