@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
@@ -51,6 +52,10 @@ func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 					}
 				}
 			}()
+			// Without the linger of a reload (which would keep the old
+			// store open by itself): the uses counted must keep it.
+			restore := storepool.SetReloadLinger(0)
+			defer restore()
 			id := func(round, i int) string { return fmt.Sprintf("evt_reload_%d_%02d", round, i) }
 			post := func(id string, body io.Reader) *http.Request {
 				req, _ := http.NewRequest(http.MethodPost, s.url, body)
@@ -106,6 +111,9 @@ func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 
 			// Their records landed: on the store that served them (the file
 			// store's other settings are another file), each is a duplicate.
+			// (With the linger back: a delivery the old server read just
+			// before a reload must not be refused either.)
+			restore()
 			for _, cfg := range []int{rounds % 2, (rounds + 1) % 2} {
 				s.load(t, site(configs[cfg]))
 				for round := cfg; round < rounds; round += 2 {

@@ -157,13 +157,15 @@ func runCaddy(t *testing.T) {
 	t.Cleanup(func() { _ = caddy.Stop() })
 }
 
-// On a reload a resource no use holds is kept ReloadLinger, for a
-// request the old config's server read before its shutdown and that
-// reaches the store after the cleanup; a use entering then is served,
-// and keeps it until it leaves. Caddy stopping ends the linger: a
-// Release when Caddy stops returns once the lingering resources are
+// On a reload a resource no use holds is kept for the reload's linger,
+// for a request the old config's server read before its shutdown and
+// that reaches the store after the cleanup; a use entering then is
+// served, and keeps it until it leaves. Caddy stopping ends the linger:
+// a Release when Caddy stops returns once the lingering resources are
 // closed.
 func TestUsersReleaseLingersOnReload(t *testing.T) {
+	const linger = 2 * time.Second
+	defer SetReloadLinger(linger)()
 	waitClosed := func(t *testing.T, r *resource, within time.Duration) {
 		t.Helper()
 		deadline := time.Now().Add(within)
@@ -181,14 +183,14 @@ func TestUsersReleaseLingersOnReload(t *testing.T) {
 		if err := u.Release(key, nil); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(ReloadLinger / 2)
+		time.Sleep(linger / 2)
 		u.Enter() // a request that reaches the store after the cleanup
 		if r.closed.Load() || u.Closed() {
-			t.Fatal("the resource was closed within ReloadLinger of the reload")
+			t.Fatal("the resource was closed within the linger of the reload")
 		}
-		time.Sleep(ReloadLinger/2 + time.Second)
+		time.Sleep(linger/2 + linger/4)
 		if r.closed.Load() {
-			t.Fatal("the resource was closed under a use that entered within ReloadLinger")
+			t.Fatal("the resource was closed under a use that entered within the linger")
 		}
 		u.Leave()
 		waitClosed(t, r, 5*time.Second)
@@ -231,6 +233,6 @@ func TestUsersReleaseLingersOnReload(t *testing.T) {
 		if err := caddy.Stop(); err != nil {
 			t.Fatal(err)
 		}
-		waitClosed(t, r, 5*time.Second) // not ReloadLinger
+		waitClosed(t, r, linger/2) // not the linger
 	})
 }
