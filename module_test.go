@@ -311,4 +311,9 @@ func TestDeprecatedVerifierShape(t *testing.T) {
 	if err := unknown.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), `verifier (deprecated, read as "provider"): `) {
 		t.Fatalf("old shape, unknown scheme: %v", err)
 	}
+	signingKey := &Handler{Secrets: []string{"whsk_c2VjcmV0"}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: "deprecated5:",
+		VerifierRaw: json.RawMessage(`{"scheme":"standard_webhooks"}`)}
+	if err := signingKey.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), `verifier (deprecated, read as "provider") standard_webhooks: secret #1 `) {
+		t.Fatalf("old shape, a secret its provider refuses: %v", err)
+	}
 }
