@@ -181,7 +181,7 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}":            `db: "one" is not a non-negative whole number`,
 		"sangho_dedup {\nsecret s\nstore redis {\npipeline off\n}\n}":      "pipeline: the option is now disable_pipeline",
 		"sangho_dedup {\nsecret s\nstore redis {\nurl url x\n}\n}":         "url: takes one value, got more",
-		"sangho_dedup {\nsecret s\nstore redis {\nurl\n}\n}":               "url: needs a value",
+		"sangho_dedup {\nsecret s\nstore redis {\nurl\n}\n}":               "url has no value",
 		"sangho_dedup {\nsecret s\nkey_prefix \"\"\n}":                     `key_prefix: needs a value, not ""`,
 		"sangho_dedup {\nsecret s\nname \"\"\n}":                           `name: needs a value, not ""`,
 		"sangho_dedup {\nsecret s\nstore file {\npath \"\"\n}\n}":          `path: needs a value, not ""`,
@@ -344,6 +344,28 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site("secret {$"+set+"}")), nil)
 	if err != nil || !strings.Contains(string(out), "whsec_from_the_environment") {
 		t.Errorf("{$VAR} set: %v\n%s", err, out)
+	}
+	// A store's secret-bearing option (a Redis password or URL, a
+	// PostgreSQL DSN) left empty by {$VAR}: named the same way.
+	for _, c := range []struct{ option, store string }{
+		{"password", "store redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$" + unset + "}\n\t\t}"},
+		{"url", "store redis {\n\t\t\turl \"{$" + empty + "}\"\n\t\t}"},
+		{"dsn", "store postgres {\n\t\t\tdsn {$" + unset + "}\n\t\t}"},
+	} {
+		name := unset
+		if c.option == "url" {
+			name = empty
+		}
+		err := adapt(site("secret s\n\t\t"+c.store), true)
+		if err == nil {
+			t.Errorf("%s: adapted", c.store)
+			continue
+		}
+		for _, want := range []string{c.option + " has no value", "{$" + name + "}", "unset or empty", "{env." + name + "}"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: the error lacks %q: %v", c.option, want, err)
+			}
+		}
 	}
 	// and the docs say both, where secrets are explained
 	for _, doc := range []string{"README.md", "docs/configuration.md", "docs/security.md"} {

@@ -35,7 +35,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"postgres extra":                            "takes no value on its line (write dsn <dsn> in its block)",
 		"postgres {\n nope 1\n}":                    `unrecognized subdirective "nope"`,
 		"postgres {\n dsn a\n dsn b\n}":             "dsn given more than once",
-		"postgres {\n dsn\n}":                       "dsn: needs a value",
+		"postgres {\n dsn\n}":                       "dsn has no value",
 		"postgres {\n table 1abc\n}":                "table:",
 		"postgres {\n table a.b.c\n}":               "table:",
 		"postgres {\n table \"x; DROP TABLE y\"\n}": "table:",

@@ -54,7 +54,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			s.Address = append(s.Address, args...)
 		case "url":
-			if err := cfargs.One(d, &s.URL); err != nil {
+			if err := cfargs.Secret(d, &s.URL); err != nil {
 				return err
 			}
 		case "master_name":
@@ -66,7 +66,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "password":
-			if err := cfargs.One(d, &s.Password); err != nil {
+			if err := cfargs.Secret(d, &s.Password); err != nil {
 				return err
 			}
 		case "db":
