@@ -176,13 +176,20 @@ func TestUsersReleaseLingersOnReload(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	t.Run("kept, then closed", func(t *testing.T) {
+	// released runs a config, as after a reload, and releases a resource
+	// no use holds.
+	released := func(t *testing.T) (key string, r *resource, u *Users) {
+		t.Helper()
 		runCaddy(t)
-		key, r, u := t.Name(), new(resource), new(Users)
+		key, r, u = t.Name(), new(resource), new(Users)
 		take(t, key, r)
 		if err := u.Release(key, nil); err != nil {
 			t.Fatal(err)
 		}
+		return key, r, u
+	}
+	t.Run("kept, then closed", func(t *testing.T) {
+		_, r, u := released(t)
 		time.Sleep(linger / 2)
 		u.Enter() // a request that reaches the store after the cleanup
 		if r.closed.Load() || u.Closed() {
@@ -201,12 +208,7 @@ func TestUsersReleaseLingersOnReload(t *testing.T) {
 		}
 	})
 	t.Run("Caddy stops", func(t *testing.T) {
-		runCaddy(t)
-		key, r, u := t.Name(), new(resource), new(Users)
-		take(t, key, r)
-		if err := u.Release(key, nil); err != nil {
-			t.Fatal(err)
-		}
+		key, r, _ := released(t)
 		if err := caddy.Stop(); err != nil {
 			t.Fatal(err)
 		}
@@ -224,12 +226,7 @@ func TestUsersReleaseLingersOnReload(t *testing.T) {
 		}
 	})
 	t.Run("Caddy stops with nothing of ours", func(t *testing.T) {
-		runCaddy(t)
-		key, r, u := t.Name(), new(resource), new(Users)
-		take(t, key, r)
-		if err := u.Release(key, nil); err != nil {
-			t.Fatal(err)
-		}
+		_, r, _ := released(t)
 		if err := caddy.Stop(); err != nil {
 			t.Fatal(err)
 		}
