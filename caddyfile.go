@@ -184,7 +184,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.StoreRaw = caddyconfig.JSONModuleObject(mod, "type", name, nil)
 		default:
-			return d.Errf("unrecognized sangho_dedup subdirective %q", opt)
+			return cfargs.Unknown(d, "sangho_dedup subdirective")
 		}
 	}
 	if len(m.Secrets) == 0 {

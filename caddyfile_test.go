@@ -379,6 +379,32 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 	}
 }
 
+// TestCaddyfileMultiLineEnvValueNotQuoted: Caddy replaces {$VAR} in the
+// text before it splits it into lines, so a value with a line break (a
+// secret, a key=value DSN pasted from a file) puts its second line where
+// an option's name goes. The unknown-option error must not quote it.
+func TestCaddyfileMultiLineEnvValueNotQuoted(t *testing.T) {
+	const tail = "TOPSECRETTAIL"
+	t.Setenv("SANGHO_DEDUP_TEST_ML", "hunter2\n"+tail+" more")
+	for _, c := range []struct{ where, block string }{
+		{"sangho_dedup", "secret {$SANGHO_DEDUP_TEST_ML}"},
+		{"redis store", "secret s\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$SANGHO_DEDUP_TEST_ML}\n\t\t}"},
+		{"postgres store", "secret s\n\t\tstore postgres {\n\t\t\tdsn {$SANGHO_DEDUP_TEST_ML}\n\t\t}"},
+		{"file store", "secret s\n\t\tstore file {\n\t\t\tpath /tmp/x{$SANGHO_DEDUP_TEST_ML}\n\t\t}"},
+		{"hmac provider", "secret s\n\t\tprovider hmac {\n\t\t\theader {$SANGHO_DEDUP_TEST_ML}\n\t\t\tid_header X-Id\n\t\t}"},
+	} {
+		src := ":8080 {\n\tsangho_dedup {\n\t\t" + c.block + "\n\t}\n\trespond 200\n}\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err == nil {
+			t.Errorf("%s: adapted", c.where)
+			continue
+		}
+		if strings.Contains(err.Error(), tail) || !strings.Contains(err.Error(), "unrecognized") {
+			t.Errorf("%s: %v, want the unknown option refused without quoting it", c.where, err)
+		}
+	}
+}
+
 // TestCaddyfileExtraValueNotQuoted: a value on a line that takes none
 // (the directive's, a store's, a provider's) is refused without quoting
 // it: what a user puts there by mistake is often the secret, a DSN or a

@@ -68,7 +68,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		default:
-			return d.Errf("postgres store: unrecognized subdirective %q", opt)
+			return cfargs.Unknown(d, "postgres store subdirective")
 		}
 		if err != nil {
 			return err
