@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,8 +41,12 @@ func TestServerOverHTTP2(t *testing.T) {
 	cfg, _ := adaptCaddyfile(t, fmt.Sprintf(`{
 	admin off
 	persist_config off
+	auto_https disable_redirects
 	local_certs
 	skip_install_trust
+	servers {
+		protocols h1 h2
+	}
 	storage file_system %s
 	log {
 		output discard
@@ -69,7 +75,13 @@ https://127.0.0.1:%d {
 	if !pool.AppendCertsFromPEM(root) {
 		t.Fatal("Caddy's local root certificate: no PEM")
 	}
-	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
+	var dials atomic.Int64
+	dialer := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return dialer.DialContext(ctx, network, addr)
+		}}
 	defer tr.CloseIdleConnections()
 	h2 := &http.Client{Timeout: 10 * time.Second, Transport: tr}
 	url := fmt.Sprintf("https://127.0.0.1:%d/webhook", port)
@@ -99,7 +111,6 @@ https://127.0.0.1:%d {
 		return fmt.Sprintf("%d %s %s", resp.StatusCode, resp.Header.Get("Sangho-Dedup"), b), nil
 	}
 	deliver := func(id string, length int64) string {
-		t.Helper()
 		body := eventBody(id)
 		var r io.Reader = strings.NewReader(body)
 		if length < 0 {
@@ -107,7 +118,7 @@ https://127.0.0.1:%d {
 		}
 		a, err := post(context.Background(), id, r, length)
 		if err != nil {
-			t.Fatalf("%s: %v", id, err)
+			return err.Error()
 		}
 		return a
 	}
@@ -149,12 +160,16 @@ https://127.0.0.1:%d {
 
 	// Twenty deliveries of one event as streams of one connection.
 	const id = "evt_h2_slow_concurrent"
+	dialsBefore := dials.Load()
 	var wg sync.WaitGroup
 	answers := make([]string, 20)
 	for i := range answers {
 		wg.Go(func() { answers[i] = deliver(id, int64(len(eventBody(id)))) })
 	}
 	wg.Wait()
+	if n := dials.Load() - dialsBefore; n != 0 {
+		t.Errorf("the concurrent deliveries opened %d connections, want none: streams of the one open", n)
+	}
 	passed := 0
 	for _, a := range answers {
 		switch {

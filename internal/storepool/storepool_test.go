@@ -225,6 +225,20 @@ func TestUsersReleaseLingersOnReload(t *testing.T) {
 			t.Error("Caddy stopping: a Release returned before the resource a reload left lingering was closed")
 		}
 	})
+	// Caddy exiting (its exit hook, or the stopping config's Release
+	// once the servers have stopped) ends the linger even while Caddy
+	// exits with its config still set: at once, not at the linger's end.
+	t.Run("Caddy exits", func(t *testing.T) {
+		_, r, _ := released(t)
+		start := time.Now()
+		endLingers()
+		if !r.closed.Load() {
+			t.Fatal("endLingers returned before the lingering resource was closed")
+		}
+		if waited := time.Since(start); waited > linger/2 {
+			t.Errorf("endLingers waited %v: the linger ran out instead of ending", waited)
+		}
+	})
 	t.Run("Caddy stops with nothing of ours", func(t *testing.T) {
 		_, r, _ := released(t)
 		if err := caddy.Stop(); err != nil {
