@@ -45,7 +45,7 @@ func WithoutValue(option, file string, line int) string {
 	if len(vars) > 1 {
 		verb = "are"
 	}
-	return fmt.Sprintf("%s has no value: %s %s unset or empty in Caddy's environment (Caddy replaces {$VAR} when it reads the Caddyfile); "+
+	return fmt.Sprintf("%s has no value: %s %s unset or empty in the environment of the caddy command that read the Caddyfile (caddy run, reload or adapt replaces {$VAR} as it reads it); "+
 		"set it, or write {env.%s}, read when Caddy starts, which keeps the secret out of the adapted JSON", option, named, verb, vars[0])
 }
 
@@ -66,7 +66,7 @@ func emptyEnvVars(file string, line int, option string) []string {
 	if line > len(lines) {
 		return nil
 	}
-	text := lines[line-1]
+	text := uncommented(lines[line-1])
 	if f := strings.Fields(text); len(f) == 0 || f[0] != option {
 		return nil // not the line the token came from (the file changed since)
 	}
@@ -90,4 +90,23 @@ func emptyEnvVars(file string, line int, option string) []string {
 			vars = append(vars, name)
 		}
 	}
+}
+
+// uncommented returns line without its comment: from a # that begins a
+// token (at the start, or after a space or a tab), outside quotes.
+func uncommented(line string) string {
+	var quote rune
+	for i, c := range line {
+		switch {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '"' || c == '`':
+			quote = c
+		case c == '#' && (i == 0 || line[i-1] == ' ' || line[i-1] == '\t'):
+			return line[:i]
+		}
+	}
+	return line
 }
