@@ -2,9 +2,7 @@ package sanghodedup
 
 import (
 	"fmt"
-	"os"
 	"slices"
-	"strings"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -78,7 +76,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			file, line := d.File(), d.Line()
 			args := d.RemainingArgs()
 			if len(args) == 0 || slices.Contains(args, "") {
-				return d.Err(secretWithoutValue(file, line))
+				return d.Err(cfargs.WithoutValue("secret", file, line))
 			}
 			m.Secrets = append(m.Secrets, args...)
 		case "tolerance":
@@ -186,78 +184,13 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.StoreRaw = caddyconfig.JSONModuleObject(mod, "type", name, nil)
 		default:
-			return d.Errf("unrecognized sangho_dedup subdirective %q", opt)
+			return cfargs.Unknown(d, "sangho_dedup subdirective")
 		}
 	}
 	if len(m.Secrets) == 0 {
 		return d.Err("sangho_dedup: at least one secret is required")
 	}
 	return nil
-}
-
-// secretWithoutValue explains a `secret` line left with no value, or an
-// empty one. The usual cause is {$VAR}: Caddy replaces it in the whole
-// Caddyfile before any directive sees a token, an unset variable with
-// nothing, so the variable's name is gone from the tokens. When the
-// Caddyfile came from a file (caddy run/adapt --config), its line is read
-// again to name the variables that are unset or empty here; the names
-// only, never a value.
-func secretWithoutValue(file string, line int) string {
-	vars := emptyEnvVars(file, line)
-	if len(vars) == 0 {
-		return "secret has no value: if it was written {$VAR}, that environment variable was unset or empty when the Caddyfile was read; " +
-			"{env.VAR} is read when Caddy starts instead, and keeps the secret out of the adapted JSON"
-	}
-	named := "{$" + strings.Join(vars, "}, {$") + "}"
-	verb := "is"
-	if len(vars) > 1 {
-		verb = "are"
-	}
-	return fmt.Sprintf("secret has no value: %s %s unset or empty in Caddy's environment (Caddy replaces {$VAR} when it reads the Caddyfile); "+
-		"set it, or write {env.%s}, read when Caddy starts, which keeps the secret out of the adapted JSON", named, verb, vars[0])
-}
-
-// emptyEnvVars returns the {$VAR}s of line (1-based) of file that are
-// unset or empty (their default too), if that line is a `secret` line.
-func emptyEnvVars(file string, line int) []string {
-	if file == "" || line < 1 {
-		return nil
-	}
-	if fi, err := os.Stat(file); err != nil || !fi.Mode().IsRegular() || fi.Size() > 16<<20 {
-		return nil
-	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil
-	}
-	lines := strings.Split(string(b), "\n")
-	if line > len(lines) {
-		return nil
-	}
-	text := lines[line-1]
-	if f := strings.Fields(text); len(f) == 0 || f[0] != "secret" {
-		return nil // not the line the token came from (the file changed since)
-	}
-	var vars []string
-	for {
-		_, rest, ok := strings.Cut(text, "{$")
-		if !ok {
-			return vars
-		}
-		span, after, ok := strings.Cut(rest, "}")
-		if !ok {
-			return vars
-		}
-		text = after
-		name, def, hasDef := strings.Cut(span, ":") // Caddy's {$VAR:default}
-		v, set := os.LookupEnv(name)
-		if !set && hasDef {
-			v = def
-		}
-		if name != "" && v == "" && !slices.Contains(vars, name) {
-			vars = append(vars, name)
-		}
-	}
 }
 
 // Interface guard

@@ -181,7 +181,7 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}":            `db: "one" is not a non-negative whole number`,
 		"sangho_dedup {\nsecret s\nstore redis {\npipeline off\n}\n}":      "pipeline: the option is now disable_pipeline",
 		"sangho_dedup {\nsecret s\nstore redis {\nurl url x\n}\n}":         "url: takes one value, got more",
-		"sangho_dedup {\nsecret s\nstore redis {\nurl\n}\n}":               "url: needs a value",
+		"sangho_dedup {\nsecret s\nstore redis {\nurl\n}\n}":               "url has no value",
 		"sangho_dedup {\nsecret s\nkey_prefix \"\"\n}":                     `key_prefix: needs a value, not ""`,
 		"sangho_dedup {\nsecret s\nname \"\"\n}":                           `name: needs a value, not ""`,
 		"sangho_dedup {\nsecret s\nstore file {\npath \"\"\n}\n}":          `path: needs a value, not ""`,
@@ -345,6 +345,28 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "whsec_from_the_environment") {
 		t.Errorf("{$VAR} set: %v\n%s", err, out)
 	}
+	// A store's secret-bearing option (a Redis password or URL, a
+	// PostgreSQL DSN) left empty by {$VAR}: named the same way.
+	for _, c := range []struct{ option, store string }{
+		{"password", "store redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$" + unset + "}\n\t\t}"},
+		{"url", "store redis {\n\t\t\turl \"{$" + empty + "}\"\n\t\t}"},
+		{"dsn", "store postgres {\n\t\t\tdsn {$" + unset + "}\n\t\t}"},
+	} {
+		name := unset
+		if c.option == "url" {
+			name = empty
+		}
+		err := adapt(site("secret s\n\t\t"+c.store), true)
+		if err == nil {
+			t.Errorf("%s: adapted", c.store)
+			continue
+		}
+		for _, want := range []string{c.option + " has no value", "{$" + name + "}", "unset or empty", "{env." + name + "}"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: the error lacks %q: %v", c.option, want, err)
+			}
+		}
+	}
 	// and the docs say both, where secrets are explained
 	for _, doc := range []string{"README.md", "docs/configuration.md", "docs/security.md"} {
 		b, err := os.ReadFile(doc)
@@ -353,6 +375,32 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 		}
 		if text := strings.Join(strings.Fields(string(b)), " "); !strings.Contains(text, "`{$X}`") || !strings.Contains(text, "adapted JSON") || !strings.Contains(text, "`{env.X}`") {
 			t.Errorf("%s does not say what {$X} does beside {env.X}", doc)
+		}
+	}
+}
+
+// TestCaddyfileMultiLineEnvValueNotQuoted: Caddy replaces {$VAR} in the
+// text before it splits it into lines, so a value with a line break (a
+// secret, a key=value DSN pasted from a file) puts its second line where
+// an option's name goes. The unknown-option error must not quote it.
+func TestCaddyfileMultiLineEnvValueNotQuoted(t *testing.T) {
+	const tail = "TOPSECRETTAIL"
+	t.Setenv("SANGHO_DEDUP_TEST_ML", "hunter2\n"+tail+" more")
+	for _, c := range []struct{ where, block string }{
+		{"sangho_dedup", "secret {$SANGHO_DEDUP_TEST_ML}"},
+		{"redis store", "secret s\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$SANGHO_DEDUP_TEST_ML}\n\t\t}"},
+		{"postgres store", "secret s\n\t\tstore postgres {\n\t\t\tdsn {$SANGHO_DEDUP_TEST_ML}\n\t\t}"},
+		{"file store", "secret s\n\t\tstore file {\n\t\t\tpath /tmp/x{$SANGHO_DEDUP_TEST_ML}\n\t\t}"},
+		{"hmac provider", "secret s\n\t\tprovider hmac {\n\t\t\theader {$SANGHO_DEDUP_TEST_ML}\n\t\t\tid_header X-Id\n\t\t}"},
+	} {
+		src := ":8080 {\n\tsangho_dedup {\n\t\t" + c.block + "\n\t}\n\trespond 200\n}\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err == nil {
+			t.Errorf("%s: adapted", c.where)
+			continue
+		}
+		if strings.Contains(err.Error(), tail) || !strings.Contains(err.Error(), "unrecognized") {
+			t.Errorf("%s: %v, want the unknown option refused without quoting it", c.where, err)
 		}
 	}
 }

@@ -360,11 +360,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	}
 	v, ok := pmod.(dedup.Provider)
 	if !ok {
-		return fmt.Errorf("provider: module %T is not a sangho_dedup provider", pmod)
+		return fmt.Errorf("%s: module %T is not a sangho_dedup provider", providerKey, pmod)
 	}
 	name := v.(caddy.Module).CaddyModule().ID.Name()
 	if err := h.setupProvider(v, name, secrets); err != nil {
-		return fmt.Errorf("provider %s: %w", name, err)
+		return fmt.Errorf("%s %s: %w", providerKey, name, err)
 	}
 	if h.OnPayloadMismatch == "" {
 		// Sangho's contract: every attempt carries the same body bytes.

@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	os.Setenv("XDG_DATA_HOME", dir)
+	// Caddy's storage (its locks, certificates, last_clean.json) took
+	// its path from the environment before this ran: move it too.
+	caddy.DefaultStorage.Path = caddy.AppDataDir()
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -310,5 +313,10 @@ func TestDeprecatedVerifierShape(t *testing.T) {
 		VerifierRaw: json.RawMessage(`{"scheme":"nope"}`)}
 	if err := unknown.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), `verifier (deprecated, read as "provider"): `) {
 		t.Fatalf("old shape, unknown scheme: %v", err)
+	}
+	signingKey := &Handler{Secrets: []string{"whsk_c2VjcmV0"}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: "deprecated5:",
+		VerifierRaw: json.RawMessage(`{"scheme":"standard_webhooks"}`)}
+	if err := signingKey.Provision(ctx); err == nil || !strings.HasPrefix(err.Error(), `verifier (deprecated, read as "provider") standard_webhooks: secret #1 `) {
+		t.Fatalf("old shape, a secret its provider refuses: %v", err)
 	}
 }

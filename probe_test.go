@@ -51,3 +51,52 @@ func (b *probedBody) Read(p []byte) (int, error) {
 	}
 	return b.ReadCloser.Read(p)
 }
+
+// requestGate is a test-only handler (directive test_gate, inside a
+// route before sangho_dedup): it holds every request until the test
+// opens it, as a slow handler before sangho_dedup would (forward_auth,
+// a rate limiter), so that a test can reload Caddy while a request has
+// been read by the old config's server but has not reached sangho_dedup.
+type requestGate struct{}
+
+// gate is the test's handle on test_gate: arrived counts the requests
+// held, open lets them through once closed.
+var gate struct {
+	arrived atomic.Int64
+	open    atomic.Pointer[chan struct{}]
+}
+
+// closeGate makes test_gate hold the requests that come from now on,
+// until openGate.
+func closeGate() {
+	ch := make(chan struct{})
+	gate.arrived.Store(0)
+	gate.open.Store(&ch)
+}
+
+// openGate lets the held requests go on, and those that come later.
+func openGate() {
+	if ch := gate.open.Swap(nil); ch != nil {
+		close(*ch)
+	}
+}
+
+func init() {
+	caddy.RegisterModule(requestGate{})
+	httpcaddyfile.RegisterHandlerDirective("test_gate", func(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+		h.Next()
+		return requestGate{}, nil
+	})
+}
+
+func (requestGate) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.test_gate", New: func() caddy.Module { return new(requestGate) }}
+}
+
+func (requestGate) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	if ch := gate.open.Load(); ch != nil {
+		gate.arrived.Add(1)
+		<-*ch
+	}
+	return next.ServeHTTP(w, r)
+}

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
@@ -27,26 +28,7 @@ import (
 // commit, and the event was processed again after lock_ttl.
 func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 	const rounds, inFlight = 3, 10
-	for name, stores := range map[string]func(t *testing.T) (before, after string){
-		"file": func(t *testing.T) (string, string) {
-			dir := t.TempDir()
-			line := func(f string) string {
-				return "store file {\n\t\t\tpath " + filepath.Join(dir, f) + "\n\t\t}"
-			}
-			return line("a.db"), line("b.db")
-		},
-		"redis": func(t *testing.T) (string, string) {
-			line := redisStoreLine(startRedis(t).Addr)
-			return line, strings.Replace(line, "\n\t\t}", "\n\t\t\tpool_size 7\n\t\t}", 1)
-		},
-		"postgres": func(t *testing.T) (string, string) {
-			pg := pgtest.Start(t)
-			line := func(conns int) string {
-				return fmt.Sprintf("store postgres {\n\t\t\tdsn \"postgres://postgres@%s/postgres?sslmode=disable\"\n\t\t\tmax_conns %d\n\t\t}", pg.Addr, conns)
-			}
-			return line(4), line(5)
-		},
-	} {
+	for name, stores := range reloadStores {
 		t.Run(name, func(t *testing.T) {
 			before, after := stores(t)
 			configs := [2]string{before, after}
@@ -70,6 +52,10 @@ func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 					}
 				}
 			}()
+			// Without the linger of a reload (which would keep the old
+			// store open by itself): the uses counted must keep it.
+			restore := storepool.SetReloadLinger(0)
+			defer restore()
 			id := func(round, i int) string { return fmt.Sprintf("evt_reload_%d_%02d", round, i) }
 			post := func(id string, body io.Reader) *http.Request {
 				req, _ := http.NewRequest(http.MethodPost, s.url, body)
@@ -125,6 +111,9 @@ func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 
 			// Their records landed: on the store that served them (the file
 			// store's other settings are another file), each is a duplicate.
+			// (With the linger back: a delivery the old server read just
+			// before a reload must not be refused either.)
+			restore()
 			for _, cfg := range []int{rounds % 2, (rounds + 1) % 2} {
 				s.load(t, site(configs[cfg]))
 				for round := cfg; round < rounds; round += 2 {
@@ -144,4 +133,86 @@ func TestServerReloadDuringBodyReadKeepsStore(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServerReloadKeepsStoreForRequestsStillOnTheWay: a request the old
+// config's server read before a reload, still in a handler before
+// sangho_dedup (a slow forward_auth, a rate limiter) when Caddy cleaned
+// the old config up, reaches the old config's sangho_dedup afterwards.
+// Its store, given up by the reload (the new config has other
+// settings), must still be open to serve it: it was closed at once, and
+// such a request was answered 503 (the flake of the reload test above,
+// when Caddy's old server read a request just before its shutdown).
+func TestServerReloadKeepsStoreForRequestsStillOnTheWay(t *testing.T) {
+	for name, stores := range reloadStores {
+		t.Run(name, func(t *testing.T) {
+			before, after := stores(t)
+			l := ledger.New(t)
+			site := func(store string) string {
+				return "\troute {\n\t\ttest_gate\n" + dedupSite(l.Addr, store) + "\n\t}"
+			}
+			s := startCaddy(t, site(before))
+			id := "evt_on_the_way_" + name
+			post := func() *http.Request {
+				req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(eventBody(id)))
+				req.Header.Set("Content-Type", "application/json")
+				req.Header.Set("Sangho-Event-ID", id)
+				req.Header.Set("Sangho-Signature", sangho.Sign(time.Now(), []byte(eventBody(id)), secret1))
+				return req
+			}
+
+			closeGate()
+			defer openGate()
+			got := make(chan string, 1)
+			go func() {
+				resp, err := client.Do(post())
+				if err != nil {
+					got <- err.Error()
+					return
+				}
+				resp.Body.Close()
+				got <- fmt.Sprintf("%d %s", resp.StatusCode, resp.Header.Get("Sangho-Dedup"))
+			}()
+			waitFor(t, "the delivery to reach the handler before sangho_dedup", func() bool { return gate.arrived.Load() == 1 })
+			s.load(t, site(after)) // the old config is cleaned up
+			openGate()
+			if a := <-got; a != "200 " {
+				t.Fatalf("a delivery that reached sangho_dedup after the reload: %s, want 200 (processed on the old config's store)", a)
+			}
+			// Its record landed on the old config's store (for the file
+			// store, the other file): back to it, the event is a duplicate.
+			s.load(t, site(before))
+			if a := do(t, post()); a.status != 200 || a.dedup != "duplicate" {
+				t.Errorf("the event again on the old config's store: %d %q, want 200 duplicate", a.status, a.dedup)
+			}
+			if rec, _ := l.Counts(id); rec != 1 {
+				t.Errorf("the backend received the event %d times, want 1", rec)
+			}
+		})
+	}
+}
+
+// reloadStores gives, for each store with a shared resource, two store
+// lines of different settings: a reload from one to the other gives up
+// the old config's resource (a Redis client, an open file, a PostgreSQL
+// pool) and takes another.
+var reloadStores = map[string]func(t *testing.T) (before, after string){
+	"file": func(t *testing.T) (string, string) {
+		dir := t.TempDir()
+		line := func(f string) string {
+			return "store file {\n\t\t\tpath " + filepath.Join(dir, f) + "\n\t\t}"
+		}
+		return line("a.db"), line("b.db")
+	},
+	"redis": func(t *testing.T) (string, string) {
+		line := redisStoreLine(startRedis(t).Addr)
+		return line, strings.Replace(line, "\n\t\t}", "\n\t\t\tpool_size 7\n\t\t}", 1)
+	},
+	"postgres": func(t *testing.T) (string, string) {
+		pg := pgtest.Start(t)
+		line := func(conns int) string {
+			return fmt.Sprintf("store postgres {\n\t\t\tdsn \"postgres://postgres@%s/postgres?sslmode=disable\"\n\t\t\tmax_conns %d\n\t\t}", pg.Addr, conns)
+		}
+		return line(4), line(5)
+	},
 }

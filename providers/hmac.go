@@ -257,7 +257,7 @@ func (s *HMAC) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "id_field":
 			dst = &s.IDField
 		default:
-			return d.Errf("unrecognized option %q", opt)
+			return cfargs.Unknown(d, "option")
 		}
 		if err := cfargs.One(d, dst); err != nil { // never ""
 			return err

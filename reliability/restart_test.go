@@ -5,16 +5,20 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
@@ -231,4 +235,78 @@ func TestReloadStoreConfigUnderLoad(t *testing.T) {
 		}
 	})
 	check(t, "store config reloaded 5 times under load (pool_size, address and back)", s, l, ids, acked, false)
+}
+
+// TestReloadThenExitServesRequestOnTheWay: a delivery is held in
+// forward_auth (a slow auth service) before sangho_dedup when a reload
+// gives the endpoint another store, then Caddy is told to exit (SIGTERM)
+// before the auth service answers. Caddy's exit waits for the old
+// server's request; when it reaches the old config's sangho_dedup, its
+// store (kept for the reload's linger) must still be open: it is
+// processed and recorded there, not refused 503 because Caddy exiting
+// closed the store under it.
+func TestReloadThenExitServesRequestOnTheWay(t *testing.T) {
+	l := ledger.New(t)
+	var authCalls atomic.Int64
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) } // lets every check through
+	defer open()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		authCalls.Add(1)
+		<-release
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = auth.Serve(ln) }()
+	defer auth.Close()
+	authAddr := ln.Addr().String()
+
+	dir := t.TempDir()
+	site := func(path string) string {
+		return "\troute {\n\t\tforward_auth " + authAddr + " {\n\t\t\turi /check\n\t\t}\n" +
+			siteConfig("store file {\n\t\t\tpath "+dir+"/"+path+"\n\t\t}", l.Addr, "") + "\n\t}"
+	}
+	p := startCaddy(t, site("a.db"))
+	client := &http.Client{Timeout: 30 * time.Second}
+	const id = "evt_reload_exit"
+	type reply struct {
+		status int
+		dedup  string
+	}
+	got := make(chan reply, 1)
+	go func() {
+		status, dedup := deliverOnce(client, p.url, id)
+		got <- reply{status, dedup}
+	}()
+	poll.Until(t, 10*time.Second, "the delivery to reach forward_auth", func() bool { return authCalls.Load() == 1 })
+	if err := p.reload(site("b.db")); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	poll.Until(t, 10*time.Second, "Caddy to begin its exit", func() bool {
+		b, _ := os.ReadFile(p.log)
+		return bytes.Contains(b, []byte("exiting"))
+	})
+	// Time for Caddy to set no config running and begin to stop its
+	// servers (which closed the old store at once, before the fix).
+	time.Sleep(500 * time.Millisecond)
+	open() // the auth service lets the delivery through
+	if r := <-got; r.status != 200 || r.dedup != "" {
+		t.Errorf("the delivery held across the reload and the exit: %d %q, want 200 from the backend", r.status, r.dedup)
+	}
+	p.waitExit(t)
+	if rec, _ := l.Counts(id); rec != 1 {
+		t.Fatalf("the backend received the event %d times, want 1", rec)
+	}
+	// Recorded on the old config's store: Caddy started again on it (the
+	// config file still names a.db) answers a redelivery as a duplicate.
+	p.restart(t)
+	if status, dedup := deliverOnce(client, p.url, id); status != 200 || dedup != "duplicate" {
+		t.Errorf("the event again on the old config's store: %d %q, want 200 duplicate", status, dedup)
+	}
 }

@@ -254,6 +254,26 @@ func Run(t *testing.T, newHarness func(*testing.T) Harness) {
 		}
 		mustClaim(t, h, "k", "tok2", lockTTL, dedup.Reclaimed)
 	})
+	// The handler holds a marked delivery it did not process (the backend
+	// answered non-2xx or was never reached) instead of releasing it:
+	// the lease that replaced the mark must run out into a mark again,
+	// so that the next attempt, too, is marked.
+	t.Run("a lease over a mark that runs out is a mark again", func(t *testing.T) {
+		h := newHarness(t)
+		if !h.Marks {
+			t.Skip("the store keeps no marks (Harness.Marks)")
+		}
+		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)
+		h.Elapse(h.Short + h.Short/2)
+		mustClaim(t, h, "k", "tok2", h.Short, dedup.Reclaimed)
+		h.Elapse(h.Short + h.Short/2)
+		e, err := h.Store.Get(ctx, "k")
+		if err != nil || !e.Mark || e.State() != "unknown" || e.Value != "inflight:tok2" {
+			t.Fatalf("get after the reclaimed lease ran out = %+v (state %s), %v; want a mark (unknown) of the second lease", e, e.State(), err)
+		}
+		mustClaim(t, h, "k", "tok3", lockTTL, dedup.Reclaimed)
+		mustClaim(t, h, "k", "tok4", lockTTL, dedup.InFlight)
+	})
 	t.Run("a released lease leaves no mark", func(t *testing.T) {
 		h := newHarness(t)
 		mustClaim(t, h, "k", "tok1", h.Short, dedup.Claimed)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,21 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
+
+// optionName is what an option's name looks like.
+var optionName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+
+// Unknown refuses the option in d.Val(), which what (e.g. "redis store
+// option") does not know. It quotes the token only if it looks like an
+// option's name: Caddy replaces {$VAR} in the text before it splits it
+// into lines, so the second line of a value with a line break (a secret,
+// a DSN) comes where an option's name goes.
+func Unknown(d *caddyfile.Dispenser, what string) error {
+	if opt := d.Val(); optionName.MatchString(opt) {
+		return d.Errf("unrecognized %s %q", what, opt)
+	}
+	return d.Errf("unrecognized %s (not shown: it is no option's name, and may be the next line of a {$VAR}'s value, a secret)", what)
+}
 
 // Once refuses a subdirective given a second time, except the
 // repeatable one (whose values accumulate).

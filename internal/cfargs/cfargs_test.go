@@ -1,6 +1,9 @@
 package cfargs
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -45,5 +48,29 @@ func TestRange(t *testing.T) {
 		if got != c.want {
 			t.Errorf("Range(%v, %v, %v) = %q, want %q", c.v, c.min, c.max, got, c.want)
 		}
+	}
+}
+
+// The variables named for an option left empty are its line's own: a
+// comment's {$VAR} after it is not one of them.
+func TestWithoutValueNamesTheLinesVariables(t *testing.T) {
+	const a, b = "SANGHO_DEDUP_TEST_UNSET_A", "SANGHO_DEDUP_TEST_UNSET_B"
+	os.Unsetenv(a)
+	os.Unsetenv(b)
+	file := filepath.Join(t.TempDir(), "Caddyfile")
+	src := "x {\n\tpassword {$" + a + "} # was {$" + b + "}\n\tpassword \"{$" + a + "}#{$" + b + "}\"\n}\n"
+	if err := os.WriteFile(file, []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	msg := WithoutValue("password", file, 2)
+	if !strings.Contains(msg, "{$"+a+"}") || strings.Contains(msg, b) {
+		t.Errorf("a comment's variable named: %s", msg)
+	}
+	if !strings.Contains(msg, "environment of the caddy command that read the Caddyfile") {
+		t.Errorf("the message does not say whose environment: %s", msg)
+	}
+	// A # inside a quoted value is not a comment.
+	if msg := WithoutValue("password", file, 3); !strings.Contains(msg, "{$"+a+"}, {$"+b+"}") {
+		t.Errorf("a quoted value's variables: %s", msg)
 	}
 }

@@ -4,6 +4,7 @@
 package storepool
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -67,7 +68,8 @@ func (p *UsagePool) Delete(key any) (deleted bool, err error) {
 // Provision, tagged json:"-") to implement dedup.UseCounter with its
 // Enter and Leave. On a reload Caddy starts the new config, then cleans
 // the old one up without waiting for its requests in flight: Release
-// keeps the resource until they are done, for at most dedup.DrainFor.
+// keeps the resource until they are done, for at most dedup.DrainFor,
+// and on a reload for at least DefaultReloadLinger.
 type Users struct {
 	// n counts the uses; releasedAtOnce is set in it when Release gives
 	// the resource up: at once if it found none, else once the last use
@@ -112,15 +114,74 @@ func (u *Users) Closed() bool {
 	return u.closed
 }
 
-// Release gives up this config's use of the pooled resource key, at
-// once if nothing uses it, else in the background once nothing does.
+// DefaultReloadLinger is how long a resource is kept after a reload
+// cleaned up the config that used it, even with no use counted: Caddy
+// cleans the old config up once its servers' shutdowns have started,
+// and a request such a server read just before (still in a handler
+// before sangho_dedup: forward_auth, a rate limiter; or only not yet
+// scheduled) reaches the old config's sangho_dedup afterwards. Within
+// the linger it is served on the old config's store, not refused as
+// closed. Caddy stopping ends it, once its servers have stopped.
+const DefaultReloadLinger = 10 * time.Second
+
+// reloadLinger is DefaultReloadLinger, or a test's (SetReloadLinger).
+var reloadLinger atomic.Int64
+
+func init() { reloadLinger.Store(int64(DefaultReloadLinger)) }
+
+// SetReloadLinger sets how long the Releases from now on linger, and
+// returns a func that puts back the value before: for tests that must
+// see the uses counted alone keep a resource.
+func SetReloadLinger(d time.Duration) (restore func()) {
+	old := reloadLinger.Swap(int64(d))
+	return func() { reloadLinger.Store(old) }
+}
+
+// lingering counts the Releases in their linger with no use counted:
+// Caddy stopping ends their linger (endLingers) and waits for them, so
+// that every resource a reload left is closed once Caddy has stopped.
+// Every Release that Adds to it runs while Caddy runs a config (under
+// Caddy's own lock of its config, as a config's cleanup does), never
+// beside the Wait of a stop.
+var lingering sync.WaitGroup
+
+// stops counts Caddy's stops (the Release of a stopping config, after
+// its servers have stopped; Caddy's exit, in case no such Release
+// comes): a Release's linger ends when it changes.
+var (
+	stops    atomic.Int64
+	exitHook sync.Once
+)
+
+// endLingers ends the lingers under way and waits for their close.
+func endLingers() {
+	stops.Add(1)
+	lingering.Wait()
+}
+
+// reloading reports whether a config is running: a Release is then a
+// reload's (or a failed load's), not Caddy stopping, whose Stop has set
+// no config running before it stops the servers and cleans up.
+func reloading() bool { return caddy.ActiveContext().Context != nil }
+
+// Release gives up this config's use of the pooled resource key: when
+// Caddy stops, at once if nothing uses it; else (a reload, or uses
+// counted) in the background, once nothing uses it and, on a reload,
+// the linger has passed or Caddy has stopped meanwhile.
 func (u *Users) Release(key string, logger *zap.Logger) error {
+	linger := reloading()
+	if linger {
+		exitHook.Do(func() { caddy.OnExit(func(context.Context) { endLingers() }) })
+	} else {
+		defer endLingers()
+	}
+	gen, lingerFor := stops.Load(), time.Duration(reloadLinger.Load())
 	u.mu.Lock()
 	if u.releasing || u.n.Load()&releasedAtOnce != 0 { // released already
 		u.mu.Unlock()
 		return nil
 	}
-	if u.n.CompareAndSwap(0, releasedAtOnce) {
+	if !linger && u.n.CompareAndSwap(0, releasedAtOnce) {
 		defer u.mu.Unlock()
 		deleted, err := Pool.Delete(key)
 		u.closed = deleted
@@ -128,16 +189,36 @@ func (u *Users) Release(key string, logger *zap.Logger) error {
 	}
 	u.releasing = true
 	u.mu.Unlock()
+	if linger {
+		lingering.Add(1)
+	}
 	go func() {
 		// Set releasedAtOnce once the count is 0 (or at the deadline), with
 		// u.mu held as the at-once path does, so that a use entering from
 		// then on is told Closed and none slips in before the close.
-		deadline := time.Now().Add(dedup.DrainFor)
+		start := time.Now()
+		deadline := start.Add(dedup.DrainFor)
+		done := func() {
+			if linger {
+				linger = false
+				lingering.Done()
+			}
+		}
+		defer done() // after the close, when the linger ended with no use
 		for {
 			u.mu.Lock()
+			// Caddy exiting has set no config running, but its servers
+			// are still finishing their requests (its grace period):
+			// the linger ends when it has stopped them (stops).
+			if linger && time.Since(start) < lingerFor && stops.Load() == gen && (reloading() || caddy.Exiting()) {
+				u.mu.Unlock()
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
 			if u.n.CompareAndSwap(0, releasedAtOnce) {
 				break
 			}
+			done() // uses still counted: as any drain, not waited for at Stop
 			if !time.Now().Before(deadline) {
 				u.n.Add(releasedAtOnce)
 				break

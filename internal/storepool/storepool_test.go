@@ -145,3 +145,105 @@ func TestPoolReopensOnlyOnceClosed(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// runCaddy runs an empty config, as after a reload: the config that
+// used a resource is no longer the running one. The test's cleanup
+// stops Caddy.
+func runCaddy(t *testing.T) {
+	t.Helper()
+	if err := caddy.Load([]byte(`{"admin":{"disabled":true,"config":{"persist":false}},"logging":{"logs":{"default":{"writer":{"output":"discard"}}}}}`), true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+}
+
+// On a reload a resource no use holds is kept for the reload's linger,
+// for a request the old config's server read before its shutdown and
+// that reaches the store after the cleanup; a use entering then is
+// served, and keeps it until it leaves. Caddy stopping ends the linger:
+// a Release when Caddy stops returns once the lingering resources are
+// closed.
+func TestUsersReleaseLingersOnReload(t *testing.T) {
+	const linger = 2 * time.Second
+	defer SetReloadLinger(linger)()
+	waitClosed := func(t *testing.T, r *resource, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for !r.closed.Load() {
+			if time.Now().After(deadline) {
+				t.Fatalf("the resource is still open after %v", within)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// released runs a config, as after a reload, and releases a resource
+	// no use holds.
+	released := func(t *testing.T) (key string, r *resource, u *Users) {
+		t.Helper()
+		runCaddy(t)
+		key, r, u = t.Name(), new(resource), new(Users)
+		take(t, key, r)
+		if err := u.Release(key, nil); err != nil {
+			t.Fatal(err)
+		}
+		return key, r, u
+	}
+	t.Run("kept, then closed", func(t *testing.T) {
+		_, r, u := released(t)
+		time.Sleep(linger / 2)
+		u.Enter() // a request that reaches the store after the cleanup
+		if r.closed.Load() || u.Closed() {
+			t.Fatal("the resource was closed within the linger of the reload")
+		}
+		time.Sleep(linger/2 + linger/4)
+		if r.closed.Load() {
+			t.Fatal("the resource was closed under a use that entered within the linger")
+		}
+		u.Leave()
+		waitClosed(t, r, 5*time.Second)
+		u.Enter()
+		defer u.Leave()
+		if !u.Closed() {
+			t.Error("Closed: false for a use that entered after the close")
+		}
+	})
+	t.Run("Caddy stops", func(t *testing.T) {
+		key, r, _ := released(t)
+		if err := caddy.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		// The stopping config's own store releases its resource.
+		last, lastR := new(Users), new(resource)
+		take(t, key+"/last", lastR)
+		if err := last.Release(key+"/last", nil); err != nil {
+			t.Fatal(err)
+		}
+		if !lastR.closed.Load() {
+			t.Error("Caddy stopping: the running config's resource was not closed at once")
+		}
+		if !r.closed.Load() {
+			t.Error("Caddy stopping: a Release returned before the resource a reload left lingering was closed")
+		}
+	})
+	// Caddy exiting (its exit hook, or the stopping config's Release
+	// once the servers have stopped) ends the linger even while Caddy
+	// exits with its config still set: at once, not at the linger's end.
+	t.Run("Caddy exits", func(t *testing.T) {
+		_, r, _ := released(t)
+		start := time.Now()
+		endLingers()
+		if !r.closed.Load() {
+			t.Fatal("endLingers returned before the lingering resource was closed")
+		}
+		if waited := time.Since(start); waited > linger/2 {
+			t.Errorf("endLingers waited %v: the linger ran out instead of ending", waited)
+		}
+	})
+	t.Run("Caddy stops with nothing of ours", func(t *testing.T) {
+		_, r, _ := released(t)
+		if err := caddy.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		waitClosed(t, r, linger/2) // not the linger
+	})
+}

@@ -263,7 +263,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		default:
-			return d.Errf("unrecognized file store option %q", d.Val())
+			return cfargs.Unknown(d, "file store option")
 		}
 	}
 	return nil

@@ -1188,6 +1188,9 @@ func TestMain(m *testing.M) {
 		os.Exit(2)
 	}
 	os.Setenv("XDG_DATA_HOME", dir)
+	// Caddy's storage (its locks, certificates, last_clean.json) took
+	// its path from the environment before this ran: move it too.
+	caddy.DefaultStorage.Path = caddy.AppDataDir()
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)

@@ -33,7 +33,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "dsn":
-			err = cfargs.One(d, &s.DSN)
+			err = cfargs.Secret(d, &s.DSN)
 		case "table":
 			if err = cfargs.One(d, &s.Table); err == nil {
 				if _, _, perr := parseTable(s.Table); perr != nil {
@@ -68,7 +68,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		default:
-			return d.Errf("postgres store: unrecognized subdirective %q", opt)
+			return cfargs.Unknown(d, "postgres store subdirective")
 		}
 		if err != nil {
 			return err

@@ -33,9 +33,9 @@ func TestUnmarshalCaddyfile(t *testing.T) {
 func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres extra":                            "takes no value on its line (write dsn <dsn> in its block)",
-		"postgres {\n nope 1\n}":                    `unrecognized subdirective "nope"`,
+		"postgres {\n nope 1\n}":                    `unrecognized postgres store subdirective "nope"`,
 		"postgres {\n dsn a\n dsn b\n}":             "dsn given more than once",
-		"postgres {\n dsn\n}":                       "dsn: needs a value",
+		"postgres {\n dsn\n}":                       "dsn has no value",
 		"postgres {\n table 1abc\n}":                "table:",
 		"postgres {\n table a.b.c\n}":               "table:",
 		"postgres {\n table \"x; DROP TABLE y\"\n}": "table:",

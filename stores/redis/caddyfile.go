@@ -54,7 +54,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			s.Address = append(s.Address, args...)
 		case "url":
-			if err := cfargs.One(d, &s.URL); err != nil {
+			if err := cfargs.Secret(d, &s.URL); err != nil {
 				return err
 			}
 		case "master_name":
@@ -66,7 +66,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case "password":
-			if err := cfargs.One(d, &s.Password); err != nil {
+			if err := cfargs.Secret(d, &s.Password); err != nil {
 				return err
 			}
 		case "db":
@@ -152,7 +152,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// The former Caddyfile name: refused with a pointer to the one name.
 			return d.Err("pipeline: the option is now disable_pipeline (no argument), as in JSON; pipelining is on unless it is given")
 		default:
-			return d.Errf("unrecognized redis store option %q", opt)
+			return cfargs.Unknown(d, "redis store option")
 		}
 	}
 	return nil

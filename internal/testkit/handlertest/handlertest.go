@@ -112,6 +112,11 @@ func Adapt(t testing.TB, src string) []byte {
 func Load(t testing.TB, src string) error {
 	t.Helper()
 	cfg := Adapt(t, src)
+	// Caddy's storage (its locks, last_clean.json) in the test's own
+	// folder, not the user's; put back once Caddy has stopped.
+	path := caddy.DefaultStorage.Path
+	caddy.DefaultStorage.Path = t.TempDir()
+	t.Cleanup(func() { caddy.DefaultStorage.Path = path })
 	t.Cleanup(func() { _ = caddy.Stop() })
 	return caddy.Load(cfg, true)
 }
