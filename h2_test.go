@@ -26,7 +26,9 @@ import (
 // Caddy and the sender's client agree on HTTP/2: each delivery is a
 // stream of one shared connection, its body in DATA frames with or
 // without a content-length, and a sender that gives up resets its
-// stream. The answers are those of HTTP/1.1.
+// stream (during its body, or while the backend works: then the lease is
+// held, as when an HTTP/1.1 client goes away). The answers are those of
+// HTTP/1.1.
 func TestServerOverHTTP2(t *testing.T) {
 	ownDataDir(t)
 	certs := t.TempDir() // Caddy's storage: its local CA and the site's certificate
@@ -209,5 +211,32 @@ https://127.0.0.1:%d {
 	}
 	if rec, _ := l.Counts(cut); rec != 1 {
 		t.Errorf("the cut event reached the backend %d times, want 1", rec)
+	}
+
+	// A sender that resets its stream while the backend works on the
+	// event (the backend finishes it): the fate is unknown to Caddy, so
+	// the lease is held, not released: a redelivery meanwhile, and after
+	// the backend is done, gets 409 in_flight, and the event reached the
+	// backend once.
+	const gone = "evt_h2_slow_gone"
+	ctx, cancel = context.WithCancel(context.Background())
+	go func() {
+		_, err := post(ctx, gone, strings.NewReader(eventBody(gone)), int64(len(eventBody(gone))))
+		errc <- err
+	}()
+	waitFor(t, "the backend to get the event", func() bool { rec, _ := l.Counts(gone); return rec == 1 })
+	cancel()
+	if err := <-errc; err == nil {
+		t.Fatal("the reset delivery got an answer")
+	}
+	if a := deliver(gone, int64(len(eventBody(gone)))); !strings.HasPrefix(a, "409 in_flight") {
+		t.Errorf("a redelivery while the backend works: %s, want 409 in_flight", a)
+	}
+	waitFor(t, "the backend to finish the event", func() bool { _, done := l.Counts(gone); return done == 1 })
+	if a := deliver(gone, int64(len(eventBody(gone)))); !strings.HasPrefix(a, "409 in_flight") {
+		t.Errorf("a redelivery after the backend finished: %s, want 409 in_flight (held until lock_ttl)", a)
+	}
+	if rec, _ := l.Counts(gone); rec != 1 {
+		t.Errorf("the reset event reached the backend %d times, want 1", rec)
 	}
 }
