@@ -269,7 +269,10 @@ func TestReloadThenExitServesRequestOnTheWay(t *testing.T) {
 		return "\troute {\n\t\tforward_auth " + authAddr + " {\n\t\t\turi /check\n\t\t}\n" +
 			siteConfig("store file {\n\t\t\tpath "+dir+"/"+path+"\n\t\t}", l.Addr, "") + "\n\t}"
 	}
-	p := startCaddy(t, site("a.db"))
+	// Caddy's http logger at INFO too, beside the harness's WARN log: its
+	// "servers shutting down" line of the exit says that no config runs
+	// any more and that the exit's stop is under way.
+	p := startCaddyGlobal(t, "log stopping {\n\t\tlevel INFO\n\t\tinclude http\n\t}", site("a.db"))
 	client := &http.Client{Timeout: 30 * time.Second}
 	const id = "evt_reload_exit"
 	type reply struct {
@@ -288,13 +291,18 @@ func TestReloadThenExitServesRequestOnTheWay(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, 10*time.Second, "Caddy to begin its exit", func() bool {
+	// The reload stopped the old server, the exit stops the new one: the
+	// second "servers shutting down" is the exit's, logged once Caddy
+	// runs no config, so that a store released then is released by the
+	// exit. (Before the fix the old store was closed then, within one
+	// poll of its linger, 50 ms.)
+	poll.Until(t, 10*time.Second, "Caddy's exit to stop its servers", func() bool {
 		b, _ := os.ReadFile(p.log)
-		return bytes.Contains(b, []byte("exiting"))
+		_, exit, ok := bytes.Cut(b, []byte("exiting"))
+		return ok && bytes.Contains(exit, []byte("servers shutting down"))
 	})
-	// Time for Caddy to set no config running and begin to stop its
-	// servers (which closed the old store at once, before the fix).
-	time.Sleep(500 * time.Millisecond)
+	// Five of the linger's polls, for a store the exit would release.
+	time.Sleep(250 * time.Millisecond)
 	open() // the auth service lets the delivery through
 	if r := <-got; r.status != 200 || r.dedup != "" {
 		t.Errorf("the delivery held across the reload and the exit: %d %q, want 200 from the backend", r.status, r.dedup)
