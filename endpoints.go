@@ -28,9 +28,13 @@ type configEndpoints struct {
 	seq      uint64 // configs loaded later have higher numbers
 	handlers int    // provisioned so far
 	uses     map[string]endpointUse
-	names    map[string]*Handler        // the first handler of each name
-	checked  map[*caddyhttp.Server]bool // servers whose routes warnOpenPaths read
+	names    map[string]*Handler         // the first handler of each name
+	prefixes map[string][]endpointPrefix // by store data: the key_prefixes used on it
+	checked  map[*caddyhttp.Server]bool  // servers whose routes warnOpenPaths read
 }
+
+// endpointPrefix is a key_prefix, and the first handler that used it.
+type endpointPrefix struct{ prefix, handler string }
 
 type endpointUse struct {
 	secrets [sha256.Size]byte // of the sorted secret set; never printed
@@ -87,7 +91,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	cfg := endpoints.byConfig[h.cfgKey]
 	if cfg == nil {
 		endpoints.seq++
-		cfg = &configEndpoints{seq: endpoints.seq, uses: map[string]endpointUse{}, names: map[string]*Handler{}}
+		cfg = &configEndpoints{seq: endpoints.seq, uses: map[string]endpointUse{}, names: map[string]*Handler{}, prefixes: map[string][]endpointPrefix{}}
 		endpoints.byConfig[h.cfgKey] = cfg
 	}
 	cfg.handlers++
@@ -98,6 +102,15 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	if prev, ok := cfg.uses[where]; ok && prev.secrets != use.secrets {
 		return h.sharedStateError(prev, use, where)
 	} else if !ok {
+		for _, other := range cfg.prefixes[h.storeData] {
+			if prefixesOverlap(other.prefix, h.KeyPrefix) {
+				return fmt.Errorf("sangho_dedup: key_prefix %q (%s) and key_prefix %q (%s) overlap on one store (%s): "+
+					"an event under one can have the same key as an event or a signature record under the other, and be answered as its duplicate, never reaching its backend; "+
+					"end each key_prefix with ':' and make neither the other followed by an event ID or by sig:, e.g. key_prefix %s<name>:",
+					other.prefix, other.handler, h.KeyPrefix, use.handler, h.storeData, other.prefix)
+			}
+		}
+		cfg.prefixes[h.storeData] = append(cfg.prefixes[h.storeData], endpointPrefix{h.KeyPrefix, use.handler})
 		cfg.uses[where] = use
 	}
 	if other, ok := cfg.names[h.Name]; ok {
@@ -166,4 +179,24 @@ func currentEndpoints() map[string]*Handler {
 		return nil
 	}
 	return maps.Clone(newest.names)
+}
+
+// prefixesOverlap reports whether two different key_prefixes on one
+// store share keys: a key is key_prefix + an event ID (validID), or +
+// "sig:" and 64 lowercase hex digits (a signature record, see
+// signatureKey). They do when the longer is the shorter followed by
+// what may begin an event ID, or by "sig:" and what may begin the hex.
+func prefixesOverlap(a, b string) bool {
+	if len(a) > len(b) {
+		a, b = b, a
+	}
+	if a == b || !strings.HasPrefix(b, a) {
+		return false
+	}
+	rest := b[len(a):]
+	if validID(rest) && len(rest) < maxIDLen {
+		return true
+	}
+	hexPart, ok := strings.CutPrefix(rest, "sig:")
+	return ok && len(hexPart) < sha256.Size*2 && strings.Trim(hexPart, "0123456789abcdef") == ""
 }

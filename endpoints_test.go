@@ -284,3 +284,46 @@ func TestDocsTwoSitesOnTheDefaultFile(t *testing.T) {
 		t.Errorf("endpoints: %v", eps)
 	}
 }
+
+// Two endpoints on one store whose key_prefixes overlap, one the other
+// followed by what may begin an event ID (or "sig:" and hex, a signature
+// record's key), share keys: with key_prefix a: and a:sig:, an event ID
+// of 64 hex digits under the second is the first one's signature record;
+// with pay and pay_2, event 2_x under the first is event x under the
+// second. One endpoint's events would be answered as the other's
+// duplicates, never reaching its backend. Such a config is refused,
+// naming both prefixes; prefixes that part at a ':' (a: and a:b:, the
+// docs' scheme) are not.
+func TestServerOverlappingKeyPrefixesRefused(t *testing.T) {
+	for _, c := range []struct {
+		a, b    string
+		refused bool
+	}{
+		{"a:", "a:sig:", true},
+		{"a:", "a:sig:0f", true},
+		{"pay", "pay_2", true},
+		{"a:", "a:evt_", true},
+		{"a:", "a:b:", false},
+		{"a:", "a:sig:x:", false},
+		{"a:", "b:", false},
+		{"a:", "a:sig:xyz", false}, // not hex: no signature record's key
+	} {
+		t.Run(c.a+" "+c.b, func(t *testing.T) {
+			ownDataDir(t)
+			src := twoSites("off", freePort(t), freePort(t),
+				siteEndpoint(secret1, "key_prefix "+c.a+"\n\t\tstore memory", "127.0.0.1:1"),
+				siteEndpoint(secret2, "key_prefix "+c.b+"\n\t\tstore memory", "127.0.0.1:1"))
+			cfg, _ := adaptCaddyfile(t, src)
+			err := caddyLoad(cfg)
+			defer caddy.Stop()
+			switch {
+			case c.refused && err == nil:
+				t.Fatal("loaded; want the config refused")
+			case c.refused && (!strings.Contains(err.Error(), strconv.Quote(c.a)) || !strings.Contains(err.Error(), strconv.Quote(c.b)) || !strings.Contains(err.Error(), "overlap")):
+				t.Errorf("error %v; want it to name both prefixes and say they overlap", err)
+			case !c.refused && err != nil:
+				t.Errorf("refused: %v", err)
+			}
+		})
+	}
+}

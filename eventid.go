@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
@@ -344,4 +346,37 @@ func classifyKey(raw []byte, escaped bool, idKey string) (isID, isIDCase, isType
 	}
 	isID = string(raw) == idKey
 	return isID, !isID && bytes.EqualFold(raw, []byte(idKey)), string(raw) == "type"
+}
+
+// maxEventType is the longest event type kept, in bytes.
+const maxEventType = 255
+
+// cleanEventType is an event's type as it is recorded, logged, traced
+// and given to placeholders: the sender's text (the body's "type", or a
+// provider's type header), with invalid UTF-8 and control characters
+// replaced by U+FFFD, cut at maxEventType bytes between characters. A
+// NUL or a byte that is not UTF-8 made PostgreSQL refuse the record's
+// every commit; a type of the body's size went into every record.
+func cleanEventType(s string) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) {
+			clean = false
+			break
+		}
+	}
+	if clean && len(s) <= maxEventType {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r == utf8.RuneError || unicode.IsControl(r) {
+			r = utf8.RuneError
+		}
+		if b.Len()+utf8.RuneLen(r) > maxEventType {
+			break
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

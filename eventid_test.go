@@ -1,9 +1,14 @@
 package sanghodedup
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
 func TestExtractEvent(t *testing.T) {
@@ -142,3 +147,59 @@ func extractEvent(body []byte, headerIDs []string, requireBodyID bool) (event, e
 
 // scanTopLevel is scanTopLevelKey with the ID in "id".
 func scanTopLevel(b []byte) (topLevel, error) { return scanTopLevelKey(b, "id") }
+
+// TestEventTypeCleanedBeforeItGoesAnywhere: an event's type is the
+// sender's text, signed but otherwise anything JSON allows. A NUL
+// ("\u0000") or a byte that is not UTF-8 in it made PostgreSQL refuse
+// every commit of the processed event (invalid byte sequence for
+// encoding "UTF8"): never recorded, its redeliveries passed on again,
+// marked. A type of the whole body's size went into every record. The
+// type is cleaned where it is read: invalid UTF-8 and control
+// characters become U+FFFD, and it is cut at 255 bytes.
+func TestEventTypeCleanedBeforeItGoesAnywhere(t *testing.T) {
+	long := strings.Repeat("é", 200) // 400 bytes
+	for _, c := range []struct{ name, raw, want string }{
+		{"NUL, escaped", `"bad\u0000type"`, "bad\uFFFDtype"},
+		{"control characters, escaped", `"a\nb\u001bc\u007f"`, "a\uFFFDb\uFFFDc\uFFFD"},
+		{"a byte that is not UTF-8", "\"bad\xfftype\"", "bad\uFFFDtype"},
+		{"over 255 bytes, cut between characters", `"` + long + `"`, strings.Repeat("é", 127)},
+		{"a usual type, as it is", `"payment_intent.succeeded"`, "payment_intent.succeeded"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h, _ := newTestHandler(t, nil)
+			body := `{"id":"evt_typed","type":` + c.raw + `}`
+			w, repl, _ := serve(h, signedRequest(body, ""), &countingNext{})
+			typ, _ := repl.GetString("http.sangho_dedup.event_type")
+			if w.Code != 200 || outcomeOf(repl) != outcomeProcessed || typ != c.want {
+				t.Fatalf("%d %s, event_type %q; want 200 processed, %q", w.Code, outcomeOf(repl), typ, c.want)
+			}
+			e, err := h.store.Get(t.Context(), h.KeyPrefix+"evt_typed")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec, ok := dedup.DecodeDone(e.Value)
+			if !ok || rec.EventType != c.want || !utf8.ValidString(rec.EventType) || len(rec.EventType) > 255 {
+				t.Fatalf("the record %q; want event_type %q", e.Value, c.want)
+			}
+		})
+	}
+}
+
+// TestEventTypeWithANULIsRecordedInPostgres: the same on PostgreSQL,
+// where a NUL in the type was refused at every commit.
+func TestEventTypeWithANULIsRecordedInPostgres(t *testing.T) {
+	pg := pgtest.Start(t)
+	store, _ := json.Marshal(map[string]any{"type": "postgres", "dsn": pg.DSN})
+	h, _ := newTestHandler(t, func(h *Handler) { h.StoreRaw = store })
+	body := `{"id":"evt_nul","type":"bad\u0000type"}`
+	next := &countingNext{}
+	for i, want := range []string{outcomeProcessed, outcomeDuplicate} {
+		w, repl, _ := serve(h, signedRequest(body, ""), next)
+		if w.Code != 200 || outcomeOf(repl) != want {
+			t.Fatalf("delivery %d: %d %s; want 200 %s", i+1, w.Code, outcomeOf(repl), want)
+		}
+	}
+	if n := next.calls.Load(); n != 1 {
+		t.Fatalf("the backend received the event %d times, want 1", n)
+	}
+}

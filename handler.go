@@ -126,9 +126,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 		ev = whole
 	}
-	typ := ev.typ
+	typ := cleanEventType(ev.typ)
 	if fastDup && h.provider.typeHeader == "" {
-		typ = dedup.EventType(found) // the body's, read when it was processed
+		typ = cleanEventType(dedup.EventType(found)) // the body's, read when it was processed
 	}
 	repl.Set("http.sangho_dedup.event_type", typ)
 	if err != nil {

@@ -83,10 +83,11 @@ func Run(t *testing.T, newHarness func(*testing.T) Harness) {
 		}
 		approx(t, h.TTL("k"), lockTTL)
 	})
-	t.Run("a retried claim with the same token is ours", func(t *testing.T) {
+	t.Run("a retried claim with the same token is ours, and lives ttl again", func(t *testing.T) {
 		h := newHarness(t)
-		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
-		mustClaim(t, h, "k", "tok1", lockTTL, dedup.Claimed)
+		mustClaim(t, h, "k", "tok1", 5*time.Second, dedup.Claimed)
+		mustClaim(t, h, "k", "tok1", time.Minute, dedup.Claimed)
+		approx(t, h.TTL("k"), time.Minute)
 	})
 	t.Run("renew checks the token and extends", func(t *testing.T) {
 		h := newHarness(t)

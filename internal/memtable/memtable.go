@@ -193,7 +193,17 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 		live := now.Before(e.expires)
 		switch {
 		case live && dedup.IsLease(e.val, token):
-			return dedup.Claimed, "", false, nil // a retried claim: ours already
+			// A retried claim: ours already, and it lives ttl again (as a
+			// Renew; the mark it replaced, if any, is kept for Untake).
+			if err := s.setLease(sh, key, e.val, now.Add(ttl)); err != nil {
+				return 0, "", false, err
+			}
+			if e.replaced != nil {
+				ne := sh.m[key]
+				ne.replaced = e.replaced
+				sh.m[key] = ne
+			}
+			return dedup.Claimed, "", s.journal != nil, nil
 		case live:
 			return dedup.Classify(e.val, token), e.val, false, nil
 		case !dedup.IsLease(e.val, token):

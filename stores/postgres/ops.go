@@ -296,6 +296,16 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 			found = r.value()
 			switch res = dedup.Classify(found, token); {
 			case res == dedup.Claimed:
+				// This token's live lease (a retried claim): it lives ttl
+				// again, as the contract says; if it ran out or went
+				// meanwhile, claim again.
+				tag, err := s.db.pool.Exec(ctx, s.db.sql.renew, key, token, micros(ttl))
+				if err != nil {
+					return err
+				}
+				if tag.RowsAffected() != 1 {
+					continue
+				}
 				found = ""
 			case res == dedup.AlreadyDone && s.db.cache != nil && r.expiresAt != nil:
 				s.db.cache.Put(ck, found, expiresAt(s.db.cache, *r.expiresAt), gen)

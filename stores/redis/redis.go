@@ -347,6 +347,21 @@ func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error)
 	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (a literal brace is written \\{); the value is not shown, as it may hold a secret", option)
 }
 
+// badAddress names the i-th address (0-based), which is not one, in an
+// error: as written when that was a placeholder (its value is not
+// shown), by its position when it holds a user or a scheme (a URL
+// written where an address goes, whose password is not shown), else
+// quoted.
+func badAddress(i int, written, resolved string) string {
+	switch {
+	case written != resolved:
+		return "address " + written
+	case strings.Contains(resolved, "@") || strings.Contains(resolved, "://"):
+		return fmt.Sprintf("address %d (not shown: it looks like a URL, which may hold a password)", i+1)
+	}
+	return fmt.Sprintf("address %q", resolved)
+}
+
 // wholeEnvOrFile matches a value that is one {env.*} or {file.*}.
 var wholeEnvOrFile = regexp.MustCompile(`^\{(env|file)\.[^{}\\]+\}$`)
 
@@ -433,10 +448,10 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		return resolvedOptions{}, fmt.Errorf("redis store: %w", err)
 	}
 
-	var addrs []string
+	var addrs, written []string // written: each address as the config has it
 	for _, a := range s.Address {
-		if a = resolve("address", a); a != "" {
-			addrs = append(addrs, a)
+		if r := resolve("address", a); r != "" {
+			addrs, written = append(addrs, r), append(written, a)
 		}
 	}
 	u := resolve("url", s.URL)
@@ -467,14 +482,14 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	if unresolved != nil {
 		return fail(unresolved)
 	}
-	for _, a := range addrs {
+	for i, a := range addrs {
 		// go-redis would only fail at the first dial, as a store error.
 		// A path is a Unix socket (go-redis dials it so).
 		if strings.HasPrefix(a, "/") {
 			continue
 		}
 		if _, port, err := net.SplitHostPort(a); err != nil || !validPort(port) {
-			return fail(fmt.Errorf("address %q: write host:port (a Redis server, a Cluster node or a Sentinel) or a Unix socket's path, or use url", a))
+			return fail(fmt.Errorf("%s: write host:port (a Redis server, a Cluster node or a Sentinel) or a Unix socket's path, or use url", badAddress(i, written[i], a)))
 		}
 	}
 	wantTLS, skipVerify := s.TLS, false

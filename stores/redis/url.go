@@ -34,7 +34,7 @@ type redisURL struct {
 func parseRedisURL(raw string) (*redisURL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return nil, fmt.Errorf("invalid url: %v", stripURL(err))
+		return nil, errURLSyntax
 	}
 	switch u.Scheme {
 	case "redis", "rediss", "unix":
@@ -43,7 +43,7 @@ func parseRedisURL(raw string) (*redisURL, error) {
 	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, fmt.Errorf("invalid url: query: %v", err)
+		return nil, errURLSyntax
 	}
 	r := &redisURL{scheme: u.Scheme, params: map[string]bool{}}
 	names := make([]string, 0, len(q))
@@ -65,11 +65,11 @@ func parseRedisURL(raw string) (*redisURL, error) {
 		switch name {
 		case "pool_size":
 			if n, err := strconv.Atoi(v); err != nil || n <= 0 {
-				return nil, fmt.Errorf("url parameter pool_size must be a positive whole number, not %q", v)
+				return nil, errors.New("url parameter pool_size must be a positive whole number")
 			}
 		case "db":
 			if n, err := strconv.Atoi(v); err != nil || n < 0 {
-				return nil, fmt.Errorf("url parameter db must be a whole number, not %q", v)
+				return nil, errors.New("url parameter db must be a whole number")
 			}
 		case "dial_timeout", "read_timeout", "write_timeout":
 			// As go-redis reads them: a number of seconds or a Go
@@ -79,7 +79,7 @@ func parseRedisURL(raw string) (*redisURL, error) {
 				d, err = time.Duration(n)*time.Second, nil
 			}
 			if err != nil || d <= 0 {
-				return nil, fmt.Errorf("url parameter %s must be a positive duration (e.g. 2s), not %q", name, v)
+				return nil, fmt.Errorf("url parameter %s must be a positive duration (e.g. 2s)", name)
 			}
 		case "skip_verify":
 			if u.Scheme != "rediss" {
@@ -90,14 +90,19 @@ func parseRedisURL(raw string) (*redisURL, error) {
 				r.skipVerify = true
 			case "false", "0":
 			default:
-				return nil, fmt.Errorf("url parameter skip_verify must be true or false, not %q", v)
+				return nil, errors.New("url parameter skip_verify must be true or false")
 			}
 		}
 		r.params[name] = true
 	}
+	if db := strings.Trim(u.Path, "/"); u.Scheme != "unix" && db != "" {
+		if n, err := strconv.Atoi(db); err != nil || n < 0 {
+			return nil, errors.New("url: the path after host:port must be a database number, such as /0 (a / in the password must be percent-encoded: %2F); the value is not shown, as it may hold a password")
+		}
+	}
 	r.opts, err = goredis.ParseURL(raw)
 	if err != nil {
-		return nil, fmt.Errorf("invalid url: %v", stripURL(err))
+		return nil, errURLSyntax
 	}
 	if u.User != nil {
 		r.hasUser = u.User.Username() != ""
@@ -108,14 +113,13 @@ func parseRedisURL(raw string) (*redisURL, error) {
 	return r, nil
 }
 
-// stripURL drops the URL that a *url.Error repeats (password included).
-func stripURL(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
-}
+// errURLSyntax is any url that Go's URL parser or go-redis refuses. The
+// parsers' own messages quote the part they stumbled on, which is a part
+// of the password when it holds an unescaped / ? or # (the rest of the
+// URL then reads as a port, a path or a query): the value's values are
+// not shown, and in a parameter's value neither (see parseRedisURL).
+var errURLSyntax = errors.New("invalid url (not shown, as it may hold a password): write redis://[user[:password]@]host[:port][/db][?parameter=value], " +
+	"rediss://… or unix://[user[:password]@]/path, and percent-encode the characters / ? # @ : % in the user and the password (a / is %2F)")
 
 // apply sets o from the URL, refusing a setting given both in the URL
 // and as an option of its own.

@@ -81,7 +81,7 @@ func TestRedisURLRefused(t *testing.T) {
 		{Store{URL: base + "?read_timeout=0s"}, "url parameter read_timeout must be a positive duration"},
 		{Store{URL: base + "?write_timeout=soon"}, "url parameter write_timeout must be a positive duration"},
 		{Store{URL: base + "?db=x"}, "url parameter db must be a whole number"},
-		{Store{URL: base + "/x"}, "invalid database number"},
+		{Store{URL: base + "/x"}, "the path after host:port must be a database number"},
 		{Store{URL: base + "?skip_verify=true"}, "url parameter skip_verify needs a rediss:// url"},
 		{Store{URL: "rediss://caddy:" + pw + "@h?skip_verify=maybe"}, "url parameter skip_verify must be true or false"},
 		{Store{URL: "http://caddy:" + pw + "@h"}, `url scheme "http" is not supported`},
@@ -187,5 +187,48 @@ func TestRedisURLReadTimeoutAllowsLongerWait(t *testing.T) {
 	s := provisionRedisStore(t, &Store{URL: "redis://" + srv.Addr + "?read_timeout=10s", WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second)})
 	if err := s.Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRedisConfigErrorHidesPartsOfThePassword: a password with an
+// unescaped / ? or #, or a URL written where an address goes, made Go's
+// URL parser (or the address check) quote a part of the password in the
+// config error, which reaches Caddy's log and the admin API's answer.
+// No error quotes any part of it, and each still says what to fix.
+func TestRedisConfigErrorHidesPartsOfThePassword(t *testing.T) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	const env = "SANGHO_DEDUP_TEST_REDIS_ADDR_URL"
+	t.Setenv(env, "redis://default:Secr3tPart@127.0.0.1:1")
+	for _, c := range []struct {
+		s    Store
+		want string
+	}{
+		{Store{URL: "redis://default:Secr3tPart/Rest9@127.0.0.1:6379/0"}, "percent-encode"},
+		{Store{URL: "rediss://default:Secr3tPart+x?y@127.0.0.1:6379"}, "percent-encode"},
+		{Store{URL: "redis://default:Secr3t#Part@127.0.0.1:6379"}, "percent-encode"},
+		{Store{URL: "redis://u:12/Secr3tPart@127.0.0.1:6379"}, "must be a database number, such as /0 (a / in the password must be percent-encoded"},
+		{Store{URL: "redis://u:123?db=Secr3tPart@127.0.0.1:6379"}, "url parameter db must be a whole number"},
+		{Store{URL: "redis://u:123?pool_size=Secr3tPart@127.0.0.1:6379"}, "url parameter pool_size must be a positive whole number"},
+		{Store{URL: "redis://u:123?dial_timeout=Secr3tPart@h"}, "url parameter dial_timeout must be a positive duration"},
+		{Store{URL: "rediss://u:123?skip_verify=Secr3tPart@h"}, "url parameter skip_verify must be true or false"},
+		{Store{URL: "redis://u:1?a=Secr3t%zzPart@h"}, "percent-encode"},
+		{Store{Address: []string{"redis://default:Secr3tPart@127.0.0.1:1"}}, "address 1 (not shown"},
+		{Store{Address: []string{"127.0.0.1:1", "default:Secr3tPart@127.0.0.1:1"}}, "address 2 (not shown"},
+		{Store{Address: []string{"{env." + env + "}"}}, "address {env." + env + "}: write host:port"},
+	} {
+		s := c.s
+		err := s.Provision(ctx)
+		if err == nil {
+			s.Cleanup()
+			t.Errorf("%q %q: Provision succeeded, want an error", c.s.URL, c.s.Address)
+			continue
+		}
+		if strings.Contains(err.Error(), "Secr3t") {
+			t.Errorf("%q %q: the error quotes a part of the password: %v", c.s.URL, c.s.Address, err)
+		}
+		if !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q %q: error %v, want it to contain %q", c.s.URL, c.s.Address, err, c.want)
+		}
 	}
 }
