@@ -150,7 +150,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		case !deleted && info.State == "unknown":
 			return apiError(http.StatusConflict, "event %q holds the mark of an attempt whose fate is unknown (its lease ran out before it was settled: its Caddy died, or it was held): not forgotten; ?force=true removes the mark, and its next delivery then reaches the backend unmarked", id)
 		case !deleted:
-			return apiError(http.StatusConflict, "event %q is in flight (a backend is working on it): not forgotten; ?force=true removes its lease too, and a redelivery may then be processed while the backend still works", id)
+			return apiError(http.StatusConflict, "event %q is in flight (a delivery holds its lease: a backend working on it, or a held attempt): not forgotten; ?force=true removes its lease too, and a redelivery may then be processed while the backend still works", id)
 		}
 		a.logger.Info("event forgotten", zap.String("name", h.Name), zap.String("event_id", id),
 			zap.String("state", info.State), zap.Bool("force", force))

@@ -37,7 +37,7 @@ address, localhost:2019.
 --name picks the endpoint (a handler's name, by default its key_prefix
 without the trailing colon: sangho_dedup);
 it may be omitted when the config has one. forget refuses an event in
-flight (a backend is working on it) unless --force, which removes its lease
+flight (a delivery holds its lease) unless --force, which removes its lease
 too: a redelivery may then be processed while the backend still works.
 
 Exit status: 0 found (get) or forgotten (forget), 1 the store has nothing
@@ -158,7 +158,7 @@ func printEvent(out io.Writer, verb, name string, info EventInfo) {
 	case verb == "forget":
 		fmt.Fprintf(out, "%s: forgotten (it was %s); its next delivery will be processed\n", info.ID, info.State)
 	case info.State == "in_flight":
-		fmt.Fprintf(out, "%s: in flight (a backend is working on it)\n", info.ID)
+		fmt.Fprintf(out, "%s: in flight (a delivery holds its lease: a backend working on it, or an attempt that was not processed, held until its lease runs out and it becomes fate unknown)\n", info.ID)
 	case info.State == "unknown":
 		fmt.Fprintf(out, "%s: fate unknown (an attempt's lease ran out before it was settled: its Caddy died, or it was held); the next delivery reaches the backend with Sangho-Dedup-Prior-Attempt: unknown\n", info.ID)
 	default:

@@ -212,7 +212,11 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 
 	// Without a rate, the run ends at its Duration: no request starts
-	// after it, and one cut by it is not counted. At a rate, the tokens
+	// after it, and one still in flight then is not counted; it is let
+	// finish (until cfg.Timeout after the end), not cut: a delivery cut
+	// by its client after its claim is held by sangho_dedup until
+	// lock_ttl (an "event held" warning), as a real sender's would be.
+	// The run's Seconds stop at the end. At a rate, the tokens
 	// due before the end are all handed out and their requests sent and
 	// counted, however far behind the server is, until cfg.Timeout after
 	// the end (late): a slow answer near the end delays the requests due
@@ -222,12 +226,16 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	defer cancel()
 	var end time.Time
 	late := context.Background() // never done without a Duration
+	finish := ctx                // without a rate: what bounds a request in flight at the end
 	if cfg.Duration > 0 {
 		end = time.Now().Add(cfg.Duration)
 		if cfg.Rate > 0 {
 			late, cancel = context.WithDeadline(ctx, end.Add(cfg.Timeout))
 		} else {
 			runCtx, cancel = context.WithDeadline(runCtx, end)
+			var cancelFinish context.CancelFunc
+			finish, cancelFinish = context.WithDeadline(ctx, end.Add(cfg.Timeout))
+			defer cancelFinish()
 		}
 		defer cancel()
 	}
@@ -293,7 +301,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					d, fresh = fresh, Delivery{}
 					recent.add(d) // in flight: a concurrent redelivery may pick it
 				}
-				sendCtx := runCtx // without a rate, the run's end cuts it
+				sendCtx := finish // without a rate, it finishes after the run's end
 				if tokens != nil {
 					sendCtx = ctx // at a rate, the client's Timeout bounds it
 				}
@@ -301,10 +309,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				if !began.IsZero() {
 					lat = time.Since(began)
 				}
+				if ctx.Err() != nil || tokens == nil && runCtx.Err() != nil {
+					break // the run ended (or was stopped) mid-request: not counted
+				}
 				if err != nil {
-					if ctx.Err() != nil || tokens == nil && runCtx.Err() != nil {
-						break // the run ended (or was stopped) mid-request: not counted
-					}
 					res.status["error"]++
 				} else {
 					res.status[strconv.Itoa(status)]++
@@ -325,6 +333,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	if tokens == nil && !end.IsZero() {
+		elapsed = min(elapsed, end.Sub(start)) // requests let finish after the end are not counted
+	}
 	var unsent []time.Duration
 	if p != nil {
 		unsent = p.stop() // the tokens no worker took
