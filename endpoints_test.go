@@ -289,7 +289,7 @@ func TestDocsTwoSitesOnTheDefaultFile(t *testing.T) {
 // followed by what may begin an event ID (or "sig:" and hex, a signature
 // record's key), share keys: with key_prefix a: and a:sig:, an event ID
 // of 64 hex digits under the second is the first one's signature record;
-// with pay and pay_2, event 2_x under the first is event x under the
+// with pay and pay_2, event _2x under the first is event x under the
 // second. One endpoint's events would be answered as the other's
 // duplicates, never reaching its backend. Such a config is refused,
 // naming both prefixes; prefixes that part at a ':' (a: and a:b:, the

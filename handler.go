@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -54,8 +55,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		defer h.annotateSpan(span, repl) // see tracing.go
 	}
 
-	// Only the handler says whether an earlier attempt's fate is unknown.
-	delete(r.Header, headerPriorAttempt)
+	// Only the handler says whether an earlier attempt's fate is unknown,
+	// under any spelling a backend may read as its header: Go keeps
+	// Sangho_Dedup_Prior_Attempt apart, CGI and FastCGI (php_fastcgi)
+	// read both as HTTP_SANGHO_DEDUP_PRIOR_ATTEMPT.
+	for k := range r.Header {
+		if len(k) == len(headerPriorAttempt) && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), headerPriorAttempt) {
+			delete(r.Header, k)
+		}
+	}
 
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)

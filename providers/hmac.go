@@ -375,35 +375,96 @@ func (m *macEngine) parseTemplate(t string) error {
 // placeholderNames name the variable parts in errors.
 var placeholderNames = map[byte]string{'b': "{body}", 't': "{timestamp}", 'i': "{id}"}
 
-// checkSeparated refuses a template in which two variable parts are not
-// kept apart: between them there must be literal text holding a byte
-// that cannot occur in one of them, else the signed bytes do not say
-// where one ends and the other starts, and a captured delivery could be
-// sent again with a character moved from one to the other (the ID
-// msg_100 at 1733140800 signs the same bytes as msg_10 at 01733140800)
-// and be taken for a new event. An RFC 3339 timestamp keeps itself apart:
-// it starts with four digits and a '-' and ends with Z or ±hh:mm, so it
-// can neither take nor give a byte.
+// checkSeparated refuses a template whose signed bytes do not say where
+// each variable part ends, else a captured delivery could be sent again
+// with bytes moved from one part to another (the ID msg_100 at 1733140800
+// signs the same bytes as msg_10 at 01733140800) and be taken for a new
+// event. The body holds anything, so the parts before it are read from
+// the start and the parts after it from the end, one at a time: a part's
+// far end (from the body) is known where the text between it and the
+// next part towards the body holds a byte the part cannot hold (ends).
+// Where it does not, two neighbours are read together: the text after
+// the pair (towards the body) must hold a byte that neither part, nor
+// the text between them, holds, and that text must keep the two apart
+// (apart). Pairwise checks alone let "{body}-{timestamp}-{id}" pass:
+// body 1, time 2 and ID 3-x sign the same bytes as body 1-2, time 3
+// and ID x. An RFC 3339 timestamp keeps itself apart: it starts with
+// four digits and a '-' and ends with Z or ±hh:mm, and holds a ':', which
+// an event ID cannot.
 func (m *macEngine) checkSeparated(t string) error {
-	seq := append(append(append([]part(nil), m.before...), part{kind: 'b'}), m.after...)
-	var prev byte // the last variable part, 0 before the first
-	lit := ""     // the literal text since it
-	for _, p := range seq {
+	// vars[k] are the variable parts in order; lits[k] the literal text
+	// before vars[k], lits[len(vars)] the text after the last.
+	var vars []byte
+	lits := []string{""}
+	body := -1
+	for _, p := range append(append(append([]part(nil), m.before...), part{kind: 'b'}), m.after...) {
 		if p.kind == 'l' {
-			lit += p.lit
+			lits[len(lits)-1] += p.lit
 			continue
 		}
-		if prev != 0 && !m.apart(prev, lit, p.kind) {
-			hint := `: put between them a character that one of them cannot hold, e.g. "."`
-			if !m.tsRFC3339 && (prev == 't' || p.kind == 't') {
-				hint += ", or, for an RFC 3339 timestamp, set timestamp_format rfc3339"
-			}
-			return fmt.Errorf("signed_content %q: %s and %s are not kept apart, so the same signed bytes could be read with a character moved from one to the other (a replay under another ID)%s",
-				t, placeholderNames[prev], placeholderNames[p.kind], hint)
+		if p.kind == 'b' {
+			body = len(vars)
 		}
-		prev, lit = p.kind, ""
+		vars = append(vars, p.kind)
+		lits = append(lits, "")
+	}
+	refuse := func(a, b, far byte) error {
+		hint := fmt.Sprintf(`: put between them a character that %s cannot hold, e.g. "."`, placeholderNames[far])
+		if !m.tsRFC3339 && (a == 't' || b == 't') {
+			hint += ", or, for an RFC 3339 timestamp, set timestamp_format rfc3339"
+		}
+		return fmt.Errorf("signed_content %q: %s and %s are not kept apart, so the same signed bytes could be read with a character moved from one to the other (a replay under another ID)%s",
+			t, placeholderNames[a], placeholderNames[b], hint)
+	}
+	for i := 0; i < body; { // from the start: lits[i+1] follows vars[i]
+		switch {
+		case m.ends(vars[i], lits[i+1], vars[i+1]):
+			i++
+		case i+1 < body && m.apart(vars[i], lits[i+1], vars[i+1]) && m.bounds(lits[i+2], lits[i+1], vars[i], vars[i+1]):
+			i += 2
+		default:
+			return refuse(vars[i], vars[i+1], vars[i])
+		}
+	}
+	for j := len(vars) - 1; j > body; { // from the end: lits[j] precedes vars[j]
+		switch {
+		case m.ends(vars[j], lits[j], vars[j-1]):
+			j--
+		case j-1 > body && m.apart(vars[j-1], lits[j], vars[j]) && m.bounds(lits[j-1], lits[j], vars[j-1], vars[j]):
+			j -= 2
+		default:
+			return refuse(vars[j-1], vars[j], vars[j])
+		}
 	}
 	return nil
+}
+
+// ends reports whether the end of the variable part kind away from the
+// body is known from the literal text lit between it and next, its
+// neighbour towards the body: lit holds a byte that kind cannot hold, or
+// kind or next (not the body) is an RFC 3339 timestamp.
+func (m *macEngine) ends(kind byte, lit string, next byte) bool {
+	if m.tsRFC3339 && (kind == 't' || next == 't') {
+		return true
+	}
+	for i := 0; i < len(lit); i++ {
+		if !m.mayHold(kind, lit[i]) {
+			return true
+		}
+	}
+	return false
+}
+
+// bounds reports whether lit, the text beyond the pair a, b (towards the
+// body), holds a byte that neither a nor b, nor the text between them,
+// holds: its first (or last) occurrence then marks where the pair ends.
+func (m *macEngine) bounds(lit, between string, a, b byte) bool {
+	for i := 0; i < len(lit); i++ {
+		if c := lit[i]; !m.mayHold(a, c) && !m.mayHold(b, c) && !strings.Contains(between, lit[i:i+1]) {
+			return true
+		}
+	}
+	return false
 }
 
 // apart reports whether the variable parts a and b, with the literal lit

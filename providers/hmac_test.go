@@ -34,11 +34,13 @@ func TestCheckUnixTimeCanonical(t *testing.T) {
 	}
 }
 
-// TestHMACTemplateSeparation: signed_content is refused where two of
-// {id}, {timestamp} and {body} are not kept apart by a character one of
-// them cannot hold (an ID: letters, digits, _ and -; a Unix timestamp:
-// digits); an RFC 3339 timestamp keeps itself apart. The error names
-// signed_content and the two parts.
+// TestHMACTemplateSeparation: signed_content is refused where the signed
+// bytes do not say where each of {id}, {timestamp} and {body} ends: read
+// from the body outwards, each part needs a character it cannot hold (an
+// ID: letters, digits, _ and -; a Unix timestamp: digits) between it and
+// its neighbour towards the body, or a pair of parts kept apart needs
+// one that neither holds beyond them. An RFC 3339 timestamp keeps itself
+// apart. The error names signed_content and the two parts.
 func TestHMACTemplateSeparation(t *testing.T) {
 	for _, c := range []struct {
 		format, template, idField string
@@ -55,6 +57,11 @@ func TestHMACTemplateSeparation(t *testing.T) {
 		{"", "{body}-{id}", "", "{body} and {id}"},
 		{"", "{id}_a-{body}", "", "{id} and {body}"},
 		{"rfc3339", "{id}{body}{timestamp}", "", "{id} and {body}"},
+		// Each pair is kept apart, but the whole is not: body 1, time 2 and
+		// ID 3-x sign the same bytes as body 1-2, time 3 and ID x.
+		{"unix", "{body}-{timestamp}-{id}", "", "{timestamp} and {id}"},
+		{"unix", "{id}-{timestamp}-{body}", "", "{id} and {timestamp}"},
+		{"unix", "{body}_{timestamp}_{id}", "", "{timestamp} and {id}"},
 
 		{"unix", "{id}.{timestamp}.{body}", "", ""},
 		{"unix", "{id}-{timestamp}:{body}", "", ""}, // '-' is not a digit, ':' in neither ID nor timestamp
@@ -66,6 +73,11 @@ func TestHMACTemplateSeparation(t *testing.T) {
 		{"rfc3339", "{id}{timestamp}{body}", "", ""},
 		{"rfc3339", "{timestamp}{body}", "id", ""},
 		{"rfc3339", "{body}{timestamp}{id}", "", ""},
+		{"unix", "{body}-{timestamp}.{id}", "", ""},
+		{"unix", "{body}.{timestamp}-{id}", "", ""}, // the last '.' ends the body
+		{"unix", "{id}_{timestamp}.{body}", "", ""},
+		{"unix", "{timestamp}.{timestamp}.{body}", "id", ""},
+		{"rfc3339", "{body}-{timestamp}-{id}", "", ""},
 	} {
 		s := &HMAC{Header: "X-Sig", SignedContent: c.template, IDField: c.idField}
 		if c.idField == "" {

@@ -67,12 +67,20 @@ func main() {
 	}
 }
 
+// secretFlag is --secret. Its default, $SANGHO_WEBHOOK_SECRET, is read
+// after the flags (needSecret), not given to the flag package, which
+// prints a flag's default in its usage text (-h, a bad flag).
 func secretFlag(fs *flag.FlagSet) *string {
-	return fs.String("secret", os.Getenv("SANGHO_WEBHOOK_SECRET"), "signing secret (default $SANGHO_WEBHOOK_SECRET)")
+	return fs.String("secret", "", "signing secret (default $SANGHO_WEBHOOK_SECRET)")
 }
 
-func needSecret(s string) error {
-	if s == "" {
+// needSecret fills s from $SANGHO_WEBHOOK_SECRET if --secret was not
+// given, and refuses no secret at all.
+func needSecret(s *string) error {
+	if *s == "" {
+		*s = os.Getenv("SANGHO_WEBHOOK_SECRET")
+	}
+	if *s == "" {
 		return fmt.Errorf("no secret: give --secret or set SANGHO_WEBHOOK_SECRET")
 	}
 	return nil
@@ -87,7 +95,7 @@ func cmdEvent(args []string) error {
 	data := fs.String("data", `{"object":{"id":"pi_1","amount":2000,"currency":"eur"}}`, "the event's data object as JSON, or @file")
 	repeat := fs.Int("repeat", 1, "send the same event this many times (fresh signature each time)")
 	_ = fs.Parse(args)
-	if err := needSecret(*secret); err != nil {
+	if err := needSecret(secret); err != nil {
 		return err
 	}
 	if *id == "" {
@@ -131,7 +139,7 @@ func cmdSign(args []string) error {
 	secret := secretFlag(fs)
 	t := fs.Int64("t", 0, "Unix time to sign at (default: now)")
 	_ = fs.Parse(args)
-	if err := needSecret(*secret); err != nil {
+	if err := needSecret(secret); err != nil {
 		return err
 	}
 	body, err := io.ReadAll(os.Stdin)
@@ -159,10 +167,10 @@ func cmdLoad(args []string) error {
 	fs.Float64Var(&cfg.Rate, "rate", 0, "requests per second in all, each one's latency counted from its due time (default: as fast as possible)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	_ = fs.Parse(args)
-	cfg.Secret = *secret
-	if err := needSecret(cfg.Secret); err != nil {
+	if err := needSecret(secret); err != nil {
 		return err
 	}
+	cfg.Secret = *secret
 	if cfg.Duplicates < 0 || cfg.Duplicates > 1 {
 		return fmt.Errorf("--duplicates must be between 0 and 1")
 	}

@@ -39,6 +39,10 @@ type memEntry struct {
 	// replaced: the mark a lease took over (Reclaimed), put back by
 	// Untake if the lease cannot be made durable.
 	replaced *memEntry
+	// retaken: the same token's lease as it was before a retried Take
+	// wrote it again, put back by Untake if that write cannot be made
+	// durable: the first claim holds the key still.
+	retaken *memEntry
 }
 
 // lease reports whether e is a lease (live, or a mark).
@@ -194,15 +198,14 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 		switch {
 		case live && dedup.IsLease(e.val, token):
 			// A retried claim: ours already, and it lives ttl again (as a
-			// Renew; the mark it replaced, if any, is kept for Untake).
+			// Renew), the lease before kept for Untake.
+			before := memEntry{val: e.val, expires: e.expires}
 			if err := s.setLease(sh, key, e.val, now.Add(ttl)); err != nil {
 				return 0, "", false, err
 			}
-			if e.replaced != nil {
-				ne := sh.m[key]
-				ne.replaced = e.replaced
-				sh.m[key] = ne
-			}
+			ne := sh.m[key]
+			ne.retaken = &before
+			sh.m[key] = ne
 			return dedup.Claimed, "", s.journal != nil, nil
 		case live:
 			return dedup.Classify(e.val, token), e.val, false, nil
@@ -226,7 +229,9 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 // now) for a claim that failed: its lease goes, and the mark it took
 // over (Reclaimed) is put back, recorded in the journal again, so that
 // the next delivery is still marked: the earlier attempt's fate is
-// still unknown. Release instead would leave it unmarked.
+// still unknown. Release instead would leave it unmarked. A retried
+// Take (the token's own lease, live) puts back the lease as it was:
+// the first claim still holds the key.
 func (s *Table) Untake(key, token string) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -235,6 +240,8 @@ func (s *Table) Untake(key, token string) error {
 	switch {
 	case !ok || !dedup.IsLease(e.val, token):
 		return nil
+	case e.retaken != nil:
+		return s.setLease(sh, key, e.retaken.val, e.retaken.expires)
 	case e.replaced != nil:
 		return s.setLease(sh, key, e.replaced.val, e.replaced.expires)
 	default:

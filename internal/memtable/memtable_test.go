@@ -404,4 +404,23 @@ func TestUntake(t *testing.T) {
 	if _, ok := st.Lookup("fresh"); ok {
 		t.Fatal("Untake of a take over nothing left a lease")
 	}
+	// A retried take (t5's own live lease) lives ttl again; its Untake
+	// puts back t5's lease as it was, neither nothing nor t1's mark.
+	if res, _, _, err := st.Take("again", "t5", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("t5's take: %v %v", res, err)
+	}
+	first, _ := st.Lookup("again")
+	clock.Advance(time.Second)
+	if res, _, wrote, err := st.Take("again", "t5", time.Hour); err != nil || res != dedup.Claimed || !wrote {
+		t.Fatalf("t5's retried take: %v %v %v, want claimed, written", res, wrote, err)
+	}
+	if e, _ := st.Lookup("again"); !e.ExpiresAt.Equal(clock.Now().Add(time.Hour)) {
+		t.Fatalf("after the retried take: %+v, want the lease for an hour from now", e)
+	}
+	if err := st.Untake("again", "t5"); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := st.Lookup("again"); !ok || e != first {
+		t.Fatalf("after the retried take's Untake: %+v %v, want t5's first lease %+v", e, ok, first)
+	}
 }

@@ -311,3 +311,45 @@ func TestFileStoreFailedReclaimKeepsTheMark(t *testing.T) {
 		t.Errorf("V's claim after a restart: %v %q %v, want Reclaimed over T's mark", res, found, err)
 	}
 }
+
+// TestFileStoreFailedRetriedClaimKeepsTheLease: a claim retried with the
+// same token writes its lease again (it lives ttl again). If that write
+// does not become durable (the disk stalls past fileWriteTimeout), the
+// claim fails and the lease stays as it was before the retry: the first
+// claim holds it still. Releasing it, as a failed first claim is, let
+// another token claim the key (a review: the signature binding, the one
+// caller that claims twice with one token, lost its record on a stall).
+func TestFileStoreFailedRetriedClaimKeepsTheLease(t *testing.T) {
+	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
+	fileWriteTimeout = 300 * time.Millisecond
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	st := openUnclosed(t, path, clock.Now)
+	s, ctx := &Store{state: st}, context.Background()
+	if res, _, err := s.Claim(ctx, "k", "T", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("T's claim: %v %v", res, err)
+	}
+	stalled, release := holdWriter(st)
+	<-stalled
+	if res, _, err := s.Claim(ctx, "k", "T", 2*time.Minute); !errors.Is(err, errFileStalled) {
+		t.Fatalf("T's retried claim on a stalled disk: %v %v, want the stall", res, err)
+	}
+	release()
+	if err := Sync(s); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.Get(ctx, "k"); e.State() != "in_flight" || !dedup.IsLease(e.Value, "T") {
+		t.Errorf("after T's failed retry: %q %q, want T's lease", e.State(), e.Value)
+	}
+	if res, _, err := s.Claim(ctx, "k", "U", time.Minute); err != nil || res != dedup.InFlight {
+		t.Errorf("U's claim after T's failed retry: %v %v, want in flight (T's lease)", res, err)
+	}
+	if err := st.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	s = &Store{state: openTestShared(t, path, clock.Now)}
+	if e, _ := s.Get(ctx, "k"); e.State() != "in_flight" || !dedup.IsLease(e.Value, "T") {
+		t.Errorf("after a restart: %q %q, want T's lease", e.State(), e.Value)
+	}
+}

@@ -38,7 +38,7 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	// delivery done) refuses the claim: its commit could not land, and
 	// an event processed without its record would be processed again.
 	if st.isClosed() {
-		st.undoClaim(key, token, res)
+		st.undoClaim(key, token)
 		return 0, "", errFileClosed
 	}
 	// A commit puts its record in the database before it drops its
@@ -53,19 +53,19 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	mayHaveLanded := st.leases.SettledSince(key, settles)
 	if mayHaveLanded {
 		if val, done, err := st.read(key); err != nil || done {
-			return st.claimFoundDone(key, token, res, val, err)
+			return st.claimFoundDone(key, token, val, err)
 		}
 	}
 	if wrote {
 		if err := st.leases.Sync(); err != nil {
 			// Not durable: the claim failed (undoClaim).
-			st.undoClaim(key, token, res)
+			st.undoClaim(key, token)
 			return 0, "", err
 		}
 	}
 	if mayHaveLanded && wrote { // no sync, nothing new to find
 		if val, done, err := st.read(key); err != nil || done {
-			return st.claimFoundDone(key, token, res, val, err)
+			return st.claimFoundDone(key, token, val, err)
 		}
 	}
 	return res, val, nil
@@ -74,26 +74,20 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 // claimFoundDone releases the lease of a claim that found key's done
 // record (val) after taking it, or undoes the claim if it failed to
 // read (err).
-func (st *shared) claimFoundDone(key, token string, res dedup.ClaimResult, val string, err error) (dedup.ClaimResult, string, error) {
+func (st *shared) claimFoundDone(key, token, val string, err error) (dedup.ClaimResult, string, error) {
 	if err != nil {
-		st.undoClaim(key, token, res)
+		st.undoClaim(key, token)
 		return 0, "", err
 	}
 	_, _ = st.leases.Release(key, token)
 	return dedup.AlreadyDone, val, nil
 }
 
-// undoClaim undoes a claim that failed after its Take: its lease goes,
-// and the mark it took over (res Reclaimed) comes back (Untake). Any
-// other take's lease is released (a retried claim of a lease already
-// ours replaced nothing: Untake could put back the mark an earlier,
-// successful take replaced).
-func (st *shared) undoClaim(key, token string, res dedup.ClaimResult) {
-	if res == dedup.Reclaimed {
-		_ = st.leases.Untake(key, token)
-		return
-	}
-	_, _ = st.leases.Release(key, token)
+// undoClaim undoes a claim that failed after its Take (Untake): its
+// lease goes, the mark it took over (res Reclaimed) comes back, and a
+// retried claim's lease is put back as it was before the retry.
+func (st *shared) undoClaim(key, token string) {
+	_ = st.leases.Untake(key, token)
 }
 
 // claimReadHook, when set (by a test), runs in Claim between the lookup

@@ -348,16 +348,15 @@ func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error)
 }
 
 // badAddress names the i-th address (0-based), which is not one, in an
-// error: as written when that was a placeholder (its value is not
-// shown), by its position when it holds a user or a scheme (a URL
-// written where an address goes, whose password is not shown), else
-// quoted.
+// error: by its position when it holds a user or a scheme (a URL written
+// where an address goes, whose password is not shown); as written when
+// that was a placeholder (its value is not shown); else quoted.
 func badAddress(i int, written, resolved string) string {
 	switch {
-	case written != resolved:
-		return "address " + written
-	case strings.Contains(resolved, "@") || strings.Contains(resolved, "://"):
+	case strings.Contains(written, "@") || strings.Contains(written, "://"):
 		return fmt.Sprintf("address %d (not shown: it looks like a URL, which may hold a password)", i+1)
+	case written != resolved:
+		return "address " + written // a placeholder, whose value is not shown
 	}
 	return fmt.Sprintf("address %q", resolved)
 }

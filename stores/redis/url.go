@@ -17,6 +17,15 @@ import (
 // those itself, so they are refused rather than silently overridden.
 var urlParams = []string{"client_name", "db", "dial_timeout", "pool_size", "read_timeout", "skip_verify", "write_timeout"}
 
+// knownParams are the other parameters go-redis reads (v9.18), and
+// credentials written as parameters: an error names one of them. Any
+// other name may be a part of the password (one with an unescaped ? or
+// & puts its tail in the query), so an error gives its position only.
+var knownParams = []string{"addr", "conn_max_idle_time", "conn_max_lifetime", "conn_max_lifetime_jitter", "idle_timeout",
+	"max_active_conns", "max_concurrent_dials", "max_conn_age", "max_idle_conns", "max_retries", "max_retry_backoff",
+	"min_idle_conns", "min_retry_backoff", "password", "pipeline_pool_size", "pipeline_read_buffer_size",
+	"pipeline_write_buffer_size", "pool_fifo", "pool_timeout", "protocol", "user", "username"}
+
 // redisURL is what a url gives, as go-redis parsed it, with which
 // settings it set.
 type redisURL struct {
@@ -54,8 +63,11 @@ func parseRedisURL(raw string) (*redisURL, error) {
 	for _, name := range names {
 		vals := q[name]
 		switch {
-		case !slices.Contains(urlParams, name):
+		case !slices.Contains(urlParams, name) && slices.Contains(knownParams, name):
 			return nil, fmt.Errorf("url parameter %q is not supported (supported: %s)", name, strings.Join(urlParams, ", "))
+		case !slices.Contains(urlParams, name):
+			return nil, fmt.Errorf("url parameter %d is not supported (supported: %s); its name is not shown, as it may be a part of a password with an unescaped ? or & (percent-encode them: %%3F, %%26)",
+				paramPosition(u.RawQuery, name), strings.Join(urlParams, ", "))
 		case len(vals) > 1:
 			return nil, fmt.Errorf("url parameter %s given more than once", name)
 		case vals[0] == "":
@@ -150,4 +162,16 @@ func (r *redisURL) apply(o *goredis.UniversalOptions) error {
 	}
 	o.ClientName = po.ClientName
 	return nil
+}
+
+// paramPosition is the place (from 1) of the first parameter called name
+// in the raw query.
+func paramPosition(raw, name string) int {
+	for i, kv := range strings.Split(raw, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		if k, err := url.QueryUnescape(k); err == nil && k == name {
+			return i + 1
+		}
+	}
+	return 0
 }

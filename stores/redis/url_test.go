@@ -216,6 +216,11 @@ func TestRedisConfigErrorHidesPartsOfThePassword(t *testing.T) {
 		{Store{Address: []string{"redis://default:Secr3tPart@127.0.0.1:1"}}, "address 1 (not shown"},
 		{Store{Address: []string{"127.0.0.1:1", "default:Secr3tPart@127.0.0.1:1"}}, "address 2 (not shown"},
 		{Store{Address: []string{"{env." + env + "}"}}, "address {env." + env + "}: write host:port"},
+		{Store{URL: "redis://u:123?Secr3tPart@127.0.0.1:6379"}, "url parameter 1 is not supported"},
+		{Store{URL: "redis://u:123?Secr3t=Part@127.0.0.1:6379"}, "url parameter 1 is not supported"},
+		{Store{URL: "redis://u:12?db=0&Secr3tPart@127.0.0.1:6379"}, "url parameter 2 is not supported"},
+		{Store{Address: []string{"default:Secr3tPart@{env." + env + "}"}}, "address 1 (not shown"},
+		{Store{Address: []string{"redis://default:Secr3tPart@{env." + env + "}"}}, "address 1 (not shown"},
 	} {
 		s := c.s
 		err := s.Provision(ctx)

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// TestMain runs main itself when the test binary is started by a test
+// below as sangho-send.
+func TestMain(m *testing.M) {
+	if os.Getenv("SANGHO_SEND_TEST_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// run runs this test binary as sangho-send with args and the secret in
+// the environment, and returns what it printed.
+func run(t *testing.T, secret string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], args...)
+	cmd.Env = append(os.Environ(), "SANGHO_SEND_TEST_MAIN=1", "SANGHO_WEBHOOK_SECRET="+secret)
+	out, _ := cmd.CombinedOutput()
+	return string(out)
+}
+
+// TestSecretFromTheEnvironmentNotPrinted: the flag package prints a
+// flag's default in its usage text, on -h and after a bad flag; the
+// secret taken from SANGHO_WEBHOOK_SECRET was that default, and was
+// printed whole.
+func TestSecretFromTheEnvironmentNotPrinted(t *testing.T) {
+	const secret = "whsec_TOPSECRET_value"
+	for _, args := range [][]string{
+		{"event", "-h"}, {"event", "--bogus"}, {"sign", "-h"}, {"load", "--bogus"},
+	} {
+		out := run(t, secret, args...)
+		if strings.Contains(out, "TOPSECRET") {
+			t.Errorf("sangho-send %s printed the secret:\n%s", strings.Join(args, " "), out)
+		}
+		if !strings.Contains(out, "default $SANGHO_WEBHOOK_SECRET") {
+			t.Errorf("sangho-send %s: no usage text:\n%s", strings.Join(args, " "), out)
+		}
+	}
+	// The secret from the environment is still the one used.
+	cmd := exec.Command(os.Args[0], "sign", "--t", "1733140800")
+	cmd.Env = append(os.Environ(), "SANGHO_SEND_TEST_MAIN=1", "SANGHO_WEBHOOK_SECRET=whsec_test_secret_1")
+	cmd.Stdin = strings.NewReader(`{"id":"evt_1"}`)
+	out, err := cmd.Output()
+	withFlag := exec.Command(os.Args[0], "sign", "--t", "1733140800", "--secret", "whsec_test_secret_1")
+	withFlag.Env = append(os.Environ(), "SANGHO_SEND_TEST_MAIN=1", "SANGHO_WEBHOOK_SECRET=")
+	withFlag.Stdin = strings.NewReader(`{"id":"evt_1"}`)
+	want, werr := withFlag.Output()
+	if err != nil || werr != nil || len(out) == 0 || string(out) != string(want) {
+		t.Fatalf("sign with the secret in the environment: %q %v; with --secret: %q %v", out, err, want, werr)
+	}
+}
