@@ -40,8 +40,9 @@ type memEntry struct {
 	// Untake if the lease cannot be made durable.
 	replaced *memEntry
 	// retaken: the same token's lease as it was before a retried Take
-	// wrote it again, put back by Untake if that write cannot be made
-	// durable: the first claim holds the key still.
+	// wrote it again (with the mark the first take replaced), put back
+	// by Untake if that write cannot be made durable: the first claim
+	// holds the key still. A Renew meanwhile renews it too.
 	retaken *memEntry
 }
 
@@ -199,7 +200,7 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 		case live && dedup.IsLease(e.val, token):
 			// A retried claim: ours already, and it lives ttl again (as a
 			// Renew), the lease before kept for Untake.
-			before := memEntry{val: e.val, expires: e.expires}
+			before := memEntry{val: e.val, expires: e.expires, replaced: e.replaced}
 			if err := s.setLease(sh, key, e.val, now.Add(ttl)); err != nil {
 				return 0, "", false, err
 			}
@@ -241,7 +242,14 @@ func (s *Table) Untake(key, token string) error {
 	case !ok || !dedup.IsLease(e.val, token):
 		return nil
 	case e.retaken != nil:
-		return s.setLease(sh, key, e.retaken.val, e.retaken.expires)
+		r := *e.retaken
+		if err := s.setLease(sh, key, r.val, r.expires); err != nil {
+			return err
+		}
+		ne := sh.m[key]
+		ne.replaced = r.replaced // the first take's, if it reclaimed a mark
+		sh.m[key] = ne
+		return nil
 	case e.replaced != nil:
 		return s.setLease(sh, key, e.replaced.val, e.replaced.expires)
 	default:
@@ -294,6 +302,18 @@ func (s *Table) Renew(key, token string, ttl time.Duration) (bool, error) {
 		return false, nil
 	}
 	err := s.setLease(sh, key, e.val, now.Add(ttl))
+	if err == nil && (e.retaken != nil || e.replaced != nil) {
+		// What an Untake of a take still in flight puts back stays, the
+		// first claim's lease renewed.
+		ne := sh.m[key]
+		ne.replaced = e.replaced
+		if e.retaken != nil {
+			r := *e.retaken
+			r.expires = ne.expires
+			ne.retaken = &r
+		}
+		sh.m[key] = ne
+	}
 	sh.mu.Unlock()
 	if err == nil {
 		err = s.Sync()

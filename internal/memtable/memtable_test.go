@@ -423,4 +423,46 @@ func TestUntake(t *testing.T) {
 	if e, ok := st.Lookup("again"); !ok || e != first {
 		t.Fatalf("after the retried take's Untake: %+v %v, want t5's first lease %+v", e, ok, first)
 	}
+
+	// Two takes of t6 in flight on one key: the first over t1's mark
+	// (Reclaimed), the second a retry over t6's own lease. Both fail, and
+	// are undone: the mark comes back.
+	if _, _, _, err := st.Take("marked", "t1", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	mark, _ = st.Lookup("marked")
+	if res, _, _, err := st.Take("marked", "t6", time.Minute); err != nil || res != dedup.Reclaimed {
+		t.Fatalf("t6's take over the mark: %v %v", res, err)
+	}
+	if res, _, _, err := st.Take("marked", "t6", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("t6's retried take: %v %v", res, err)
+	}
+	for range 2 {
+		if err := st.Untake("marked", "t6"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e, ok := st.Lookup("marked"); !ok || e != mark {
+		t.Fatalf("after both takes' Untake: %+v %v, want t1's mark %+v", e, ok, mark)
+	}
+
+	// A renewal by the first claim while a retried take is in flight:
+	// the retry's Untake puts back the first claim's lease, renewed.
+	if _, _, _, err := st.Take("renewed", "t7", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := st.Take("renewed", "t7", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := st.Renew("renewed", "t7", time.Hour); err != nil || !ok {
+		t.Fatalf("t7's renewal: %v %v", ok, err)
+	}
+	renewed, _ := st.Lookup("renewed")
+	if err := st.Untake("renewed", "t7"); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := st.Lookup("renewed"); !ok || e != renewed {
+		t.Fatalf("after a renewal and the retry's Untake: %+v %v, want t7's renewed lease %+v", e, ok, renewed)
+	}
 }

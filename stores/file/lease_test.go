@@ -270,6 +270,20 @@ func TestFileStoreLeaseRenewedDuringItsCommit(t *testing.T) {
 	}
 }
 
+// openStallable opens a store at a new path on a test clock set to now,
+// not closed at the test's end (st.Destruct stands for a crash), with a
+// write timeout short enough for holdWriter to stall a claim.
+func openStallable(t *testing.T) (*testclock.Clock, string, *shared) {
+	t.Helper()
+	old := fileWriteTimeout
+	t.Cleanup(func() { fileWriteTimeout = old })
+	fileWriteTimeout = 300 * time.Millisecond
+	clock := testclock.New()
+	clock.Advance(time.Since(clock.Now()))
+	path := filepath.Join(t.TempDir(), "dedup.db")
+	return clock, path, openUnclosed(t, path, clock.Now)
+}
+
 // A claim over a mark (Reclaimed) whose lease cannot be made durable
 // (the disk stalled past fileWriteTimeout) fails, and puts the mark
 // back: the earlier attempt's fate is still unknown, so the next
@@ -277,12 +291,7 @@ func TestFileStoreLeaseRenewedDuringItsCommit(t *testing.T) {
 // released, mark and all: the next delivery went to the backend
 // unmarked.)
 func TestFileStoreFailedReclaimKeepsTheMark(t *testing.T) {
-	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
-	fileWriteTimeout = 300 * time.Millisecond
-	clock := testclock.New()
-	clock.Advance(time.Since(clock.Now()))
-	path := filepath.Join(t.TempDir(), "dedup.db")
-	st := openUnclosed(t, path, clock.Now)
+	clock, path, st := openStallable(t)
 	s, ctx := &Store{state: st}, context.Background()
 	if res, _, err := s.Claim(ctx, "k", "T", time.Second); err != nil || res != dedup.Claimed {
 		t.Fatalf("T's claim: %v %v", res, err)
@@ -320,12 +329,7 @@ func TestFileStoreFailedReclaimKeepsTheMark(t *testing.T) {
 // another token claim the key (a review: the signature binding, the one
 // caller that claims twice with one token, lost its record on a stall).
 func TestFileStoreFailedRetriedClaimKeepsTheLease(t *testing.T) {
-	defer func(d time.Duration) { fileWriteTimeout = d }(fileWriteTimeout)
-	fileWriteTimeout = 300 * time.Millisecond
-	clock := testclock.New()
-	clock.Advance(time.Since(clock.Now()))
-	path := filepath.Join(t.TempDir(), "dedup.db")
-	st := openUnclosed(t, path, clock.Now)
+	clock, path, st := openStallable(t)
 	s, ctx := &Store{state: st}, context.Background()
 	if res, _, err := s.Claim(ctx, "k", "T", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("T's claim: %v %v", res, err)

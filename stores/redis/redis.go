@@ -353,7 +353,7 @@ func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error)
 // that was a placeholder (its value is not shown); else quoted.
 func badAddress(i int, written, resolved string) string {
 	switch {
-	case strings.Contains(written, "@") || strings.Contains(written, "://"):
+	case strings.Contains(written, "@") || strings.Contains(written, "://") || strings.HasPrefix(written, "//"):
 		return fmt.Sprintf("address %d (not shown: it looks like a URL, which may hold a password)", i+1)
 	case written != resolved:
 		return "address " + written // a placeholder, whose value is not shown
@@ -483,12 +483,16 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	}
 	for i, a := range addrs {
 		// go-redis would only fail at the first dial, as a store error.
-		// A path is a Unix socket (go-redis dials it so).
-		if strings.HasPrefix(a, "/") {
+		// A path is a Unix socket (go-redis dials it so). Credentials in
+		// an address (user:pass@host:port has a host:port's shape, and
+		// //user:pass@host a path's) would reach every store error and
+		// go-redis's log: refused, not shown.
+		credentials := strings.Contains(a, "://") || strings.HasPrefix(a, "//") || !strings.HasPrefix(a, "/") && strings.Contains(a, "@")
+		if !credentials && strings.HasPrefix(a, "/") {
 			continue
 		}
-		if _, port, err := net.SplitHostPort(a); err != nil || !validPort(port) {
-			return fail(fmt.Errorf("%s: write host:port (a Redis server, a Cluster node or a Sentinel) or a Unix socket's path, or use url", badAddress(i, written[i], a)))
+		if _, port, err := net.SplitHostPort(a); credentials || err != nil || !validPort(port) {
+			return fail(fmt.Errorf("%s: write host:port (a Redis server, a Cluster node or a Sentinel) or a Unix socket's path, or use url (a user and a password go in username and password)", badAddress(i, written[i], a)))
 		}
 	}
 	wantTLS, skipVerify := s.TLS, false

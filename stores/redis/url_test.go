@@ -221,6 +221,10 @@ func TestRedisConfigErrorHidesPartsOfThePassword(t *testing.T) {
 		{Store{URL: "redis://u:12?db=0&Secr3tPart@127.0.0.1:6379"}, "url parameter 2 is not supported"},
 		{Store{Address: []string{"default:Secr3tPart@{env." + env + "}"}}, "address 1 (not shown"},
 		{Store{Address: []string{"redis://default:Secr3tPart@{env." + env + "}"}}, "address 1 (not shown"},
+		// host:port by their shape, so they passed the check: the password
+		// then came back in every store error and in go-redis's log.
+		{Store{Address: []string{"Secr3tPart@127.0.0.1:6379"}}, "address 1 (not shown"},
+		{Store{Address: []string{"//default:Secr3tPart@127.0.0.1:1"}}, "address 1 (not shown"},
 	} {
 		s := c.s
 		err := s.Provision(ctx)
