@@ -106,7 +106,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 			if prefixesOverlap(other.prefix, h.KeyPrefix) {
 				return fmt.Errorf("sangho_dedup: key_prefix %q (%s) and key_prefix %q (%s) overlap on one store (%s): "+
 					"an event under one can have the same key as an event or a signature record under the other, and be answered as its duplicate, never reaching its backend; "+
-					"end each key_prefix with ':' and make neither the other followed by an event ID or by sig:, e.g. key_prefix %s<name>:",
+					"give the second a name and a ':' after the first (e.g. key_prefix %s<name>:, any name but sig) or a prefix of its own",
 					other.prefix, other.handler, h.KeyPrefix, use.handler, h.storeData, other.prefix)
 			}
 		}

@@ -200,7 +200,7 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 		case live && dedup.IsLease(e.val, token):
 			// A retried claim: ours already, and it lives ttl again (as a
 			// Renew), the lease before kept for Untake.
-			before := memEntry{val: e.val, expires: e.expires, replaced: e.replaced}
+			before := memEntry{val: e.val, expires: e.expires, replaced: e.replaced, retaken: e.retaken}
 			if err := s.setLease(sh, key, e.val, now.Add(ttl)); err != nil {
 				return 0, "", false, err
 			}
@@ -210,9 +210,11 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 			return dedup.Claimed, "", s.journal != nil, nil
 		case live:
 			return dedup.Classify(e.val, token), e.val, false, nil
-		case !dedup.IsLease(e.val, token):
-			res, found = dedup.Reclaimed, e.val // another attempt's mark
+		default: // a mark, put back by Untake if this take fails
 			replaced = &memEntry{val: e.val, expires: e.expires}
+			if !dedup.IsLease(e.val, token) {
+				res, found = dedup.Reclaimed, e.val // another attempt's mark
+			}
 		}
 	}
 	if err := s.setLease(sh, key, dedup.LeaseValue(token), now.Add(ttl)); err != nil {
@@ -247,7 +249,7 @@ func (s *Table) Untake(key, token string) error {
 			return err
 		}
 		ne := sh.m[key]
-		ne.replaced = r.replaced // the first take's, if it reclaimed a mark
+		ne.replaced, ne.retaken = r.replaced, r.retaken // the takes before it, still in flight
 		sh.m[key] = ne
 		return nil
 	case e.replaced != nil:
@@ -304,14 +306,9 @@ func (s *Table) Renew(key, token string, ttl time.Duration) (bool, error) {
 	err := s.setLease(sh, key, e.val, now.Add(ttl))
 	if err == nil && (e.retaken != nil || e.replaced != nil) {
 		// What an Untake of a take still in flight puts back stays, the
-		// first claim's lease renewed.
+		// token's earlier leases renewed.
 		ne := sh.m[key]
-		ne.replaced = e.replaced
-		if e.retaken != nil {
-			r := *e.retaken
-			r.expires = ne.expires
-			ne.retaken = &r
-		}
+		ne.replaced, ne.retaken = e.replaced, renewedTo(e.retaken, ne.expires)
 		sh.m[key] = ne
 	}
 	sh.mu.Unlock()
@@ -334,8 +331,21 @@ func (s *Table) Extend(key, token string, ttl time.Duration) bool {
 		return false
 	}
 	e.expires = now.Add(ttl)
+	e.retaken = renewedTo(e.retaken, e.expires) // kept by an Untake meanwhile
 	sh.m[key] = e
 	return true
+}
+
+// renewedTo is the chain of leases saved by retried takes (retaken), each
+// copied with the expiry exp: the token's lease renewed or extended stays
+// so if a take still in flight is undone.
+func renewedTo(r *memEntry, exp time.Time) *memEntry {
+	if r == nil {
+		return nil
+	}
+	c := *r
+	c.expires, c.retaken = exp, renewedTo(r.retaken, exp)
+	return &c
 }
 
 // Commit sets key to the done record rec (memory store: no journal),

@@ -447,6 +447,63 @@ func TestUntake(t *testing.T) {
 		t.Fatalf("after both takes' Untake: %+v %v, want t1's mark %+v", e, ok, mark)
 	}
 
+	// Three takes of t8 in flight (a claim, two retries), all failed and
+	// undone: the key is t8's first lease again, not absent.
+	if _, _, _, err := st.Take("thrice", "t8", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	thrice, _ := st.Lookup("thrice")
+	for range 2 {
+		clock.Advance(time.Second)
+		if res, _, _, err := st.Take("thrice", "t8", time.Hour); err != nil || res != dedup.Claimed {
+			t.Fatalf("t8's retried take: %v %v", res, err)
+		}
+	}
+	for range 2 {
+		if err := st.Untake("thrice", "t8"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e, ok := st.Lookup("thrice"); !ok || e != thrice {
+		t.Fatalf("after two retried takes' Untake: %+v %v, want t8's first lease %+v", e, ok, thrice)
+	}
+
+	// The file store's commit extends its lease (Extend) until its record
+	// is on disk; a retried take undone meanwhile keeps that extension.
+	if _, _, _, err := st.Take("extended", "t9", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := st.Take("extended", "t9", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Extend("extended", "t9", time.Hour) {
+		t.Fatal("t9's lease not extended")
+	}
+	extended, _ := st.Lookup("extended")
+	if err := st.Untake("extended", "t9"); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := st.Lookup("extended"); !ok || e != extended {
+		t.Fatalf("after an Extend and the retry's Untake: %+v %v, want t9's extended lease %+v", e, ok, extended)
+	}
+
+	// A take over the token's own mark (Claimed) that fails puts the mark
+	// back, as over another token's.
+	if _, _, _, err := st.Take("own mark", "t10", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	ownMark, _ := st.Lookup("own mark")
+	if res, _, _, err := st.Take("own mark", "t10", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("t10's take over its own mark: %v %v, want claimed", res, err)
+	}
+	if err := st.Untake("own mark", "t10"); err != nil {
+		t.Fatal(err)
+	}
+	if e, ok := st.Lookup("own mark"); !ok || e != ownMark {
+		t.Fatalf("after the Untake of a take over its own mark: %+v %v, want the mark %+v", e, ok, ownMark)
+	}
+
 	// A renewal by the first claim while a retried take is in flight:
 	// the retry's Untake puts back the first claim's lease, renewed.
 	if _, _, _, err := st.Take("renewed", "t7", time.Minute); err != nil {

@@ -347,13 +347,28 @@ func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error)
 	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (a literal brace is written \\{); the value is not shown, as it may hold a secret", option)
 }
 
+// holdsCredentials reports whether the address a may hold a user or a
+// password: a scheme, a leading //, an @ in a host:port, or in a path's
+// first folder (a socket's path may hold one further on:
+// /run/user@1000/redis.sock).
+func holdsCredentials(a string) bool {
+	switch {
+	case strings.Contains(a, "://") || strings.HasPrefix(a, "//"):
+		return true
+	case !strings.HasPrefix(a, "/"):
+		return strings.Contains(a, "@")
+	}
+	first, _, _ := strings.Cut(a[1:], "/")
+	return strings.Contains(first, "@")
+}
+
 // badAddress names the i-th address (0-based), which is not one, in an
 // error: by its position when it holds a user or a scheme (a URL written
 // where an address goes, whose password is not shown); as written when
 // that was a placeholder (its value is not shown); else quoted.
 func badAddress(i int, written, resolved string) string {
 	switch {
-	case strings.Contains(written, "@") || strings.Contains(written, "://") || strings.HasPrefix(written, "//"):
+	case holdsCredentials(written):
 		return fmt.Sprintf("address %d (not shown: it looks like a URL, which may hold a password)", i+1)
 	case written != resolved:
 		return "address " + written // a placeholder, whose value is not shown
@@ -485,9 +500,10 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 		// go-redis would only fail at the first dial, as a store error.
 		// A path is a Unix socket (go-redis dials it so). Credentials in
 		// an address (user:pass@host:port has a host:port's shape, and
-		// //user:pass@host a path's) would reach every store error and
-		// go-redis's log: refused, not shown.
-		credentials := strings.Contains(a, "://") || strings.HasPrefix(a, "//") || !strings.HasPrefix(a, "/") && strings.Contains(a, "@")
+		// /user:pass@host a path's) would reach every store error and
+		// go-redis's log: refused, not shown. A socket's path may hold an
+		// @ past its first segment (/run/user@1000/redis.sock).
+		credentials := holdsCredentials(a)
 		if !credentials && strings.HasPrefix(a, "/") {
 			continue
 		}

@@ -220,12 +220,15 @@ func TestRedisStoreProvisionRefusesBadValuesFirst(t *testing.T) {
 			t.Errorf("%+v: Provision() = %v, want an error naming %s", c.s, err, c.want)
 		}
 	}
-	// A Unix socket's path is an address (go-redis dials it so).
-	sock := &Store{Address: []string{filepath.Join(t.TempDir(), "redis.sock")}}
-	if err := sock.Provision(ctx); err != nil {
-		t.Errorf("a socket's path: %v", err)
+	// A Unix socket's path is an address (go-redis dials it so), an @ in
+	// a later segment too (systemd's user@1000).
+	for _, path := range []string{filepath.Join(t.TempDir(), "redis.sock"), "/run/user@1000/redis.sock"} {
+		sock := &Store{Address: []string{path}}
+		if err := sock.Provision(ctx); err != nil {
+			t.Errorf("a socket's path %s: %v", path, err)
+		}
+		_ = sock.Cleanup()
 	}
-	_ = sock.Cleanup()
 }
 
 // An unset placeholder is refused with the option's name, as the file

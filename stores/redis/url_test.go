@@ -225,6 +225,9 @@ func TestRedisConfigErrorHidesPartsOfThePassword(t *testing.T) {
 		// then came back in every store error and in go-redis's log.
 		{Store{Address: []string{"Secr3tPart@127.0.0.1:6379"}}, "address 1 (not shown"},
 		{Store{Address: []string{"//default:Secr3tPart@127.0.0.1:1"}}, "address 1 (not shown"},
+		{Store{Address: []string{"/default:Secr3tPart@127.0.0.1:6379"}}, "address 1 (not shown"},
+		{Store{Address: []string{"/Secr3tPart@host"}}, "address 1 (not shown"},
+		{Store{Address: []string{"u/Secr3tPart@127.0.0.1:6379"}}, "address 1 (not shown"},
 	} {
 		s := c.s
 		err := s.Provision(ctx)
