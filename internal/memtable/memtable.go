@@ -39,11 +39,14 @@ type memEntry struct {
 	// replaced: the mark a lease took over (Reclaimed), put back by
 	// Untake if the lease cannot be made durable.
 	replaced *memEntry
-	// retaken: the same token's lease as it was before a retried Take
-	// wrote it again (with the mark the first take replaced), put back
-	// by Untake if that write cannot be made durable: the first claim
-	// holds the key still. A Renew meanwhile renews it too.
-	retaken *memEntry
+	// retakes counts the retried Takes of this lease (the same token's,
+	// live), each of which wrote it again. An Untake finding some undoes
+	// nothing but one of them: the token's lease stays, since another of
+	// its takes, retried or first, may be in effect, and their Untakes
+	// may come in any order; the Untake of the last take in effect drops
+	// the lease (or puts back the mark it replaced). A count, not a
+	// saved lease: a key retried for days keeps one int.
+	retakes int
 }
 
 // lease reports whether e is a lease (live, or a mark).
@@ -199,13 +202,12 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 		switch {
 		case live && dedup.IsLease(e.val, token):
 			// A retried claim: ours already, and it lives ttl again (as a
-			// Renew), the lease before kept for Untake.
-			before := memEntry{val: e.val, expires: e.expires, replaced: e.replaced, retaken: e.retaken}
+			// Renew), counted for Untake (retakes).
 			if err := s.setLease(sh, key, e.val, now.Add(ttl)); err != nil {
 				return 0, "", false, err
 			}
 			ne := sh.m[key]
-			ne.retaken = &before
+			ne.replaced, ne.retakes = e.replaced, e.retakes+1
 			sh.m[key] = ne
 			return dedup.Claimed, "", s.journal != nil, nil
 		case live:
@@ -232,9 +234,9 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 // now) for a claim that failed: its lease goes, and the mark it took
 // over (Reclaimed) is put back, recorded in the journal again, so that
 // the next delivery is still marked: the earlier attempt's fate is
-// still unknown. Release instead would leave it unmarked. A retried
-// Take (the token's own lease, live) puts back the lease as it was:
-// the first claim still holds the key.
+// still unknown. Release instead would leave it unmarked. While the
+// lease has been taken again by its token (retakes), an Untake leaves
+// it: another of the token's takes may hold the key.
 func (s *Table) Untake(key, token string) error {
 	sh := s.shard(key)
 	sh.mu.Lock()
@@ -243,14 +245,9 @@ func (s *Table) Untake(key, token string) error {
 	switch {
 	case !ok || !dedup.IsLease(e.val, token):
 		return nil
-	case e.retaken != nil:
-		r := *e.retaken
-		if err := s.setLease(sh, key, r.val, r.expires); err != nil {
-			return err
-		}
-		ne := sh.m[key]
-		ne.replaced, ne.retaken = r.replaced, r.retaken // the takes before it, still in flight
-		sh.m[key] = ne
+	case e.retakes > 0: // another take of the token's may be in effect: its lease stays
+		e.retakes--
+		sh.m[key] = e
 		return nil
 	case e.replaced != nil:
 		return s.setLease(sh, key, e.replaced.val, e.replaced.expires)
@@ -304,11 +301,10 @@ func (s *Table) Renew(key, token string, ttl time.Duration) (bool, error) {
 		return false, nil
 	}
 	err := s.setLease(sh, key, e.val, now.Add(ttl))
-	if err == nil && (e.retaken != nil || e.replaced != nil) {
-		// What an Untake of a take still in flight puts back stays, the
-		// token's earlier leases renewed.
+	if err == nil && (e.retakes > 0 || e.replaced != nil) {
+		// What an Untake of a take still in flight needs stays.
 		ne := sh.m[key]
-		ne.replaced, ne.retaken = e.replaced, renewedTo(e.retaken, ne.expires)
+		ne.replaced, ne.retakes = e.replaced, e.retakes
 		sh.m[key] = ne
 	}
 	sh.mu.Unlock()
@@ -331,21 +327,8 @@ func (s *Table) Extend(key, token string, ttl time.Duration) bool {
 		return false
 	}
 	e.expires = now.Add(ttl)
-	e.retaken = renewedTo(e.retaken, e.expires) // kept by an Untake meanwhile
 	sh.m[key] = e
 	return true
-}
-
-// renewedTo is the chain of leases saved by retried takes (retaken), each
-// copied with the expiry exp: the token's lease renewed or extended stays
-// so if a take still in flight is undone.
-func renewedTo(r *memEntry, exp time.Time) *memEntry {
-	if r == nil {
-		return nil
-	}
-	c := *r
-	c.expires, c.retaken = exp, renewedTo(r.retaken, exp)
-	return &c
 }
 
 // Commit sets key to the done record rec (memory store: no journal),

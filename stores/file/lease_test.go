@@ -324,8 +324,9 @@ func TestFileStoreFailedReclaimKeepsTheMark(t *testing.T) {
 // TestFileStoreFailedRetriedClaimKeepsTheLease: a claim retried with the
 // same token writes its lease again (it lives ttl again). If that write
 // does not become durable (the disk stalls past fileWriteTimeout), the
-// claim fails and the lease stays as it was before the retry: the first
-// claim holds it still. Releasing it, as a failed first claim is, let
+// claim fails and the lease stays the token's (its expiry the retry's,
+// or the first's if that write never lands): the first claim holds it
+// still. Releasing it, as a failed first claim is, let
 // another token claim the key (a review: the signature binding, the one
 // caller that claims twice with one token, lost its record on a stall).
 func TestFileStoreFailedRetriedClaimKeepsTheLease(t *testing.T) {

@@ -84,8 +84,8 @@ func (st *shared) claimFoundDone(key, token, val string, err error) (dedup.Claim
 }
 
 // undoClaim undoes a claim that failed after its Take (Untake): its
-// lease goes, the mark it took over (res Reclaimed) comes back, and a
-// retried claim's lease is put back as it was before the retry.
+// lease goes, the mark it took over comes back, and a retried claim
+// leaves the token's lease, which its first claim holds.
 func (st *shared) undoClaim(key, token string) {
 	_ = st.leases.Untake(key, token)
 }
