@@ -358,19 +358,13 @@ const maxEventType = 255
 // NUL or a byte that is not UTF-8 made PostgreSQL refuse the record's
 // every commit; a type of the body's size went into every record.
 func cleanEventType(s string) string {
-	clean := true
-	for _, r := range s {
-		if r == utf8.RuneError || unicode.IsControl(r) {
-			clean = false
-			break
-		}
-	}
-	if clean && len(s) <= maxEventType {
+	bad := func(r rune) bool { return r == utf8.RuneError || unicode.IsControl(r) }
+	if len(s) <= maxEventType && strings.IndexFunc(s, bad) < 0 {
 		return s
 	}
 	var b strings.Builder
 	for _, r := range s {
-		if r == utf8.RuneError || unicode.IsControl(r) {
+		if bad(r) {
 			r = utf8.RuneError
 		}
 		if b.Len()+utf8.RuneLen(r) > maxEventType {

@@ -444,37 +444,30 @@ func (m *macEngine) checkSeparated(t string) error {
 // neighbour towards the body: lit holds a byte that kind cannot hold, or
 // kind or next (not the body) is an RFC 3339 timestamp.
 func (m *macEngine) ends(kind byte, lit string, next byte) bool {
-	if m.tsRFC3339 && (kind == 't' || next == 't') {
-		return true
-	}
-	for i := 0; i < len(lit); i++ {
-		if !m.mayHold(kind, lit[i]) {
-			return true
-		}
-	}
-	return false
+	return m.tsRFC3339 && (kind == 't' || next == 't') ||
+		anyByte(lit, func(c byte) bool { return !m.mayHold(kind, c) })
 }
 
 // bounds reports whether lit, the text beyond the pair a, b (towards the
 // body), holds a byte that neither a nor b, nor the text between them,
 // holds: its first (or last) occurrence then marks where the pair ends.
 func (m *macEngine) bounds(lit, between string, a, b byte) bool {
-	for i := 0; i < len(lit); i++ {
-		if c := lit[i]; !m.mayHold(a, c) && !m.mayHold(b, c) && !strings.Contains(between, lit[i:i+1]) {
-			return true
-		}
-	}
-	return false
+	return anyByte(lit, func(c byte) bool {
+		return !m.mayHold(a, c) && !m.mayHold(b, c) && strings.IndexByte(between, c) < 0
+	})
 }
 
 // apart reports whether the variable parts a and b, with the literal lit
 // between them, cannot trade bytes.
 func (m *macEngine) apart(a byte, lit string, b byte) bool {
-	if m.tsRFC3339 && (a == 't' || b == 't') {
-		return true
-	}
+	return m.tsRFC3339 && (a == 't' || b == 't') ||
+		anyByte(lit, func(c byte) bool { return !m.mayHold(a, c) || !m.mayHold(b, c) })
+}
+
+// anyByte reports whether some byte of lit satisfies f.
+func anyByte(lit string, f func(byte) bool) bool {
 	for i := 0; i < len(lit); i++ {
-		if !m.mayHold(a, lit[i]) || !m.mayHold(b, lit[i]) {
+		if f(lit[i]) {
 			return true
 		}
 	}

@@ -150,6 +150,19 @@ func (s *Table) setLease(sh *memShard, key, val string, expires time.Time) error
 	return nil
 }
 
+// relet writes e, a token's lease, again until expires (setLease),
+// keeping what an Untake of a take still in flight needs: the mark it
+// replaced and its retakes. The caller holds the shard lock.
+func (s *Table) relet(sh *memShard, key string, e memEntry, expires time.Time) error {
+	if err := s.setLease(sh, key, e.val, expires); err != nil {
+		return err
+	}
+	ne := sh.m[key]
+	ne.replaced, ne.retakes = e.replaced, e.retakes
+	sh.m[key] = ne
+	return nil
+}
+
 // drop deletes key's lease, recorded first in the journal; the caller
 // holds the shard lock.
 func (s *Table) drop(sh *memShard, key string) error {
@@ -203,12 +216,10 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 		case live && dedup.IsLease(e.val, token):
 			// A retried claim: ours already, and it lives ttl again (as a
 			// Renew), counted for Untake (retakes).
-			if err := s.setLease(sh, key, e.val, now.Add(ttl)); err != nil {
+			e.retakes++
+			if err := s.relet(sh, key, e, now.Add(ttl)); err != nil {
 				return 0, "", false, err
 			}
-			ne := sh.m[key]
-			ne.replaced, ne.retakes = e.replaced, e.retakes+1
-			sh.m[key] = ne
 			return dedup.Claimed, "", s.journal != nil, nil
 		case live:
 			return dedup.Classify(e.val, token), e.val, false, nil
@@ -300,13 +311,7 @@ func (s *Table) Renew(key, token string, ttl time.Duration) (bool, error) {
 		sh.mu.Unlock()
 		return false, nil
 	}
-	err := s.setLease(sh, key, e.val, now.Add(ttl))
-	if err == nil && (e.retakes > 0 || e.replaced != nil) {
-		// What an Untake of a take still in flight needs stays.
-		ne := sh.m[key]
-		ne.replaced, ne.retakes = e.replaced, e.retakes
-		sh.m[key] = ne
-	}
+	err := s.relet(sh, key, e, now.Add(ttl))
 	sh.mu.Unlock()
 	if err == nil {
 		err = s.Sync()

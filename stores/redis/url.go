@@ -128,8 +128,8 @@ func parseRedisURL(raw string) (*redisURL, error) {
 // errURLSyntax is any url that Go's URL parser or go-redis refuses. The
 // parsers' own messages quote the part they stumbled on, which is a part
 // of the password when it holds an unescaped / ? or # (the rest of the
-// URL then reads as a port, a path or a query): the value's values are
-// not shown, and in a parameter's value neither (see parseRedisURL).
+// URL then reads as a port, a path or a query): no part of the url is
+// shown, nor any parameter's value (see parseRedisURL).
 var errURLSyntax = errors.New("invalid url (not shown, as it may hold a password): write redis://[user[:password]@]host[:port][/db][?parameter=value], " +
 	"rediss://… or unix://[user[:password]@]/path, and percent-encode the characters / ? # @ : % in the user and the password (a / is %2F)")
 
