@@ -213,9 +213,12 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 	if e, ok := s.get(sh, key, now); ok {
 		live := now.Before(e.expires)
 		switch {
-		case live && dedup.IsLease(e.val, token):
+		case dedup.IsLease(e.val, token):
 			// A retried claim: ours already, and it lives ttl again (as a
-			// Renew), counted for Untake (retakes).
+			// Renew), counted for Untake (retakes). Our own mark too: the
+			// first take's sync may have stalled past its ttl, and its
+			// Untake, if it comes, must not take the key from this one;
+			// the mark it replaced, if any, stays the one to put back.
 			e.retakes++
 			if err := s.relet(sh, key, e, now.Add(ttl)); err != nil {
 				return 0, "", false, err
@@ -223,11 +226,9 @@ func (s *Table) Take(key, token string, ttl time.Duration) (res dedup.ClaimResul
 			return dedup.Claimed, "", s.journal != nil, nil
 		case live:
 			return dedup.Classify(e.val, token), e.val, false, nil
-		default: // a mark, put back by Untake if this take fails
+		default: // another attempt's mark, put back by Untake if this take fails
 			replaced = &memEntry{val: e.val, expires: e.expires}
-			if !dedup.IsLease(e.val, token) {
-				res, found = dedup.Reclaimed, e.val // another attempt's mark
-			}
+			res, found = dedup.Reclaimed, e.val
 		}
 	}
 	if err := s.setLease(sh, key, dedup.LeaseValue(token), now.Add(ttl)); err != nil {

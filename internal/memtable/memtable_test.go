@@ -502,21 +502,73 @@ func TestUntake(t *testing.T) {
 		t.Fatalf("after an Extend and the retry's Untake: %+v %v, want t9's extended lease %+v", e, ok, extended)
 	}
 
-	// A take over the token's own mark (Claimed) that fails puts the mark
-	// back, as over another token's.
+	// A take over the token's own mark (Claimed) is a retried take too:
+	// the first take's sync may have stalled past its ttl, and be undone
+	// after the retry succeeded. That Untake leaves the retry's lease,
+	// live: another token is answered in flight, not handed the key as
+	// a mark while the retry's delivery is on its way to the backend.
+	if _, _, _, err := st.Take("stalled", "t11", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second) // the first take's sync still stalled
+	if res, _, _, err := st.Take("stalled", "t11", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("t11's take over its own mark: %v %v, want claimed", res, err)
+	}
+	retried, _ := st.Lookup("stalled")
+	if err := st.Untake("stalled", "t11"); err != nil { // the first take fails at last
+		t.Fatal(err)
+	}
+	if e, ok := st.Lookup("stalled"); !ok || e != retried || e.Mark {
+		t.Fatalf("after the stalled first take's Untake: %+v %v, want the retry's live lease %+v", e, ok, retried)
+	}
+	if res, _, _, err := st.Take("stalled", "t12", time.Minute); err != nil || res != dedup.InFlight {
+		t.Fatalf("another token's take while the retry holds the key: %v %v, want in flight", res, err)
+	}
+
+	// If it is the retry over the token's own mark that fails, the key
+	// stays the token's: its lease until the retry's ttl ends, a mark
+	// after (the first take may hold it). Never unmarked, never another
+	// token's meanwhile.
 	if _, _, _, err := st.Take("own mark", "t10", time.Second); err != nil {
 		t.Fatal(err)
 	}
 	clock.Advance(2 * time.Second)
-	ownMark, _ := st.Lookup("own mark")
 	if res, _, _, err := st.Take("own mark", "t10", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("t10's take over its own mark: %v %v, want claimed", res, err)
 	}
 	if err := st.Untake("own mark", "t10"); err != nil {
 		t.Fatal(err)
 	}
-	if e, ok := st.Lookup("own mark"); !ok || e != ownMark {
-		t.Fatalf("after the Untake of a take over its own mark: %+v %v, want the mark %+v", e, ok, ownMark)
+	if e, ok := st.Lookup("own mark"); !ok || e.Value != "inflight:t10" || e.Mark {
+		t.Fatalf("after the Untake of a take over its own mark: %+v %v, want t10's lease", e, ok)
+	}
+	clock.Advance(time.Minute)
+	if e, ok := st.Lookup("own mark"); !ok || e.Value != "inflight:t10" || !e.Mark {
+		t.Fatalf("after the retry's ttl: %+v %v, want t10's mark", e, ok)
+	}
+
+	// Over another token's mark: t13's take over t1's mark (Reclaimed),
+	// then t13's retry over its own mark, both undone: t1's mark comes
+	// back, the one the first take replaced.
+	if _, _, _, err := st.Take("chain", "t1", time.Second); err != nil {
+		t.Fatal(err)
+	}
+	clock.Advance(2 * time.Second)
+	t1Mark, _ := st.Lookup("chain")
+	if res, _, _, err := st.Take("chain", "t13", time.Second); err != nil || res != dedup.Reclaimed {
+		t.Fatalf("t13's take over t1's mark: %v %v", res, err)
+	}
+	clock.Advance(2 * time.Second)
+	if res, _, _, err := st.Take("chain", "t13", time.Second); err != nil || res != dedup.Claimed {
+		t.Fatalf("t13's retry over its own mark: %v %v", res, err)
+	}
+	for range 2 {
+		if err := st.Untake("chain", "t13"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if e, ok := st.Lookup("chain"); !ok || e != t1Mark {
+		t.Fatalf("after both Untakes: %+v %v, want t1's mark %+v", e, ok, t1Mark)
 	}
 
 	// A renewal by the first claim while a retried take is in flight:
