@@ -299,6 +299,9 @@ func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration)
 				// This token's live lease (a retried claim): it lives ttl
 				// again, as the contract says; if it ran out or went
 				// meanwhile, claim again.
+				if s.db.beforeRenew != nil {
+					s.db.beforeRenew()
+				}
 				tag, err := s.db.pool.Exec(ctx, s.db.sql.renew, key, token, micros(ttl))
 				if err != nil {
 					return err

@@ -413,3 +413,61 @@ func TestNewEventTakesTheLeanStatements(t *testing.T) {
 		t.Fatalf("a duplicate ran:\n%s\nwant the full claim statement once", got)
 	}
 }
+
+// A retried claim (the token's own live lease) renews its lease. If the
+// lease ran out, or another token took the key, between the claim that
+// found it and the renewal, the claim runs again and answers from what
+// the key holds then: a fresh lease of its own, or the other token's in
+// flight. Never Claimed on a lease it no longer holds.
+func TestRetriedClaimWhoseLeaseWentMeanwhile(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table, "cleanup_interval", "1h"))
+	ctx := context.Background()
+	expire := func(key string) {
+		srv.Psql(t, fmt.Sprintf(`UPDATE %s SET expires_at = now() - interval '1 second' WHERE event_id = '%s'`, table, key))
+	}
+	for _, tc := range []struct {
+		name      string
+		meanwhile func(key string) // between the claim that found the lease and its renewal
+		res       dedup.ClaimResult
+		found     string
+		holder    string
+	}{
+		{"ran out", expire, dedup.Claimed, "", "T"},
+		{"another token took it", func(key string) {
+			expire(key)
+			if res, _, err := s.Claim(ctx, key, "U", time.Minute); err != nil || res != dedup.Reclaimed {
+				t.Errorf("U's claim over T's mark = %v, %v; want reclaimed", res, err)
+			}
+		}, dedup.InFlight, "inflight:U", "U"},
+		{"released", func(key string) {
+			if ok, err := s.Release(ctx, key, "T"); err != nil || !ok {
+				t.Errorf("T's release = %v, %v", ok, err)
+			}
+		}, dedup.Claimed, "", "T"},
+	} {
+		key := "retried " + tc.name
+		if res, _, err := s.Claim(ctx, key, "T", time.Minute); err != nil || res != dedup.Claimed {
+			t.Fatalf("%s: T's claim = %v, %v", tc.name, res, err)
+		}
+		calls := 0
+		s.db.beforeRenew = func() {
+			if calls++; calls == 1 {
+				tc.meanwhile(key)
+			}
+		}
+		res, found, err := s.Claim(ctx, key, "T", time.Hour)
+		s.db.beforeRenew = nil
+		if err != nil || res != tc.res || found != tc.found {
+			t.Errorf("%s: T's retried claim = %v %q, %v; want %v %q", tc.name, res, found, err, tc.res, tc.found)
+		}
+		if calls != 1 {
+			t.Errorf("%s: the renewal was reached %d times; want once", tc.name, calls)
+		}
+		live := srv.Psql(t, fmt.Sprintf(`SELECT lease_token || ' ' || (expires_at > now() + interval '50 seconds') FROM %s WHERE event_id = '%s'`, table, key))
+		if want := tc.holder + " true"; live != want {
+			t.Errorf("%s: the row holds %q; want %q (the holder's live lease)", tc.name, live, want)
+		}
+	}
+}
