@@ -435,10 +435,10 @@ type sharedDB struct {
 	cache *doneCache // nil when local_cache is off
 	lis   *listener
 	group *grouper // new events' inserts and held leases' commits, grouped (group.go)
-
-	beforeRenew func() // tests: called when a retried claim found its lease, before it renews it
 	stop  chan struct{}
 	done  chan struct{}
+
+	beforeRenew func() // tests: called when a retried claim found its lease, before it renews it
 
 	sweepAt atomic.Int64 // the block the next sweep batch starts at
 
