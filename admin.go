@@ -89,7 +89,7 @@ func eventInfo(endpoint, id string, e dedup.Entry) EventInfo {
 	}
 	if rec, ok := dedup.DecodeDone(e.Value); ok {
 		at := rec.ProcessedAt.UTC()
-		info.ProcessedAt, info.EventType, info.Fingerprint = &at, rec.EventType, rec.Fingerprint
+		info.ProcessedAt, info.EventType, info.Fingerprint = &at, cleanEventType(rec.EventType), rec.Fingerprint
 	}
 	return info
 }

@@ -19,6 +19,7 @@ import (
 	caddycmd "github.com/caddyserver/caddy/v2/cmd"
 	"github.com/spf13/cobra"
 
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
 
@@ -399,5 +400,17 @@ func TestCommandDefaultEndpointName(t *testing.T) {
 	// The name before reaches the endpoint, which is named as it is now.
 	if code, out, err := s.cli(t, "get", id, "name", "sangho_dedup:"); code != 0 || err != nil || !strings.Contains(out, "  endpoint      sangho_dedup\n") {
 		t.Errorf("get --name sangho_dedup: (the name before): exit %d, %v, want the endpoint named sangho_dedup\n%s", code, err, out)
+	}
+}
+
+// A record written before event types were cleaned (or by another
+// writer of the store) may hold a terminal escape or a bidi override:
+// the admin API, and the command that prints its answer, show it
+// cleaned, as the handler logs it.
+func TestAdminShowsARecordsEventTypeCleaned(t *testing.T) {
+	rec := dedup.DoneRecord{ProcessedAt: time.Unix(1733140801, 0), EventType: "paid\x1b[2J\u202edeliaf", Fingerprint: "0123456789abcdef0123456789abcdef"}
+	info := eventInfo("default", "evt_1", dedup.Entry{Value: rec.Encode(), ExpiresAt: time.Now().Add(time.Hour)})
+	if want := "paid\uFFFD[2J\uFFFDdeliaf"; info.State != "done" || info.EventType != want {
+		t.Fatalf("eventInfo: state %s, event_type %q; want done, %q", info.State, info.EventType, want)
 	}
 }

@@ -353,12 +353,17 @@ const maxEventType = 255
 
 // cleanEventType is an event's type as it is recorded, logged, traced
 // and given to placeholders: the sender's text (the body's "type", or a
-// provider's type header), with invalid UTF-8 and control characters
-// replaced by U+FFFD, cut at maxEventType bytes between characters. A
-// NUL or a byte that is not UTF-8 made PostgreSQL refuse the record's
-// every commit; a type of the body's size went into every record.
+// provider's type header), with invalid UTF-8, control characters,
+// format characters (bidi overrides and isolates, zero-width ones, a
+// BOM) and line and paragraph separators replaced by U+FFFD, cut at
+// maxEventType bytes between characters. A NUL or a byte that is not
+// UTF-8 made PostgreSQL refuse the record's every commit; a type of the
+// body's size went into every record; a U+202E in a console log line
+// reorders what its reader sees after it.
 func cleanEventType(s string) string {
-	bad := func(r rune) bool { return r == utf8.RuneError || unicode.IsControl(r) }
+	bad := func(r rune) bool {
+		return r == utf8.RuneError || unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+	}
 	if len(s) <= maxEventType && strings.IndexFunc(s, bad) < 0 {
 		return s
 	}

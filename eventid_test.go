@@ -163,7 +163,11 @@ func TestEventTypeCleanedBeforeItGoesAnywhere(t *testing.T) {
 		{"control characters, escaped", `"a\nb\u001bc\u007f"`, "a\uFFFDb\uFFFDc\uFFFD"},
 		{"a byte that is not UTF-8", "\"bad\xfftype\"", "bad\uFFFDtype"},
 		{"over 255 bytes, cut between characters", `"` + long + `"`, strings.Repeat("é", 127)},
+		{"bidi overrides and isolates, escaped", `"a\u202eb\u2066c\u200fd"`, "a\uFFFDb\uFFFDc\uFFFDd"},
+		{"line and paragraph separators, raw", "\"a\u2028b\u2029c\"", "a\uFFFDb\uFFFDc"},
+		{"zero-width characters and a BOM", `"a\u200bb\ufeffc"`, "a\uFFFDb\uFFFDc"},
 		{"a usual type, as it is", `"payment_intent.succeeded"`, "payment_intent.succeeded"},
+		{"letters of any script, as they are", `"paiement.réussi.決済"`, "paiement.réussi.決済"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h, _ := newTestHandler(t, nil)
