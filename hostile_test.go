@@ -317,9 +317,9 @@ func TestServerErrorRouteGetsNoRecycledBody(t *testing.T) {
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode >= 200 && resp.StatusCode <= 299 {
-		t.Fatalf("answered %d", resp.StatusCode)
-	}
+	// The error route runs without the body (see
+	// TestServerErrorRoutesNeverGetTheEvent): the fallback answers an
+	// empty request.
 	// The fallback counts a request once it has read what body it got;
 	// on a starved machine that can come after the answer, and after
 	// Down has given up: wait for it, or a fallback never reached would
@@ -430,8 +430,7 @@ func TestServerRetryAfterASentAttemptHolds(t *testing.T) {
 	l := ledger.New(t)
 	l.Behave(func(id string, n int) ledger.Action { return ledger.Action{Crash: id == "evt_sent" && n == 1} })
 	dead, dead2 := "127.0.0.1:"+strconv.Itoa(freePort(t)), "127.0.0.1:"+strconv.Itoa(freePort(t))
-	s := startCaddy(t, `	@dialonly path /dialonly
-	handle @dialonly {
+	s := startCaddy(t, `	handle /dialonly {
 		sangho_dedup {
 			secret `+secret1+`
 			store memory
@@ -444,16 +443,18 @@ func TestServerRetryAfterASentAttemptHolds(t *testing.T) {
 			}
 		}
 	}
-	sangho_dedup {
-		secret `+secret1+`
-		store memory
-	}
-	reverse_proxy `+l.Addr+` `+dead+` {
-		lb_policy first
-		fail_duration 1m
-		lb_retries 1
-		lb_retry_match {
-			method POST
+	handle {
+		sangho_dedup {
+			secret `+secret1+`
+			store memory
+		}
+		reverse_proxy `+l.Addr+` `+dead+` {
+			lb_policy first
+			fail_duration 1m
+			lb_retries 1
+			lb_retry_match {
+				method POST
+			}
 		}
 	}
 	handle_errors {
