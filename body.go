@@ -27,6 +27,8 @@ type pooledBody struct {
 	mu   sync.Mutex // orders Read and Close: no Read runs once the buffer may be recycled
 	rd   bytes.Reader
 	shut bool
+
+	read atomic.Bool // Read was called: a next handler began to send the body on
 }
 
 func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
@@ -37,6 +39,7 @@ func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
 // later reader, e.g. reverse_proxy in handle_errors after a backend that
 // read part of the body and failed).
 func (b *pooledBody) Read(p []byte) (int, error) {
+	b.read.Store(true)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.shut {
@@ -112,6 +115,11 @@ func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
 	r.Body = b
 	r.ContentLength = int64(buf.Len())
 	r.TransferEncoding = nil
+	// A chunked request's trailers, read with the body, are not passed
+	// on: reverse_proxy would send the body chunked again to carry them
+	// (no Content-Length), and a client's Sangho-Dedup-Prior-Attempt
+	// would reach the backend as one.
+	r.Trailer = nil
 	r.GetBody = nil
 	return b, 0, nil
 }

@@ -76,3 +76,30 @@ func TestBodyReadAfterCloseFails(t *testing.T) {
 		t.Fatalf("read after close, handler running: %d bytes, %v", n2, err2)
 	}
 }
+
+// TestClientTrailersNotPassedOn: a chunked delivery's trailers went on
+// with the request (reverse_proxy forwards request trailers, and sends
+// the body chunked again to carry them): a client's
+// Sangho-Dedup-Prior-Attempt among them, past the header's removal, and
+// no Content-Length for the backend. The body is read whole, so they are
+// dropped, and the backend gets the body with its length.
+func TestClientTrailersNotPassedOn(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	var trailer http.Header
+	var te []string
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		_, _ = io.ReadAll(r.Body)
+		trailer, te = r.Trailer, r.TransferEncoding
+		return nil
+	})
+	r := signedRequest(bodyB, "")
+	r.ContentLength = -1 // arrived chunked, with a trailer
+	r.TransferEncoding = []string{"chunked"}
+	r.Trailer = http.Header{"Sangho-Dedup-Prior-Attempt": {"unknown"}, "X-Other": {"1"}}
+	if w, _, err := serve(h, r, next); err != nil || w.Code != 200 {
+		t.Fatalf("%d %v", w.Code, err)
+	}
+	if trailer != nil || te != nil {
+		t.Fatalf("the next handler got trailers %v, transfer encoding %v; want none", trailer, te)
+	}
+}

@@ -26,6 +26,7 @@ type delivery struct {
 	h    *Handler
 	ctx  context.Context // the request's, detached from the client: store operations run to completion
 	repl *caddy.Replacer
+	body *pooledBody // what the next handler reads (see sentEarlier)
 
 	key         string          // the event's store key, key_prefix + id
 	token       string          // the lease token: unique, then "." and the fingerprint
@@ -108,7 +109,11 @@ const (
 // unknown outcome, not the backend's answer: Caddy's reverse_proxy
 // writes 499 itself, and returns no error, when the client goes away
 // mid-request, while the backend may go on to finish the work.
-func judge(status int, err error, clientGone bool) verdict {
+//
+// A dial error tells of the last attempt only: when reverse_proxy
+// retried, an earlier attempt may have reached a backend (sentEarlier),
+// and the event is held.
+func judge(status int, err error, clientGone, sentEarlier bool) verdict {
 	switch {
 	case status == 0 && err == nil:
 		return toCommit
@@ -118,10 +123,23 @@ func judge(status int, err error, clientGone bool) verdict {
 		return toHold
 	case status != 0:
 		return toRelease
-	case neverForwarded(err):
+	case neverForwarded(err) && !sentEarlier:
 		return toRelease
 	}
 	return toHold
+}
+
+// sentEarlier reports whether an attempt before the next handler's last
+// may have reached a backend: reverse_proxy retried
+// ({http.reverse_proxy.retries}), and the body was read, which no
+// attempt whose dial failed does. (With reverse_proxy's request_buffers
+// the body is read before the first dial: its retries are held.)
+// Retries of a POST happen after dial errors, and, with lb_retry_match
+// that matches it, after any error, a request sent and lost included.
+func (d *delivery) sentEarlier() bool {
+	n, _ := d.repl.Get("http.reverse_proxy.retries")
+	retries, _ := n.(int)
+	return retries > 0 && d.body != nil && d.body.read.Load()
 }
 
 // neverForwarded reports whether err shows that the request did not
@@ -143,7 +161,7 @@ func (d *delivery) settle(err error) {
 	h := d.h
 	status := int(d.sw.status.Load())
 	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
-	v := judge(status, err, gone)
+	v := judge(status, err, gone, d.sentEarlier())
 	if v == toHold && err == nil && status == statusClientClosedRequest {
 		err = errClientGone
 	}

@@ -252,4 +252,44 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 		h.logger.Warn("path proxied unchecked", zap.String("matcher", o.matcher), zap.String("open_path", o.path),
 			zap.Strings("listen", srv.Listen))
 	}
+	if errorRoutesProxy(srv) {
+		h.logger.Warn("error routes get no event body",
+			zap.Strings("listen", srv.Listen),
+			zap.String("why", "the server's handle_errors routes hold reverse_proxy (or php_fastcgi): a delivery that sangho_dedup refuses, or releases or holds after its backend failed, reaches them without its body, so a fallback there gets an empty request"),
+			zap.String("instead", "list a fallback backend as a second upstream of the reverse_proxy after sangho_dedup (lb_policy first)"))
+	}
+}
+
+// errorRoutesProxy reports whether the server's error routes hold a
+// reverse_proxy (php_fastcgi is one), in subroutes too. They are still
+// raw JSON here: Caddy provisions a server's error routes after its
+// routes (see ServeHTTP for what they get).
+func errorRoutesProxy(srv *caddyhttp.Server) bool {
+	if srv.Errors == nil {
+		return false
+	}
+	var proxies func(handlers []json.RawMessage) bool
+	proxies = func(handlers []json.RawMessage) bool {
+		for _, raw := range handlers {
+			var h guardRawHandler
+			if json.Unmarshal(raw, &h) != nil {
+				continue
+			}
+			if h.Handler == "reverse_proxy" {
+				return true
+			}
+			for _, r := range h.Routes {
+				if proxies(r.Handle) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for _, r := range srv.Errors.Routes {
+		if proxies(r.HandlersRaw) {
+			return true
+		}
+	}
+	return false
 }

@@ -216,3 +216,41 @@ func TestDocsRedisSiteAdapts(t *testing.T) {
 		t.Errorf("docs/redis.md: the proxy is not guarded by sangho_dedup:\n%s", adapted)
 	}
 }
+
+// TestErrorRouteProxyWarning: a server whose handle_errors routes hold
+// reverse_proxy (a failover set up there) is warned at load that they
+// get no event body, and told where a fallback goes instead.
+func TestErrorRouteProxyWarning(t *testing.T) {
+	site := "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t}\n\treverse_proxy 127.0.0.1:1\n"
+	for _, c := range []struct {
+		name, errors string
+		want         bool
+	}{
+		{"a fallback in handle_errors", "\thandle_errors 5xx {\n\t\treverse_proxy 127.0.0.1:2\n\t}", true},
+		{"php_fastcgi in handle_errors", "\thandle_errors {\n\t\tphp_fastcgi 127.0.0.1:9000\n\t}", true},
+		{"handle_errors that answers", "\thandle_errors {\n\t\trespond \"{http.error.status_code}\"\n\t}", false},
+		{"no handle_errors", "", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ownDataDir(t)
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			cfg := strings.Replace(serverCaddyfile(freePort(t), site+c.errors), "output discard", "output file "+logFile, 1)
+			adapted, _ := adaptCaddyfile(t, cfg)
+			err := caddyLoad(adapted)
+			_ = caddy.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries, data := logEntries(t, logFile)
+			got := 0
+			for _, e := range entries {
+				if e["msg"] == "error routes get no event body" && e["level"] == "warn" && e["logger"] == "http.handlers.sangho_dedup" {
+					got++
+				}
+			}
+			if want := map[bool]int{true: 1, false: 0}[c.want]; got != want {
+				t.Errorf("%d warnings, want %d:\n%s", got, want, data)
+			}
+		})
+	}
+}

@@ -46,7 +46,38 @@ func markPriorAttempt(r *http.Request, repl *caddy.Replacer) {
 }
 
 // ServeHTTP verifies, deduplicates and passes on one delivery.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+//
+// An error it returns (a rejection, where the server has error routes,
+// or the next handler's failure) makes Caddy run the server's error
+// routes with this request: they get it without its body, so that a
+// failover there (handle_errors { reverse_proxy fallback }) never
+// processes a delivery that was refused, or released or held by this
+// handler (which cannot see what an error route does with it).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
+	returned := false
+	defer func() {
+		if err != nil || !returned { // a panic goes to Caddy's error handling too
+			withholdBody(r)
+		}
+	}()
+	err = h.serve(w, r, next)
+	returned = true
+	return err
+}
+
+// withholdBody leaves r without a body, for the error routes (see
+// ServeHTTP). The pooled body's buffer goes back to the pool once its
+// reader, if any, is done with it.
+func withholdBody(r *http.Request) {
+	if b, ok := r.Body.(*pooledBody); ok {
+		_ = b.Close()
+	}
+	r.Body, r.GetBody = http.NoBody, nil
+	r.ContentLength, r.TransferEncoding, r.Trailer = 0, nil, nil
+}
+
+// serve is ServeHTTP up to the error routes.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl, _ := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	if repl == nil {
 		repl = caddy.NewReplacer()
@@ -181,7 +212,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 	// Claimed or Reclaimed: from here on the delivery is one value,
 	// settled once; a reclaimed one goes on marked, otherwise the same.
-	d := &delivery{h: h, ctx: sctx, repl: repl, key: key, token: token, id: id, typ: typ, fingerprint: fp, claimed: start,
+	d := &delivery{h: h, ctx: sctx, repl: repl, body: body, key: key, token: token, id: id, typ: typ, fingerprint: fp, claimed: start,
 		marked: res == dedup.Reclaimed}
 	if ev.fromHeader {
 		// The ID is not signed: bind this signed message to its ID, so

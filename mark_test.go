@@ -296,13 +296,13 @@ func TestAdminAndCommandShowAMark(t *testing.T) {
 // A 499 is the backend's own answer while the client is still there
 // (release), and reverse_proxy's note of a client gone otherwise (hold).
 func TestJudge499(t *testing.T) {
-	if v := judge(499, nil, false); v != toRelease {
+	if v := judge(499, nil, false, false); v != toRelease {
 		t.Fatalf("499 with the client there: %v, want release", v)
 	}
-	if v := judge(499, nil, true); v != toHold {
+	if v := judge(499, nil, true, false); v != toHold {
 		t.Fatalf("499 with the client gone: %v, want hold", v)
 	}
-	if v := judge(500, nil, true); v != toRelease {
+	if v := judge(500, nil, true, false); v != toRelease {
 		t.Fatalf("500 with the client gone: %v, want release", v)
 	}
 }
