@@ -2,6 +2,7 @@ package file
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"io/fs"
 	"maps"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	bolt "go.etcd.io/bbolt"
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
@@ -218,6 +220,11 @@ func TestFileStoreRefusesDamagedOldFiles(t *testing.T) {
 			clear(b[:2*4096])
 			return b
 		}(),
+		// bbolt keeps no checksum of its data pages: a parked lease whose
+		// value is damaged is found by reading it, before the new store
+		// is created (it was refused after, leaving the new folder).
+		"a damaged parked lease": legacyWithLease(t, "inflighX:tok"),
+		"a parked lease cut short": legacyWithLease(t, ""),
 	}
 	for name, data := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -376,4 +383,39 @@ func TestFileStoreRefusesDamagedLeases(t *testing.T) {
 			}
 		})
 	}
+}
+
+// legacyWithLease is an earlier release's file holding one parked lease
+// of value val (after its expiry), its bytes.
+func legacyWithLease(t *testing.T, val string) []byte {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "legacy.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exp := binary.BigEndian.AppendUint64(nil, uint64(time.Now().Add(time.Hour).UnixNano()))
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketEvents, bucketExpiry} {
+			if _, err := tx.CreateBucket(b); err != nil {
+				return err
+			}
+		}
+		l, err := tx.CreateBucket(bucketLeases)
+		if err != nil {
+			return err
+		}
+		return l.Put([]byte("sangho_dedup:evt_1"), append(exp, val...))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

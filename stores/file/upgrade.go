@@ -7,12 +7,15 @@ import (
 	"hash/fnv"
 	"io/fs"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 	"go.uber.org/zap"
+
+	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 // The store of earlier releases: one bbolt file at the store's path.
@@ -66,6 +69,7 @@ func importLegacy(path string, db *pebble.DB) (done, leases int, err error) {
 		}
 		return nil
 	}
+	var damaged error // a record bbolt read, but not one this store wrote
 	err = bdb.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketEvents).Cursor()
 		for k, v := c.First(); k != nil; k, v = c.Next() {
@@ -86,6 +90,14 @@ func importLegacy(path string, db *pebble.DB) (done, leases int, err error) {
 			if len(v) < 8 {
 				continue
 			}
+			// bbolt keeps no checksum of its data pages: a lease that
+			// is not one is damage, refused here, before the new store
+			// is created (loadLeases would refuse that store, and each
+			// start would take the file over again).
+			if !strings.HasPrefix(string(v[8:]), dedup.InFlightPrefix) {
+				damaged = fmt.Errorf("the parked lease of key %q is not a lease", k)
+				return damaged
+			}
 			if err := put(k); err != nil {
 				return err
 			}
@@ -97,6 +109,9 @@ func importLegacy(path string, db *pebble.DB) (done, leases int, err error) {
 		}
 		return nil
 	})
+	if damaged != nil {
+		return 0, 0, fileDamaged(path, damaged)
+	}
 	if err == nil {
 		err = b.Commit(pebble.NoSync)
 	}
