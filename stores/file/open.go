@@ -16,6 +16,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
@@ -104,12 +105,17 @@ type shared struct {
 	leasesTakenHook  atomic.Pointer[func([]*fileOp)]  // tests only: runs once the writer took the lease queue
 }
 
+// testFS, when set (by a test), is the file system of the stores opened
+// then (nil: Pebble's default, the disk).
+var testFS vfs.FS
+
 // pebbleOptions are the store's Pebble options. ErrorIfNotExists: a
 // store folder without its database (emptied, its marker lost) is damage
 // to report, never a new, empty store; stores are created by
 // createStore only.
 func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Options {
 	o := &pebble.Options{
+		FS:               testFS,
 		Logger:           pebbleLogger{path: path, l: logger},
 		ReadOnly:         readOnly,
 		ErrorIfNotExists: true,
