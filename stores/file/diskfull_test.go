@@ -11,17 +11,20 @@ import (
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
 // fullDisk has the stores opened while it is set write through a file
-// system that refuses every write with ENOSPC once full is on.
-func fullDisk(t *testing.T) *atomic.Bool {
+// system that refuses writes with ENOSPC once full is on: every write,
+// or (tablesOnly) the writes of tables, which are the large ones (a
+// nearly full disk still takes the log's and the MANIFEST's).
+func fullDisk(t *testing.T, tablesOnly bool) *atomic.Bool {
 	t.Helper()
 	full := new(atomic.Bool)
 	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
-		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite {
+		if full.Load() && op.Kind.ReadOrWrite() == errorfs.OpIsWrite && (!tablesOnly || strings.HasSuffix(op.Path, ".sst")) {
 			return syscall.ENOSPC
 		}
 		return nil
@@ -40,7 +43,7 @@ func fullDisk(t *testing.T) *atomic.Bool {
 // reads go on (a duplicate of a done event is still answered); and it
 // closes without waiting for the database.
 func TestFileStoreFullDiskFailsClaimsNotCaddy(t *testing.T) {
-	full := fullDisk(t)
+	full := fullDisk(t, false)
 	st, logs := openObserved(t, filepath.Join(t.TempDir(), "dedup.db"), time.Now)
 	s := &Store{state: st}
 	ctx := context.Background()
@@ -79,5 +82,47 @@ func TestFileStoreFullDiskFailsClaimsNotCaddy(t *testing.T) {
 	case <-closed:
 	case <-time.After(10 * time.Second):
 		t.Fatal("Destruct of the failed store did not return within 10 s")
+	}
+}
+
+// TestFileStoreOpenOnAFullDiskIsAnError: a store opened on a disk that
+// refuses writes (a restart after the disk filled) is an error naming
+// the cause, not an open that waits for ever (Pebble retries the flush
+// of its log's records; Caddy never started, and never said why).
+func TestFileStoreOpenOnAFullDiskIsAnError(t *testing.T) {
+	for _, tablesOnly := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no write", true: "no table written"}[tablesOnly], func(t *testing.T) {
+			full := fullDisk(t, tablesOnly)
+			path := filepath.Join(t.TempDir(), "dedup.db")
+			st := openUnclosed(t, path, time.Now)
+			s := &Store{state: st}
+			ctx := context.Background()
+			for _, key := range []string{"ev_1", "ev_2"} {
+				if res, _, err := s.Claim(ctx, key, "t", time.Minute); err != nil || res != dedup.Claimed {
+					t.Fatalf("claim %s: %v %v", key, res, err)
+				}
+			}
+			if err := st.Destruct(); err != nil {
+				t.Fatal(err)
+			}
+			full.Store(true)
+			opened := make(chan error, 1)
+			go func() {
+				st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
+				if err == nil {
+					st.Destruct()
+				}
+				opened <- err
+			}()
+			select {
+			case err := <-opened:
+				if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "no space left on device") {
+					t.Fatalf("open on a full disk: %v; want an error naming the store and the cause", err)
+				}
+				t.Log(err)
+			case <-time.After(30 * time.Second):
+				t.Fatal("open on a full disk did not return within 30 s")
+			}
+		})
 	}
 }
