@@ -223,7 +223,7 @@ func TestFileStoreRefusesDamagedOldFiles(t *testing.T) {
 		// bbolt keeps no checksum of its data pages: a parked lease whose
 		// value is damaged is found by reading it, before the new store
 		// is created (it was refused after, leaving the new folder).
-		"a damaged parked lease": legacyWithLease(t, "inflighX:tok"),
+		"a damaged parked lease":   legacyWithLease(t, "inflighX:tok"),
 		"a parked lease cut short": legacyWithLease(t, ""),
 	}
 	for name, data := range cases {

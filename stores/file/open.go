@@ -16,6 +16,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
@@ -95,6 +96,10 @@ type shared struct {
 	parkMu sync.Mutex // the exit hook's sync and closing
 	closed bool
 
+	// broken is the error that failed the store for good (see
+	// commitBatch), nil while it works.
+	broken atomic.Pointer[error]
+
 	lq leaseQueue // the leases' changes on their way to the writer
 	// closeMu orders the writes of the lease queue once the writer has
 	// stopped (syncLeases) with Destruct's last one and the close.
@@ -104,12 +109,17 @@ type shared struct {
 	leasesTakenHook  atomic.Pointer[func([]*fileOp)]  // tests only: runs once the writer took the lease queue
 }
 
+// testFS, when set (by a test), is the file system of the stores opened
+// then (nil: Pebble's default, the disk).
+var testFS vfs.FS
+
 // pebbleOptions are the store's Pebble options. ErrorIfNotExists: a
 // store folder without its database (emptied, its marker lost) is damage
 // to report, never a new, empty store; stores are created by
 // createStore only.
 func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Options {
 	o := &pebble.Options{
+		FS:               testFS,
 		Logger:           pebbleLogger{path: path, l: logger},
 		ReadOnly:         readOnly,
 		ErrorIfNotExists: true,
@@ -131,6 +141,10 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 		L0StopWritesThreshold: 3 * fileL0Tables,
 		FormatMajorVersion:    pebble.FormatNewest,
 		EventListener: &pebble.EventListener{
+			// Above all a flush or a compaction that failed (a full disk),
+			// which Pebble retries, some 75 times a second: said at most
+			// once every 10 s, with the count of those not said.
+			BackgroundError: backgroundErrorLog(path, logger),
 			// Pebble's default ends the process. The store answers the
 			// reads of a damaged table with an error naming the store
 			// instead (readErr), and says so here.
@@ -160,6 +174,26 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 	return o
 }
 
+// backgroundErrorLog logs Pebble's background errors for the store at
+// path, at most one every 10 s.
+func backgroundErrorLog(path string, logger *zap.Logger) func(error) {
+	var mu sync.Mutex
+	var last time.Time
+	var unsaid int
+	return func(err error) {
+		mu.Lock()
+		if time.Since(last) < 10*time.Second {
+			unsaid++
+			mu.Unlock()
+			return
+		}
+		n := unsaid
+		last, unsaid = time.Now(), 0
+		mu.Unlock()
+		logger.Error("file store background error", zap.String("path", path), zap.Error(err), zap.Int("not_logged_since", n))
+	}
+}
+
 // pebbleLogger sends Pebble's messages to Caddy's log.
 type pebbleLogger struct {
 	path string
@@ -174,10 +208,42 @@ func (p pebbleLogger) Errorf(format string, args ...any) {
 	p.l.Error(fmt.Sprintf(format, args...), zap.String("path", p.path))
 }
 
+// Fatalf is called by Pebble on an error it cannot go on from, and
+// must not return: it panics with a pebbleFatal. In the writer's commit
+// (a write of the log refused: a full disk, an I/O error) the writer
+// recovers it and fails the store (commitBatch); anywhere else the
+// panic ends the process, as Pebble requires.
 func (p pebbleLogger) Fatalf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	p.l.Error(msg, zap.String("path", p.path))
-	panic("file store " + p.path + ": " + msg)
+	panic(pebbleFatal("file store " + p.path + ": " + msg))
+}
+
+// pebbleFatal is the panic of pebbleLogger.Fatalf.
+type pebbleFatal string
+
+func (f pebbleFatal) Error() string { return string(f) }
+
+// fail fails the store for good with cause, logged once, and returns
+// the error every later claim, renewal, commit and forget gets: they
+// are refused at once, without the database (whose commits cannot go
+// on after a fatal error). Reads go on. Caddy must be restarted.
+func (st *shared) fail(cause error) error {
+	err := fmt.Errorf("%w (the store has failed: claims and commits are refused until Caddy restarts)", cause)
+	if st.broken.CompareAndSwap(nil, &err) {
+		st.logger.Error("file store failed", zap.String("path", st.path), zap.String("folder", st.dir), zap.Error(cause),
+			zap.String("fix", "free space on the disk or repair it, then restart Caddy; until then claims are refused (503, or passed on under on_store_error pass)"))
+		st.lq.fail(err)
+	}
+	return *st.broken.Load()
+}
+
+// failure is the error that failed the store, nil while it works.
+func (st *shared) failure() error {
+	if p := st.broken.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // openShared opens the store at path, creating it (or taking over an
@@ -196,7 +262,7 @@ func openShared(path string, now func() time.Time, sweepEvery time.Duration, log
 		logger.Info("old store file unused", zap.String("old_file", path), zap.String("folder", dir),
 			zap.String("note", "an earlier release's file, taken over before; the way back to that release: docs/stores.md"))
 	}
-	db, err := pebble.Open(dir, pebbleOptions(path, logger, false))
+	db, err := openPebble(dir, pebbleOptions(path, logger, false))
 	if err != nil {
 		return nil, storeOpenError(path, dir, err)
 	}
@@ -221,6 +287,71 @@ func openShared(path string, now func() time.Time, sweepEvery time.Duration, log
 	go st.writer()
 	go st.sweeper(sweepEvery)
 	return st, nil
+}
+
+// openGrace is how long an open that met a background error (a flush of
+// the log's records refused: a full disk) is given to finish.
+var openGrace = 5 * time.Second
+
+// openPebble opens the database in dir. Pebble's Open waits for the
+// flush of the records its log holds, which it retries for ever when
+// the disk refuses it (a restart after the disk filled): Caddy would
+// never start, nor say why. An open that meets a background error and
+// has not finished openGrace later is that error. (Its goroutine stays,
+// holding the folder's lock until the process ends, or until it opens
+// the database, which it then closes: `caddy run` exits on the error,
+// and a running Caddy must be restarted to open the store.) A fatal
+// error of Pebble's during the open is an error too.
+func openPebble(dir string, o *pebble.Options) (*pebble.DB, error) {
+	bg := make(chan error, 1)
+	logBG := o.EventListener.BackgroundError
+	o.EventListener.BackgroundError = func(err error) {
+		logBG(err)
+		select {
+		case bg <- err:
+		default:
+		}
+	}
+	type opened struct {
+		db  *pebble.DB
+		err error
+	}
+	res := make(chan opened, 1)
+	abandoned := make(chan struct{})
+	go func() {
+		var r opened
+		defer func() {
+			if p := recover(); p != nil {
+				f, ok := p.(pebbleFatal)
+				if !ok {
+					panic(p)
+				}
+				r = opened{err: f}
+			}
+			select {
+			case res <- r:
+			case <-abandoned:
+				if r.db != nil {
+					_ = r.db.Close()
+				}
+			}
+		}()
+		r.db, r.err = pebble.Open(dir, o)
+	}()
+	select {
+	case r := <-res:
+		return r.db, r.err
+	case err := <-bg:
+		timer := time.NewTimer(openGrace)
+		defer timer.Stop()
+		select {
+		case r := <-res:
+			return r.db, r.err
+		case <-timer.C:
+			close(abandoned)
+			return nil, fmt.Errorf("the open did not finish %v after an error writing the folder: %w", openGrace, err)
+		}
+	}
 }
 
 // createStore creates the store's folder, atomically: the database is
@@ -360,7 +491,7 @@ func storeOpenError(path, dir string, err error) error {
 		return fmt.Errorf("file store: %s (folder %s) is %w (another Caddy with the same data directory or store path?): stop it, or give this Caddy another path with `store file <path>`",
 			path, dir, errFileLocked)
 	case strings.Contains(err.Error(), "lock held by current process"): // Pebble's, not exported
-		return fmt.Errorf("file store: %s (folder %s) is already open in this Caddy by another name (a bind mount?): give every config the same path",
+		return fmt.Errorf("file store: %s (folder %s) is already open in this Caddy: by another path to the same folder (give every config the same path), or by an open that failed (restart Caddy)",
 			path, dir)
 	case errors.Is(err, pebble.ErrDBDoesNotExist):
 		return fmt.Errorf("file store: %s: the folder %s is not a whole store (its database is missing: damaged or emptied): %s", path, dir, reset)
@@ -368,6 +499,8 @@ func storeOpenError(path, dir string, err error) error {
 		return fmt.Errorf("file store: %s: the folder %s is damaged (%v): %s", path, dir, err, reset)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("file store: cannot open %s (folder %s): %v: the folder and its files must be readable and writable by the user Caddy runs as", path, dir, err)
+	case errors.Is(err, syscall.ENOSPC):
+		return fmt.Errorf("file store: cannot open %s (folder %s): %v: free space on its disk, then start Caddy again (the store is whole)", path, dir, err)
 	}
 	return fmt.Errorf("file store: cannot open %s (folder %s; if it is damaged, %s): %v", path, dir, reset, err)
 }
@@ -537,6 +670,9 @@ func (st *shared) flushLeases(close bool) error {
 }
 
 func (st *shared) flushLeasesLocked(close bool) error {
+	if err := st.failure(); err != nil {
+		return err // the database takes no commit after a fatal error
+	}
 	changes, err := st.lq.take(close)
 	if err != nil || len(changes) == 0 {
 		if err == errFileClosed {
@@ -577,6 +713,14 @@ func (st *shared) Destruct() error {
 	defer st.parkMu.Unlock()
 	st.closeMu.Lock()
 	defer st.closeMu.Unlock()
+	if ferr := st.failure(); ferr != nil {
+		// Pebble's Close waits for its flushes, which a full disk keeps
+		// failing and retrying: the database is left as it is, its files
+		// open until the process ends (reopening the store takes a
+		// restart of Caddy, as the failure's log line says).
+		st.closed = true
+		return ferr
+	}
 	err := st.flushLeasesLocked(true)
 	if err != nil {
 		st.logger.Error("writing the leases at close", zap.String("path", st.path), zap.Error(err))

@@ -84,6 +84,9 @@ func (st *shared) writeRecordThen(key string, fn func(*txn) error, after func())
 
 // submit has the writer run w's fn, after and lands (see fileOp).
 func (st *shared) submit(w *fileOp) error {
+	if err := st.failure(); err != nil {
+		return err
+	}
 	op := fileOpPool.Get().(*fileOp)
 	op.fn, op.after, op.lands, op.sync, op.err = w.fn, w.after, w.lands, w.sync, nil
 	timer := time.NewTimer(fileWriteTimeout)
@@ -136,6 +139,13 @@ func (st *shared) writer() {
 				break more
 			}
 		}
+		if err := st.failure(); err != nil {
+			for _, op := range batch {
+				op.err = err
+				op.done <- struct{}{}
+			}
+			continue
+		}
 		st.txns.Add(1)
 		st.writes.Add(int64(len(batch)))
 		tx := txn{b: st.db.NewIndexedBatch(), now: st.now(), recent: st.recent}
@@ -158,7 +168,7 @@ func (st *shared) writer() {
 			err = (*h)(batch, len(leases))
 		}
 		if err == nil {
-			err = tx.b.Commit(pebble.Sync)
+			err = st.commitBatch(tx.b)
 		}
 		tx.b.Close()
 		if err != nil && len(leases) > 0 {
@@ -181,6 +191,23 @@ func (st *shared) writer() {
 			op.done <- struct{}{}
 		}
 	}
+}
+
+// commitBatch commits b, synced. A fatal error of Pebble's there (a write
+// of its log refused: a full disk, an I/O error), which it reports by
+// Logger.Fatalf, fails the store for good (fail), instead of ending the
+// process and every Caddy site with it.
+func (st *shared) commitBatch(b *pebble.Batch) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			f, ok := p.(pebbleFatal)
+			if !ok {
+				panic(p)
+			}
+			err = st.fail(f)
+		}
+	}()
+	return b.Commit(pebble.Sync)
 }
 
 // writerCommittedHook, when set (by a test), runs in the writer once a
