@@ -109,6 +109,10 @@ type shared struct {
 	leasesTakenHook  atomic.Pointer[func([]*fileOp)]  // tests only: runs once the writer took the lease queue
 }
 
+// statFolder stats a store's folder (see openFolders); a test replaces
+// it to see two folders as one.
+var statFolder = os.Stat
+
 // testFS, when set (by a test), is the file system of the stores opened
 // then (nil: Pebble's default, the disk).
 var testFS vfs.FS
