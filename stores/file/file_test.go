@@ -1741,3 +1741,45 @@ func TestFileStoreSyncLeasesRacingDestruct(t *testing.T) {
 		t.Fatalf("claim after the restart = %v, %v; want claimed (the release written)", res, err)
 	}
 }
+
+// TestFileStoreOneFolderByTwoPathsRefused: a folder reached by two
+// paths that no symlink joins (a bind mount; a case-insensitive file
+// system) was opened twice in one process: Pebble's lock is a process's
+// (fcntl), so the second open succeeded, each open had its own leases
+// (one event claimed by both), and closing one dropped the lock the
+// other held. The second open is now refused, naming the first path;
+// once the first is closed, the second path opens. (statFolder is made
+// to see b's folder as a's, as a bind mount of a onto b would.)
+func TestFileStoreOneFolderByTwoPathsRefused(t *testing.T) {
+	pa, pb := filepath.Join(t.TempDir(), "dedup.db"), filepath.Join(t.TempDir(), "dedup.db")
+	openUnclosed(t, pb, time.Now).Destruct() // b's folder exists
+	statFolder = func(dir string) (os.FileInfo, error) {
+		if dir == StoreDir(pb) {
+			dir = StoreDir(pa)
+		}
+		return os.Stat(dir)
+	}
+	t.Cleanup(func() { statFolder = os.Stat })
+	stA := openUnclosed(t, pa, time.Now)
+	stB, err := openShared(pb, time.Now, time.Hour, zap.NewNop())
+	if err == nil {
+		stB.Destruct()
+		stA.Destruct()
+		t.Fatal("the folder opened a second time by another path")
+	}
+	if !strings.Contains(err.Error(), StoreDir(pb)) || !strings.Contains(err.Error(), StoreDir(pa)) {
+		t.Fatalf("error %q; want it to name both paths", err)
+	}
+	t.Log(err)
+	ctx := context.Background()
+	if res, _, err := (&Store{state: stA}).Claim(ctx, "k", "t", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("the first open after the refusal: claim = %v, %v", res, err)
+	}
+	if err := stA.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+	stB = openUnclosed(t, pb, time.Now)
+	if err := stB.Destruct(); err != nil {
+		t.Fatal(err)
+	}
+}

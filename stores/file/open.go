@@ -100,6 +100,8 @@ type shared struct {
 	// commitBatch), nil while it works.
 	broken atomic.Pointer[error]
 
+	releaseFolder func() // unregisters the folder (claimFolder), once the database is closed
+
 	lq leaseQueue // the leases' changes on their way to the writer
 	// closeMu orders the writes of the lease queue once the writer has
 	// stopped (syncLeases) with Destruct's last one and the close.
@@ -107,6 +109,50 @@ type shared struct {
 
 	beforeCommitHook atomic.Pointer[beforeCommitHook] // tests only
 	leasesTakenHook  atomic.Pointer[func([]*fileOp)]  // tests only: runs once the writer took the lease queue
+}
+
+// statFolder stats a store's folder (see openFolders); a test replaces
+// it to see two folders as one.
+var statFolder = os.Stat
+
+// openFolders are the folders of the stores open in this process, by
+// what the file system says they are (os.SameFile: device and inode),
+// not by path: a bind mount, or a case-insensitive file system, gives a
+// folder two paths that no symlink joins (resolvePath), and Pebble's
+// lock, the process's own (fcntl), lets the process open it twice.
+var openFolders struct {
+	sync.Mutex
+	m map[string]os.FileInfo // folder path -> its stat
+}
+
+// claimFolder registers dir as open in this process, and returns the
+// func that unregisters it; an error if the folder is open here already
+// by another path.
+func claimFolder(path, dir string) (func(), error) {
+	fi, err := statFolder(dir)
+	if err != nil {
+		return nil, fmt.Errorf("file store: %s: %v", path, err)
+	}
+	openFolders.Lock()
+	defer openFolders.Unlock()
+	for other, ofi := range openFolders.m {
+		if other != dir && os.SameFile(fi, ofi) {
+			return nil, fmt.Errorf("file store: %s: its folder %s is the folder %s, open in this Caddy by that path (a bind mount, or a file system that ignores case): give every config the same path",
+				path, dir, other)
+		}
+	}
+	if openFolders.m == nil {
+		openFolders.m = map[string]os.FileInfo{}
+	}
+	if _, ok := openFolders.m[dir]; ok {
+		return func() {}, nil // the same path: Pebble refuses it (storeOpenError)
+	}
+	openFolders.m[dir] = fi
+	return func() {
+		openFolders.Lock()
+		delete(openFolders.m, dir)
+		openFolders.Unlock()
+	}, nil
 }
 
 // testFS, when set (by a test), is the file system of the stores opened
@@ -262,15 +308,21 @@ func openShared(path string, now func() time.Time, sweepEvery time.Duration, log
 		logger.Info("old store file unused", zap.String("old_file", path), zap.String("folder", dir),
 			zap.String("note", "an earlier release's file, taken over before; the way back to that release: docs/stores.md"))
 	}
+	release, err := claimFolder(path, dir)
+	if err != nil {
+		return nil, err
+	}
 	db, err := openPebble(dir, pebbleOptions(path, logger, false))
 	if err != nil {
+		release()
 		return nil, storeOpenError(path, dir, err)
 	}
 	if err := checkFormat(db, path, dir); err != nil {
 		db.Close()
+		release()
 		return nil, err
 	}
-	st := &shared{path: path, dir: dir, db: db, now: now, logger: logger,
+	st := &shared{path: path, dir: dir, db: db, now: now, logger: logger, releaseFolder: release,
 		ops: make(chan *fileOp), stop: make(chan struct{}), recent: newRecentKeys()}
 	var journal memtable.Journal
 	if leaseWrites != leaseInMemory {
@@ -280,6 +332,7 @@ func openShared(path string, now func() time.Time, sweepEvery time.Duration, log
 	if err := st.loadLeases(); err != nil {
 		st.leases.Destruct()
 		db.Close()
+		release()
 		return nil, err
 	}
 	openFiles.Store(st, struct{}{})
@@ -728,6 +781,7 @@ func (st *shared) Destruct() error {
 	if cerr := st.db.Close(); err == nil {
 		err = cerr
 	}
+	st.releaseFolder()
 	st.closed = true
 	return err
 }
