@@ -2,7 +2,9 @@ package sanghodedup
 
 import (
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -91,6 +93,11 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			size, err := humanize.ParseBytes(s)
 			if err != nil || size == 0 {
 				return d.Errf("max_body_size: invalid size %q (e.g. 512KB, 1MiB, 1048576)", s)
+			}
+			// humanize drops a fraction of a byte: 1.5 would be 1 byte,
+			// every delivery 413; most likely a unit left out.
+			if f, err := strconv.ParseFloat(s, 64); err == nil && f != math.Trunc(f) {
+				return d.Errf("max_body_size: %s is not a whole number of bytes (with a unit? e.g. %sMiB)", s, s)
 			}
 			if size > MaxMaxBodySize {
 				return d.Errf("max_body_size: %s is over the maximum of 64MiB", s)
