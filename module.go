@@ -481,6 +481,10 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("signature_header %q is not a valid header name", h.SignatureHeader)
 	case strings.ContainsAny(h.KeyPrefix, " \t\r\n"):
 		return fmt.Errorf("key_prefix %q must not contain white space", h.KeyPrefix)
+	case strings.ContainsAny(h.KeyPrefix, "{}"):
+		// Placeholders are not expanded in key_prefix: {env.TENANT}: would
+		// be the prefix itself, the same for every tenant.
+		return fmt.Errorf("key_prefix %q holds a placeholder, which is not expanded: write the prefix itself (in a Caddyfile, {$VAR} is read when the Caddyfile is adapted)", h.KeyPrefix)
 	}
 	return nil
 }

@@ -53,6 +53,7 @@ func TestProvisionErrors(t *testing.T) {
 		"negative tolerance":        {Secrets: []string{"s"}, Tolerance: -1},
 		"max_body_size over 64 MiB": {Secrets: []string{"s"}, MaxBodySize: 64<<20 + 1},
 		"bad header":                {Secrets: []string{"s"}, EventIDHeader: "a b"},
+		"key_prefix placeholder":    {Secrets: []string{"s"}, KeyPrefix: "{env.TENANT}:"},
 	} {
 		if err := h.Provision(ctx); err != nil {
 			t.Errorf("%s: provision: %v", name, err)
