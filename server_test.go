@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/caddyserver/caddy/v2"
 
@@ -305,7 +306,15 @@ var testRuns atomic.Int64
 // file is one for the whole test binary, and go test -count=N runs a
 // test N times in it.
 func testPrefix(t testing.TB) string {
-	return strings.ReplaceAll(t.Name(), "/", "_") + "_" + strconv.FormatInt(testRuns.Add(1), 10)
+	// A key_prefix takes no white space or braces (a subtest's name may
+	// hold a store's JSON).
+	name := strings.Map(func(r rune) rune {
+		if r == '/' || r == '{' || r == '}' || unicode.IsSpace(r) {
+			return '_'
+		}
+		return r
+	}, t.Name())
+	return name + "_" + strconv.FormatInt(testRuns.Add(1), 10)
 }
 
 func TestServerSequentialDeliveriesProcessedOnce(t *testing.T) {

@@ -170,6 +170,9 @@ func lastLevelStore(t *testing.T, records int) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "dedup.db")
 	st := openUnclosed(t, path, time.Now)
+	// Batches of 10,000 records: under -race on a loaded machine one
+	// took over the 5 s a delivery's write may wait.
+	defer SetWriteTimeout(2 * time.Minute)()
 	val := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "payment_intent.succeeded"}.Encode()
 	for i := 0; i < records; i += 10000 {
 		if err := st.write(func(tx *txn) error {
