@@ -373,7 +373,7 @@ func openPebble(dir string, o *pebble.Options) (*pebble.DB, error) {
 		db  *pebble.DB
 		err error
 	}
-	res := make(chan opened, 1)
+	res := make(chan opened) // unbuffered: an open given up on never leaves its database in it
 	abandoned := make(chan struct{})
 	go func() {
 		var r opened
