@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -96,8 +97,9 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			// humanize drops a fraction of a byte: 1.5 would be 1 byte,
 			// every delivery 413; most likely a unit left out.
-			if f, err := strconv.ParseFloat(s, 64); err == nil && f != math.Trunc(f) {
-				return d.Errf("max_body_size: %s is not a whole number of bytes (with a unit? e.g. %sMiB)", s, s)
+			num := strings.TrimRight(s, "bB")
+			if f, err := strconv.ParseFloat(num, 64); err == nil && f != math.Trunc(f) {
+				return d.Errf("max_body_size: %s is not a whole number of bytes (with a unit? e.g. %sMiB)", s, num)
 			}
 			if size > MaxMaxBodySize {
 				return d.Errf("max_body_size: %s is over the maximum of 64MiB", s)

@@ -191,6 +191,8 @@ func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 		"sangho_dedup {\nsecret s\nrequire_body_id yes\n}":                 `require_body_id: must be on or off, not "yes"`,
 		"sangho_dedup {\nsecret s\nmax_body_size 65MiB\n}":                 "max_body_size: 65MiB is over the maximum of 64MiB",
 		"sangho_dedup {\nsecret s\nmax_body_size 1.5\n}":                   "max_body_size: 1.5 is not a whole number of bytes (with a unit? e.g. 1.5MiB)",
+		"sangho_dedup {\nsecret s\nmax_body_size 1.5B\n}":                  "max_body_size: 1.5B is not a whole number of bytes",
+		"sangho_dedup {\nsecret s\nmax_body_size 2.5b\n}":                  "max_body_size: 2.5b is not a whole number of bytes",
 		// bounds where the value is written, quoted as written
 		"sangho_dedup {\nsecret s\ntolerance 8d\n}":                                 `tolerance: "8d" is over the maximum of 7d, at Testfile:3`,
 		"sangho_dedup {\nsecret s\nretention 3651d\n}":                              `retention: "3651d" is over the maximum of 3650d`,

@@ -132,14 +132,16 @@ func judge(status int, err error, clientGone, sentEarlier bool) verdict {
 // sentEarlier reports whether an attempt before the next handler's last
 // may have reached a backend: reverse_proxy retried
 // ({http.reverse_proxy.retries}), and the body was read, which no
-// attempt whose dial failed does. (With reverse_proxy's request_buffers
-// the body is read before the first dial: its retries are held.)
-// Retries of a POST happen after dial errors, and, with lb_retry_match
-// that matches it, after any error, a request sent and lost included.
+// attempt whose dial failed does, or is empty (reverse_proxy sends a
+// request of Content-Length 0 without reading its body). (With
+// reverse_proxy's request_buffers the body is read before the first
+// dial: its retries are held.) Retries of a POST happen after dial
+// errors, and, with lb_retry_match that matches it, after any error, a
+// request sent and lost included.
 func (d *delivery) sentEarlier() bool {
 	n, _ := d.repl.Get("http.reverse_proxy.retries")
 	retries, _ := n.(int)
-	return retries > 0 && d.body != nil && d.body.read.Load()
+	return retries > 0 && d.body != nil && (d.body.read.Load() || d.body.size == 0)
 }
 
 // neverForwarded reports whether err shows that the request did not

@@ -348,21 +348,27 @@ func classifyKey(raw []byte, escaped bool, idKey string) (isID, isIDCase, isType
 	return isID, !isID && bytes.EqualFold(raw, []byte(idKey)), string(raw) == "type"
 }
 
+// The zero-width non-joiner and joiner are format characters that words
+// (Persian, Indic scripts) and emoji sequences are written with: kept.
+const zwnj, zwj = '\u200c', '\u200d'
+
 // maxEventType is the longest event type kept, in bytes.
 const maxEventType = 255
 
 // cleanEventType is an event's type as it is recorded, logged, traced
 // and given to placeholders: the sender's text (the body's "type", or a
 // provider's type header), with invalid UTF-8, control characters,
-// format characters (bidi overrides and isolates, zero-width ones, a
-// BOM) and line and paragraph separators replaced by U+FFFD, cut at
+// format characters (bidi overrides and isolates, a zero-width space, a
+// BOM; not the joiners, zwnj and zwj) and line and paragraph separators
+// replaced by U+FFFD, cut at
 // maxEventType bytes between characters. A NUL or a byte that is not
 // UTF-8 made PostgreSQL refuse the record's every commit; a type of the
 // body's size went into every record; a U+202E in a console log line
 // reorders what its reader sees after it.
 func cleanEventType(s string) string {
 	bad := func(r rune) bool {
-		return r == utf8.RuneError || unicode.IsControl(r) || unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp)
+		return r == utf8.RuneError || unicode.IsControl(r) ||
+			unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) && r != zwnj && r != zwj
 	}
 	if len(s) <= maxEventType && strings.IndexFunc(s, bad) < 0 {
 		return s

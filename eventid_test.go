@@ -168,6 +168,7 @@ func TestEventTypeCleanedBeforeItGoesAnywhere(t *testing.T) {
 		{"zero-width characters and a BOM", `"a\u200bb\ufeffc"`, "a\uFFFDb\uFFFDc"},
 		{"a usual type, as it is", `"payment_intent.succeeded"`, "payment_intent.succeeded"},
 		{"letters of any script, as they are", `"paiement.réussi.決済"`, "paiement.réussi.決済"},
+		{"zero-width joiners, part of words and emoji", `"\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645.👩\u200d💻"`, "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645.👩\u200d💻"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			h, _ := newTestHandler(t, nil)

@@ -477,6 +477,55 @@ func TestServerRetryAfterASentAttemptHolds(t *testing.T) {
 	}
 }
 
+// TestServerRetryAfterASentEmptyBodyHolds: the same with an empty body
+// (github: the ID from X-GitHub-Delivery), which reverse_proxy sends
+// without reading it (a request of Content-Length 0 goes with a nil
+// body): the attempt that reached the backend still holds the event.
+func TestServerRetryAfterASentEmptyBodyHolds(t *testing.T) {
+	var got atomic.Int64
+	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		c, _, err := w.(http.Hijacker).Hijack() // the backend got it, then its connection dropped
+		if err == nil {
+			c.Close()
+		}
+	}))
+	t.Cleanup(backend.Close)
+	dead := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	s := startCaddy(t, `	sangho_dedup {
+		provider github
+		secret "`+ghSecret1+`"
+		store memory
+	}
+	reverse_proxy `+strings.TrimPrefix(backend.URL, "http://")+` `+dead+` {
+		lb_policy first
+		fail_duration 1m
+		lb_retries 1
+		lb_retry_match {
+			method POST
+		}
+	}
+	handle_errors {
+		respond "{http.sangho_dedup.outcome} {http.reverse_proxy.retries}" {http.error.status_code}
+	}`)
+	post := func() answer {
+		req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(""))
+		req.Header.Set("X-Hub-Signature-256", githubSig("", ghSecret1))
+		req.Header.Set("X-GitHub-Delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0001")
+		req.Header.Set("X-GitHub-Event", "ping")
+		return do(t, req)
+	}
+	if a := post(); a.status != 502 || a.body != "held 1" {
+		t.Fatalf("sent to the first upstream (dropped), then a dial error: %d %q, want 502 held 1", a.status, a.body)
+	}
+	if a := post(); a.status != 409 {
+		t.Fatalf("the retry: %d %q, want 409 (held until lock_ttl)", a.status, a.body)
+	}
+	if n := got.Load(); n != 1 {
+		t.Fatalf("the backend got the event %d times, want 1", n)
+	}
+}
+
 // TestServerLoadWarnings: a config that is allowed but gives something
 // up is logged at warn level when Caddy loads it, with the facts and
 // without any secret: a retention shorter than Sangho's 48 h redelivery

@@ -12,6 +12,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
@@ -90,6 +92,8 @@ func TestFileStoreFullDiskFailsClaimsNotCaddy(t *testing.T) {
 // the cause, not an open that waits for ever (Pebble retries the flush
 // of its log's records; Caddy never started, and never said why).
 func TestFileStoreOpenOnAFullDiskIsAnError(t *testing.T) {
+	defer func(d time.Duration) { openGrace = d }(openGrace)
+	openGrace = 200 * time.Millisecond
 	for _, tablesOnly := range []bool{false, true} {
 		t.Run(map[bool]string{false: "no write", true: "no table written"}[tablesOnly], func(t *testing.T) {
 			full := fullDisk(t, tablesOnly)
@@ -123,6 +127,46 @@ func TestFileStoreOpenOnAFullDiskIsAnError(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatal("open on a full disk did not return within 30 s")
 			}
+			// Space freed: an open given up on finishes and closes its
+			// database, the folder's lock with it, so the store opens
+			// again in this process (a reload), whole.
+			full.Store(false)
+			for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				st, err := openShared(path, time.Now, time.Hour, zap.NewNop())
+				if err == nil {
+					e, gerr := (&Store{state: st}).Get(ctx, "ev_2")
+					st.Destruct()
+					if gerr != nil || !dedup.IsLease(e.Value, "t") {
+						t.Fatalf("after the space was freed, ev_2: %+v %v; want its lease", e, gerr)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the store did not open again within 20 s of the space freed: %v", err)
+				}
+			}
 		})
+	}
+}
+
+// TestBackgroundErrorLogIsBounded: Pebble retries a failed flush some
+// 75 times a second; the store logs one line per backgroundErrorEvery,
+// which counts the errors it did not log.
+func TestBackgroundErrorLogIsBounded(t *testing.T) {
+	defer func(d time.Duration) { backgroundErrorEvery = d }(backgroundErrorEvery)
+	backgroundErrorEvery = 200 * time.Millisecond
+	core, logs := observer.New(zapcore.InfoLevel)
+	log := backgroundErrorLog("/x/dedup.db", zap.New(core))
+	for range 50 {
+		log(syscall.ENOSPC)
+	}
+	time.Sleep(250 * time.Millisecond)
+	log(syscall.ENOSPC)
+	lines := logs.FilterMessage("file store background error").All()
+	if len(lines) != 2 {
+		t.Fatalf("%d lines for 51 errors over 2 periods, want 2", len(lines))
+	}
+	if n := lines[1].ContextMap()["not_logged_since"]; n != int64(49) {
+		t.Fatalf("the second line's not_logged_since = %v, want 49", n)
 	}
 }

@@ -220,15 +220,19 @@ func pebbleOptions(path string, logger *zap.Logger, readOnly bool) *pebble.Optio
 	return o
 }
 
+// backgroundErrorEvery is the least time between two lines of
+// backgroundErrorLog.
+var backgroundErrorEvery = 10 * time.Second
+
 // backgroundErrorLog logs Pebble's background errors for the store at
-// path, at most one every 10 s.
+// path, at most one every backgroundErrorEvery.
 func backgroundErrorLog(path string, logger *zap.Logger) func(error) {
 	var mu sync.Mutex
 	var last time.Time
 	var unsaid int
 	return func(err error) {
 		mu.Lock()
-		if time.Since(last) < 10*time.Second {
+		if time.Since(last) < backgroundErrorEvery {
 			unsaid++
 			mu.Unlock()
 			return
@@ -369,7 +373,7 @@ func openPebble(dir string, o *pebble.Options) (*pebble.DB, error) {
 		db  *pebble.DB
 		err error
 	}
-	res := make(chan opened, 1)
+	res := make(chan opened) // unbuffered: an open given up on never leaves its database in it
 	abandoned := make(chan struct{})
 	go func() {
 		var r opened
