@@ -418,6 +418,26 @@ func TestServerNoUpstreamsAvailableIsReleased(t *testing.T) {
 	}
 }
 
+// retryingProxy is reverse_proxy to first, then second (first marked
+// down for a minute once it fails), a POST retried once whatever the
+// error (lb_retry_match).
+func retryingProxy(first, second string) string {
+	return `	reverse_proxy ` + first + ` ` + second + ` {
+		lb_policy first
+		fail_duration 1m
+		lb_retries 1
+		lb_retry_match {
+			method POST
+		}
+	}`
+}
+
+// retryErrors answers a refused delivery with its outcome and the
+// retries reverse_proxy made.
+const retryErrors = `	handle_errors {
+		respond "{http.sangho_dedup.outcome} {http.reverse_proxy.retries}" {http.error.status_code}
+	}`
+
 // TestServerRetryAfterASentAttemptHolds: reverse_proxy set to retry a
 // POST (lb_retry_match) sends the event to its first upstream, which
 // drops the connection (the event's fate unknown), then to a second
@@ -448,18 +468,9 @@ func TestServerRetryAfterASentAttemptHolds(t *testing.T) {
 			secret `+secret1+`
 			store memory
 		}
-		reverse_proxy `+l.Addr+` `+dead+` {
-			lb_policy first
-			fail_duration 1m
-			lb_retries 1
-			lb_retry_match {
-				method POST
-			}
-		}
+`+retryingProxy(l.Addr, dead)+`
 	}
-	handle_errors {
-		respond "{http.sangho_dedup.outcome} {http.reverse_proxy.retries}" {http.error.status_code}
-	}`)
+`+retryErrors)
 	if a := send(t, s.url, eventBody("evt_sent"), "evt_sent"); a.status != 502 || a.body != "held 1" {
 		t.Fatalf("sent to the first upstream (dropped), then a dial error: %d %q, want 502 held 1", a.status, a.body)
 	}
@@ -497,17 +508,7 @@ func TestServerRetryAfterASentEmptyBodyHolds(t *testing.T) {
 		secret "`+ghSecret1+`"
 		store memory
 	}
-	reverse_proxy `+strings.TrimPrefix(backend.URL, "http://")+` `+dead+` {
-		lb_policy first
-		fail_duration 1m
-		lb_retries 1
-		lb_retry_match {
-			method POST
-		}
-	}
-	handle_errors {
-		respond "{http.sangho_dedup.outcome} {http.reverse_proxy.retries}" {http.error.status_code}
-	}`)
+`+retryingProxy(strings.TrimPrefix(backend.URL, "http://"), dead)+"\n"+retryErrors)
 	post := func() answer {
 		req, _ := http.NewRequest(http.MethodPost, s.url, strings.NewReader(""))
 		req.Header.Set("X-Hub-Signature-256", githubSig("", ghSecret1))
