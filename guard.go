@@ -51,6 +51,7 @@ type guardRawRoute struct {
 type guardRawHandler struct {
 	Handler string          `json:"handler"`
 	Routes  []guardRawRoute `json:"routes"`
+	Name    string          `json:"name"` // invoke's named route
 }
 
 // openPath is one finding: the matcher of a sangho_dedup route and a
@@ -261,25 +262,34 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 }
 
 // errorRoutesProxy reports whether the server's error routes hold a
-// reverse_proxy (php_fastcgi is one), in subroutes too. They are still
-// raw JSON here: Caddy provisions a server's error routes after its
-// routes (see ServeHTTP for what they get).
+// reverse_proxy (php_fastcgi is one), in subroutes and the named routes
+// they invoke too. They are still raw JSON here: Caddy provisions a
+// server's error routes, and then its named routes, after its routes
+// (see ServeHTTP for what they get).
 func errorRoutesProxy(srv *caddyhttp.Server) bool {
 	if srv.Errors == nil {
 		return false
 	}
-	var proxies func(handlers []json.RawMessage) bool
-	proxies = func(handlers []json.RawMessage) bool {
+	var proxies func(handlers []json.RawMessage, depth int) bool
+	proxies = func(handlers []json.RawMessage, depth int) bool {
+		if depth > 8 { // a named route that invokes itself
+			return false
+		}
 		for _, raw := range handlers {
 			var h guardRawHandler
 			if json.Unmarshal(raw, &h) != nil {
 				continue
 			}
-			if h.Handler == "reverse_proxy" {
+			switch h.Handler {
+			case "reverse_proxy":
 				return true
+			case "invoke":
+				if r, ok := srv.NamedRoutes[h.Name]; ok && r != nil && proxies(r.HandlersRaw, depth+1) {
+					return true
+				}
 			}
 			for _, r := range h.Routes {
-				if proxies(r.Handle) {
+				if proxies(r.Handle, depth+1) {
 					return true
 				}
 			}
@@ -287,7 +297,7 @@ func errorRoutesProxy(srv *caddyhttp.Server) bool {
 		return false
 	}
 	for _, r := range srv.Errors.Routes {
-		if proxies(r.HandlersRaw) {
+		if proxies(r.HandlersRaw, 0) {
 			return true
 		}
 	}

@@ -229,12 +229,16 @@ func TestErrorRouteProxyWarning(t *testing.T) {
 		{"a fallback in handle_errors", "\thandle_errors 5xx {\n\t\treverse_proxy 127.0.0.1:2\n\t}", true},
 		{"php_fastcgi in handle_errors", "\thandle_errors {\n\t\tphp_fastcgi 127.0.0.1:9000\n\t}", true},
 		{"handle_errors that answers", "\thandle_errors {\n\t\trespond \"{http.error.status_code}\"\n\t}", false},
+		{"handle_errors invoking a named route that proxies", "\thandle_errors {\n\t\tinvoke fallback\n\t}", true},
 		{"no handle_errors", "", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ownDataDir(t)
 			logFile := filepath.Join(t.TempDir(), "caddy.log")
 			cfg := strings.Replace(serverCaddyfile(freePort(t), site+c.errors), "output discard", "output file "+logFile, 1)
+			if strings.Contains(c.errors, "invoke fallback") {
+				cfg = strings.Replace(cfg, "\nhttp://", "\n&(fallback) {\n\treverse_proxy 127.0.0.1:2\n}\nhttp://", 1)
+			}
 			adapted, _ := adaptCaddyfile(t, cfg)
 			err := caddyLoad(adapted)
 			_ = caddy.Stop()
