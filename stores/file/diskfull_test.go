@@ -127,6 +127,11 @@ func TestFileStoreOpenOnAFullDiskIsAnError(t *testing.T) {
 			case <-time.After(30 * time.Second):
 				t.Fatal("open on a full disk did not return within 30 s")
 			}
+			// An open given up on holds the folder (registered: another
+			// path to it is refused) until it ends.
+			if registered(StoreDir(path)) != tablesOnly {
+				t.Fatalf("after the failed open, the folder registered: %v; want %v (an open given up on holds it)", !tablesOnly, tablesOnly)
+			}
 			// Space freed: an open given up on finishes and closes its
 			// database, the folder's lock with it, so the store opens
 			// again in this process (a reload), whole.
@@ -144,6 +149,9 @@ func TestFileStoreOpenOnAFullDiskIsAnError(t *testing.T) {
 				if time.Now().After(deadline) {
 					t.Fatalf("the store did not open again within 20 s of the space freed: %v", err)
 				}
+			}
+			if registered(StoreDir(path)) {
+				t.Fatal("the folder is still registered once every open of it has ended")
 			}
 		})
 	}
@@ -168,5 +176,37 @@ func TestBackgroundErrorLogIsBounded(t *testing.T) {
 	}
 	if n := lines[1].ContextMap()["not_logged_since"]; n != int64(49) {
 		t.Fatalf("the second line's not_logged_since = %v, want 49", n)
+	}
+}
+
+// registered reports whether the folder dir is in openFolders.
+func registered(dir string) bool {
+	openFolders.Lock()
+	defer openFolders.Unlock()
+	return openFolders.m[dir] != nil
+}
+
+// TestClaimFolderCountsItsOpens: a folder stays registered while any
+// open of it by its path is under way or open (two configs' opens race
+// Pebble's lock; an open given up on ends late), and a release counts
+// once, however often it is called.
+func TestClaimFolderCountsItsOpens(t *testing.T) {
+	dir := t.TempDir()
+	r1, err := claimFolder("a.db", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2, err := claimFolder("a.db", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r1()
+	r1()
+	if !registered(dir) {
+		t.Fatal("unregistered while a second open holds it")
+	}
+	r2()
+	if registered(dir) {
+		t.Fatal("still registered once both opens ended")
 	}
 }

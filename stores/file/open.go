@@ -122,12 +122,20 @@ var statFolder = os.Stat
 // lock, the process's own (fcntl), lets the process open it twice.
 var openFolders struct {
 	sync.Mutex
-	m map[string]os.FileInfo // folder path -> its stat
+	m map[string]*openFolder // by folder path
+}
+
+// openFolder is a folder of openFolders: its stat, and how many opens
+// of it by that path are under way or open (a second one by the same
+// path is Pebble's to refuse; one given up on holds it until it ends).
+type openFolder struct {
+	fi   os.FileInfo
+	refs int
 }
 
 // claimFolder registers dir as open in this process, and returns the
-// func that unregisters it; an error if the folder is open here already
-// by another path.
+// func that unregisters it (once); an error if the folder is open here
+// already by another path.
 func claimFolder(path, dir string) (func(), error) {
 	fi, err := statFolder(dir)
 	if err != nil {
@@ -135,23 +143,30 @@ func claimFolder(path, dir string) (func(), error) {
 	}
 	openFolders.Lock()
 	defer openFolders.Unlock()
-	for other, ofi := range openFolders.m {
-		if other != dir && os.SameFile(fi, ofi) {
+	for other, f := range openFolders.m {
+		if other != dir && os.SameFile(fi, f.fi) {
 			return nil, fmt.Errorf("file store: %s: its folder %s is the folder %s, open in this Caddy by that path (a bind mount, or a file system that ignores case): give every config the same path",
 				path, dir, other)
 		}
 	}
 	if openFolders.m == nil {
-		openFolders.m = map[string]os.FileInfo{}
+		openFolders.m = map[string]*openFolder{}
 	}
-	if _, ok := openFolders.m[dir]; ok {
-		return func() {}, nil // the same path: Pebble refuses it (storeOpenError)
+	f := openFolders.m[dir]
+	if f == nil {
+		f = &openFolder{fi: fi}
+		openFolders.m[dir] = f
 	}
-	openFolders.m[dir] = fi
+	f.refs++
+	var once sync.Once
 	return func() {
-		openFolders.Lock()
-		delete(openFolders.m, dir)
-		openFolders.Unlock()
+		once.Do(func() {
+			openFolders.Lock()
+			defer openFolders.Unlock()
+			if f.refs--; f.refs == 0 {
+				delete(openFolders.m, dir)
+			}
+		})
 	}, nil
 }
 
@@ -316,9 +331,11 @@ func openShared(path string, now func() time.Time, sweepEvery time.Duration, log
 	if err != nil {
 		return nil, err
 	}
-	db, err := openPebble(dir, pebbleOptions(path, logger, false))
+	db, err := openPebble(dir, pebbleOptions(path, logger, false), release)
 	if err != nil {
-		release()
+		if !errors.Is(err, errOpenGivenUp) {
+			release() // else once the open given up on ends (openPebble)
+		}
 		return nil, storeOpenError(path, dir, err)
 	}
 	if err := checkFormat(db, path, dir); err != nil {
@@ -346,6 +363,9 @@ func openShared(path string, now func() time.Time, sweepEvery time.Duration, log
 	return st, nil
 }
 
+// errOpenGivenUp is the error of an open given up on (openPebble).
+var errOpenGivenUp = errors.New("the open did not finish")
+
 // openGrace is how long an open that met a background error (a flush of
 // the log's records refused: a full disk) is given to finish.
 var openGrace = 5 * time.Second
@@ -354,12 +374,13 @@ var openGrace = 5 * time.Second
 // flush of the records its log holds, which it retries for ever when
 // the disk refuses it (a restart after the disk filled): Caddy would
 // never start, nor say why. An open that meets a background error and
-// has not finished openGrace later is that error. (Its goroutine stays,
-// holding the folder's lock until the process ends, or until it opens
-// the database, which it then closes: `caddy run` exits on the error,
-// and a running Caddy must be restarted to open the store.) A fatal
-// error of Pebble's during the open is an error too.
-func openPebble(dir string, o *pebble.Options) (*pebble.DB, error) {
+// has not finished openGrace later is that error, errOpenGivenUp. (Its
+// goroutine stays, holding the folder and its lock until the process
+// ends, or until it opens the database, which it then closes, and calls
+// released: `caddy run` exits on the error, and a running Caddy can open
+// the store again once that open has ended.) A fatal error of Pebble's
+// during the open is an error too.
+func openPebble(dir string, o *pebble.Options, released func()) (*pebble.DB, error) {
 	bg := make(chan error, 1)
 	logBG := o.EventListener.BackgroundError
 	o.EventListener.BackgroundError = func(err error) {
@@ -391,6 +412,7 @@ func openPebble(dir string, o *pebble.Options) (*pebble.DB, error) {
 				if r.db != nil {
 					_ = r.db.Close()
 				}
+				released()
 			}
 		}()
 		r.db, r.err = pebble.Open(dir, o)
@@ -406,7 +428,7 @@ func openPebble(dir string, o *pebble.Options) (*pebble.DB, error) {
 			return r.db, r.err
 		case <-timer.C:
 			close(abandoned)
-			return nil, fmt.Errorf("the open did not finish %v after an error writing the folder: %w", openGrace, err)
+			return nil, fmt.Errorf("%w %v after an error writing the folder: %w", errOpenGivenUp, openGrace, err)
 		}
 	}
 }
