@@ -29,7 +29,6 @@ type pooledBody struct {
 	shut bool
 
 	read atomic.Bool // Read was called: a next handler began to send the body on
-	size int         // the body's length
 }
 
 func (b *pooledBody) bytes() []byte { return b.buf.Bytes() }
@@ -110,7 +109,7 @@ func (h *Handler) readBody(r *http.Request) (*pooledBody, int, error) {
 		}
 		return nil, http.StatusBadRequest, errors.New("reading request body: " + err.Error())
 	}
-	b := &pooledBody{buf: buf, size: buf.Len()}
+	b := &pooledBody{buf: buf}
 	b.rd.Reset(buf.Bytes())
 	b.refs.Store(2)
 	r.Body = b

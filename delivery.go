@@ -141,7 +141,7 @@ func judge(status int, err error, clientGone, sentEarlier bool) verdict {
 func (d *delivery) sentEarlier() bool {
 	n, _ := d.repl.Get("http.reverse_proxy.retries")
 	retries, _ := n.(int)
-	return retries > 0 && d.body != nil && (d.body.read.Load() || d.body.size == 0)
+	return retries > 0 && d.body != nil && (d.body.read.Load() || len(d.body.bytes()) == 0)
 }
 
 // neverForwarded reports whether err shows that the request did not

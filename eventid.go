@@ -360,11 +360,10 @@ const maxEventType = 255
 // provider's type header), with invalid UTF-8, control characters,
 // format characters (bidi overrides and isolates, a zero-width space, a
 // BOM; not the joiners, zwnj and zwj) and line and paragraph separators
-// replaced by U+FFFD, cut at
-// maxEventType bytes between characters. A NUL or a byte that is not
-// UTF-8 made PostgreSQL refuse the record's every commit; a type of the
-// body's size went into every record; a U+202E in a console log line
-// reorders what its reader sees after it.
+// replaced by U+FFFD, cut at maxEventType bytes between characters. A
+// NUL or a byte that is not UTF-8 made PostgreSQL refuse the record's
+// every commit; a type of the body's size went into every record; a
+// U+202E in a console log line reorders what its reader sees after it.
 func cleanEventType(s string) string {
 	bad := func(r rune) bool {
 		return r == utf8.RuneError || unicode.IsControl(r) ||

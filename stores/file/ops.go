@@ -38,7 +38,7 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	// delivery done) refuses the claim: its commit could not land, and
 	// an event processed without its record would be processed again.
 	if st.isClosed() {
-		st.undoClaim(key, token)
+		_ = st.leases.Untake(key, token) // its lease goes, a mark it took over comes back
 		return 0, "", errFileClosed
 	}
 	// A commit puts its record in the database before it drops its
@@ -58,8 +58,8 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 	}
 	if wrote {
 		if err := st.leases.Sync(); err != nil {
-			// Not durable: the claim failed (undoClaim).
-			st.undoClaim(key, token)
+			// Not durable: the claim failed.
+			_ = st.leases.Untake(key, token) // its lease goes, a mark it took over comes back
 			return 0, "", err
 		}
 	}
@@ -76,18 +76,11 @@ func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (
 // read (err).
 func (st *shared) claimFoundDone(key, token, val string, err error) (dedup.ClaimResult, string, error) {
 	if err != nil {
-		st.undoClaim(key, token)
+		_ = st.leases.Untake(key, token) // its lease goes, a mark it took over comes back
 		return 0, "", err
 	}
 	_, _ = st.leases.Release(key, token)
 	return dedup.AlreadyDone, val, nil
-}
-
-// undoClaim undoes a claim that failed after its Take (Untake): its
-// lease goes, the mark it took over comes back, and a retried claim
-// leaves the token's lease, which its first claim holds.
-func (st *shared) undoClaim(key, token string) {
-	_ = st.leases.Untake(key, token)
 }
 
 // claimReadHook, when set (by a test), runs in Claim between the lookup
