@@ -52,6 +52,9 @@ type guardRawHandler struct {
 	Handler string          `json:"handler"`
 	Routes  []guardRawRoute `json:"routes"`
 	Name    string          `json:"name"` // invoke's named route
+	Errors  *struct {
+		Routes []guardRawRoute `json:"routes"`
+	} `json:"errors"` // a subroute's error routes
 }
 
 // openPath is one finding: the matcher of a sangho_dedup route and a
@@ -261,17 +264,19 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 	}
 }
 
-// errorRoutesProxy reports whether the server's error routes hold a
-// reverse_proxy (php_fastcgi is one), in subroutes and the named routes
-// they invoke too. They are still raw JSON here: Caddy provisions a
-// server's error routes, and then its named routes, after its routes
-// (see ServeHTTP for what they get).
+// errorRoutesProxy reports whether error routes that can get a
+// sangho_dedup error hold a reverse_proxy (php_fastcgi is one), in
+// subroutes and the named routes they invoke too: the server's, and
+// those of a subroute (JSON's "errors") that holds sangho_dedup. They
+// are still raw JSON here: Caddy provisions a server's error routes,
+// and then its named routes, after its routes, and a route's raw
+// handlers are dropped only once they are all provisioned (see
+// ServeHTTP for what error routes get).
 func errorRoutesProxy(srv *caddyhttp.Server) bool {
-	if srv.Errors == nil {
-		return false
-	}
-	var proxies func(handlers []json.RawMessage, depth int) bool
-	proxies = func(handlers []json.RawMessage, depth int) bool {
+	// anyHandler reports whether one of handlers, or of the subroutes
+	// and named routes they hold, is one that is reports true for.
+	var anyHandler func(handlers []json.RawMessage, depth int, is func(guardRawHandler) bool) bool
+	anyHandler = func(handlers []json.RawMessage, depth int, is func(guardRawHandler) bool) bool {
 		if depth > 8 { // a named route that invokes itself
 			return false
 		}
@@ -280,24 +285,54 @@ func errorRoutesProxy(srv *caddyhttp.Server) bool {
 			if json.Unmarshal(raw, &h) != nil {
 				continue
 			}
-			switch h.Handler {
-			case "reverse_proxy":
+			if is(h) {
 				return true
-			case "invoke":
-				if r, ok := srv.NamedRoutes[h.Name]; ok && r != nil && proxies(r.HandlersRaw, depth+1) {
+			}
+			if h.Handler == "invoke" {
+				if r, ok := srv.NamedRoutes[h.Name]; ok && r != nil && anyHandler(r.HandlersRaw, depth+1, is) {
 					return true
 				}
 			}
 			for _, r := range h.Routes {
-				if proxies(r.Handle, depth+1) {
+				if anyHandler(r.Handle, depth+1, is) {
 					return true
 				}
 			}
 		}
 		return false
 	}
+	isProxy := func(h guardRawHandler) bool { return h.Handler == "reverse_proxy" }
+	isDedup := func(h guardRawHandler) bool { return h.Handler == "sangho_dedup" }
+	routesProxy := func(routes []guardRawRoute) bool {
+		for _, r := range routes {
+			if anyHandler(r.Handle, 0, isProxy) {
+				return true
+			}
+		}
+		return false
+	}
+	// A subroute that holds sangho_dedup and whose error routes proxy.
+	guardedSubroute := func(h guardRawHandler) bool {
+		if h.Errors == nil || !routesProxy(h.Errors.Routes) {
+			return false
+		}
+		for _, r := range h.Routes {
+			if anyHandler(r.Handle, 0, isDedup) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, r := range srv.Routes {
+		if anyHandler(r.HandlersRaw, 0, guardedSubroute) {
+			return true
+		}
+	}
+	if srv.Errors == nil {
+		return false
+	}
 	for _, r := range srv.Errors.Routes {
-		if proxies(r.HandlersRaw, 0) {
+		if anyHandler(r.HandlersRaw, 0, isProxy) {
 			return true
 		}
 	}

@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -249,6 +250,77 @@ func TestErrorRouteProxyWarning(t *testing.T) {
 			got := 0
 			for _, e := range entries {
 				if e["msg"] == "error routes get no event body" && e["level"] == "warn" && e["logger"] == "http.handlers.sangho_dedup" {
+					got++
+				}
+			}
+			if want := map[bool]int{true: 1, false: 0}[c.want]; got != want {
+				t.Errorf("%d warnings, want %d:\n%s", got, want, data)
+			}
+		})
+	}
+}
+
+// A JSON subroute's own error routes run with the request the way the
+// server's do: a subroute holding sangho_dedup whose errors proxy is
+// warned about too.
+func TestSubrouteErrorRouteProxyWarning(t *testing.T) {
+	for _, c := range []struct {
+		name, errorHandler string
+		want               bool
+	}{
+		{"a fallback in the subroute's errors", `{"handler":"reverse_proxy","upstreams":[{"dial":"127.0.0.1:2"}]}`, true},
+		{"errors in a nested subroute", `{"handler":"subroute","routes":[{"handle":[{"handler":"reverse_proxy","upstreams":[{"dial":"127.0.0.1:2"}]}]}]}`, true},
+		{"the subroute's errors answer", `{"handler":"static_response","status_code":502}`, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ownDataDir(t)
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			site := "\troute {\n\t\tsangho_dedup {\n\t\t\tsecret " + secret1 + "\n\t\t}\n\t\treverse_proxy 127.0.0.1:1\n\t}\n"
+			adapted, _ := adaptCaddyfile(t, strings.Replace(serverCaddyfile(freePort(t), site), "output discard", "output file "+logFile, 1))
+			var cfg map[string]any
+			if err := json.Unmarshal([]byte(adapted), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			var errorHandler any
+			if err := json.Unmarshal([]byte(c.errorHandler), &errorHandler); err != nil {
+				t.Fatal(err)
+			}
+			// The subroute that holds sangho_dedup gets error routes.
+			found := 0
+			var walk func(v any)
+			walk = func(v any) {
+				switch v := v.(type) {
+				case map[string]any:
+					if v["handler"] == "subroute" && strings.Contains(fmt.Sprint(v["routes"]), "sangho_dedup") {
+						if _, ok := v["errors"]; !ok && found == 0 {
+							v["errors"] = map[string]any{"routes": []any{map[string]any{"handle": []any{errorHandler}}}}
+							found++
+							return
+						}
+					}
+					for _, e := range v {
+						walk(e)
+					}
+				case []any:
+					for _, e := range v {
+						walk(e)
+					}
+				}
+			}
+			walk(cfg)
+			if found != 1 {
+				t.Fatalf("no subroute holding sangho_dedup in %s", adapted)
+			}
+			raw, _ := json.Marshal(cfg)
+			err := caddyLoad(string(raw))
+			_ = caddy.Stop()
+			if err != nil {
+				t.Fatal(err)
+			}
+			entries, data := logEntries(t, logFile)
+			got := 0
+			for _, e := range entries {
+				if e["msg"] == "error routes get no event body" && e["level"] == "warn" {
 					got++
 				}
 			}
