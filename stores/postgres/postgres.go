@@ -446,6 +446,10 @@ type sharedDB struct {
 
 	idMu     sync.Mutex
 	identity string // as the server names the table, once asked (identify)
+	// unknownIn is the config load (its context's Done) in which the
+	// server could not be asked: its other stores on this pool take the
+	// DSN's ID without waiting again (identify).
+	unknownIn <-chan struct{}
 }
 
 func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {
