@@ -233,6 +233,10 @@ type redisClient struct {
 
 	idMu     sync.Mutex
 	identity string // the Cluster or master as Redis names it, once asked (identify)
+	// unknownIn is the config load (its context's Done) in which Redis
+	// could not be asked: its other stores on this client take the
+	// addresses' ID without waiting again (identify).
+	unknownIn <-chan struct{}
 }
 
 func newRedisClient(o *goredis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
