@@ -66,6 +66,9 @@ func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
 			zap.Error(o.scrub(err)))
 		return o.stateID()
 	}
+	if db.unknownIn != nil {
+		db.aliases = append(db.aliases, o.stateID())
+	}
 	db.identity = "postgres system_identifier " + system + " database " + database + " table " + o.schema + "." + o.table
 	return db.identity
 }

@@ -75,6 +75,9 @@ func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *
 			zap.Error(err))
 		return o.stateID()
 	}
+	if rc.unknownIn != nil {
+		rc.aliases = append(rc.aliases, o.stateID())
+	}
 	rc.identity = id
 	return id
 }
