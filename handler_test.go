@@ -942,7 +942,7 @@ func TestCommitRegistry(t *testing.T) {
 	a, b, c := r.add("s", "k"), r.add("s", "k"), r.add("s", "k")
 	other, elsewhere := r.add("s", "k2"), r.add("s2", "k")
 	r.remove(b) // from the middle of the chain
-	release := r.hold("s", "k")
+	release := r.hold([]string{"s"}, "k")
 	release(true)
 	for _, cr := range []*commitRetry{a, c} {
 		if stopped, _ := cr.attempt(func() error { return nil }); !stopped {

@@ -110,14 +110,17 @@ func (r *retryRegistry) pending(data, key string) bool {
 	return r.m[retryKey{data, key}] != nil
 }
 
-// hold waits for the attempts in flight of the commits of key in data
-// and keeps new ones from starting until the returned function is
-// called with whether they are to stop.
-func (r *retryRegistry) hold(data, key string) func(stop bool) {
+// hold waits for the attempts in flight of the commits of key in any
+// of datas (one store's data, by each of its IDs) and keeps new ones
+// from starting until the returned function is called with whether
+// they are to stop.
+func (r *retryRegistry) hold(datas []string, key string) func(stop bool) {
 	var list []*commitRetry
 	r.mu.Lock()
-	for c := r.m[retryKey{data, key}]; c != nil; c = c.next {
-		list = append(list, c)
+	for _, data := range slices.Compact(slices.Sorted(slices.Values(datas))) {
+		for c := r.m[retryKey{data, key}]; c != nil; c = c.next {
+			list = append(list, c)
+		}
 	}
 	r.mu.Unlock()
 	for _, cr := range list {
@@ -147,7 +150,11 @@ func (cr *commitRetry) attempt(try func() error) (stopped bool, err error) {
 // They are held while the store forgets, and go on if nothing was
 // forgotten because the event is in flight.
 func (h *Handler) forget(ctx context.Context, key string, force bool) (dedup.Entry, bool, error) {
-	release := commitRetries.hold(h.storeData, key)
+	datas := []string{h.storeData}
+	if a, ok := h.store.(dedup.DataAliaser); ok {
+		datas = append(datas, a.DataAliases()...)
+	}
+	release := commitRetries.hold(datas, key)
 	e, deleted, err := h.store.Forget(ctx, key, force)
 	release(err == nil && (deleted || e.Value == ""))
 	return e, deleted, err

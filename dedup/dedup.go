@@ -81,6 +81,16 @@ type DataSharer interface {
 	DataID() string
 }
 
+// DataAliaser is a DataSharer whose shared resource (a connection pool,
+// a client) was named otherwise by an earlier config of this process:
+// opened while its server could not be asked which data it reaches, it
+// was named by its addresses, and is named by the server's answer since
+// a later load. DataAliases returns those earlier IDs, so that the
+// handler's forget also stops the commit retries registered under them.
+type DataAliaser interface {
+	DataAliases() []string
+}
+
 // UseCounter is a store that counts its uses (Enter, Leave) because its
 // Cleanup releases a resource (a connection pool, an open file) that
 // deliveries may still need after Caddy has cleaned their config up: on a reload, Caddy starts the new config,

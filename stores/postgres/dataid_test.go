@@ -1,8 +1,11 @@
 package postgres
 
 import (
+	"context"
 	"strings"
 	"testing"
+
+	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
@@ -38,39 +41,56 @@ func TestDataIDBehindPgBouncer(t *testing.T) {
 	}
 }
 
-// TestDataIDKeptForThePool: a store provisioned while the server is
-// down gets the DSN's ID; another config on the same pool (a reload, or
-// a second route with the same settings) provisioned once the server is
-// up gets the same ID, not the server's: one pool, one ID, so commit
-// retries registered under it are stopped by a forget through either
-// config, and two routes of one load do not differ. (Found by review:
-// the fallback was not kept and the next provision asked again, so a
-// reload changed the ID of a pool whose retries were registered under
-// the old one; the forget through the new config missed them.) A new
-// pool (a changed DSN) asks the server.
-func TestDataIDKeptForThePool(t *testing.T) {
+// TestDataIDOfAPoolOpenedWhileTheServerWasDown: a store provisioned
+// while the server is down gets the DSN's ID, and so does another store
+// of the same load on the pool (two routes of one load do not differ,
+// and the second does not wait again). A later load (a reload) on the
+// same pool, once the server is up, asks again and gets the server's
+// ID, so that it is compared like any pool opened since (a pool kept
+// the DSN's ID for its life before, and a reload could put two
+// endpoints on one table and key_prefix unnoticed:
+// TestServerIdentityAskedAgainOnceTheServerAnswers); the DSN's ID is
+// then its alias, so that a forget through the later config stops the
+// commit retries registered under it (TestForgetStopsCommitRetriesUnderAnAlias).
+// The server's ID is kept for the pool's life.
+func TestDataIDOfAPoolOpenedWhileTheServerWasDown(t *testing.T) {
 	srv := pgtest.Start(t)
 	srv.Stop(t)
 	table := uniqueTable()
 	raw := storeJSON(srv.DSN, table)
-	a, alogs := provision(t, raw)
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a, alogs := provisionIn(t, ctx, raw)
 	if serverNamed(a.DataID()) {
 		t.Fatalf("server down: state ID %q", a.DataID())
 	}
 	if n := alogs.FilterMessage("postgres identity unknown").Len(); n != 1 {
 		t.Fatalf("server down: %d \"postgres identity unknown\" warnings at provision, want 1: %v", n, alogs.All())
 	}
-
 	srv.Ctl(t, "start")
-	b, _ := provision(t, raw)
-	if b.db != a.db {
-		t.Fatal("the second provision does not share the first one's pool; the test shows nothing")
+	a2, a2logs := provisionIn(t, ctx, raw)
+	if a2.db != a.db || a2.DataID() != a.DataID() || a2logs.FilterMessage("postgres identity unknown").Len() != 0 {
+		t.Fatalf("a second store of the same load: state ID %q (first %q), same pool %v, logs %v", a2.DataID(), a.DataID(), a2.db == a.db, a2logs.All())
 	}
-	if b.DataID() != a.DataID() {
-		t.Errorf("one pool, two state IDs: %q while the server was down, %q once it was up", a.DataID(), b.DataID())
+
+	b, _ := provision(t, raw) // another load
+	if b.db != a.db {
+		t.Fatal("the later load's store does not share the first one's pool; the test shows nothing")
+	}
+	if !serverNamed(b.DataID()) {
+		t.Errorf("a later load on the pool, the server up: state ID %q, want the server's", b.DataID())
+	}
+	if al := b.DataAliases(); len(al) != 1 || al[0] != a.DataID() {
+		t.Errorf("aliases %q, want the DSN's ID %q", al, a.DataID())
+	}
+	if c, _ := provision(t, raw); c.DataID() != b.DataID() {
+		t.Errorf("the server's ID is not kept for the pool: %q, then %q", b.DataID(), c.DataID())
 	}
 
 	c, _ := provision(t, storeJSON(srv.DSN+"&application_name=changed", table))
+	if len(c.DataAliases()) != 0 {
+		t.Errorf("a new pool opened with the server up has aliases %q", c.DataAliases())
+	}
 	if c.db == a.db || !serverNamed(c.DataID()) {
 		t.Errorf("a new pool with the server up: state ID %q, want the server's", c.DataID())
 	}

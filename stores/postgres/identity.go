@@ -28,11 +28,15 @@ const identifyTimeout = 2 * time.Second
 // says so: one table reached through two unrelated host names is then
 // two stores to the check.
 //
-// Either answer is kept for the pool's life: every config on the pool
-// (a reload that keeps it, two routes with the same settings) gets the
-// same ID, so commit retries registered under it are stopped by a
-// forget through any of them. A pool opened while the server was down
-// keeps the DSN's ID until it is replaced (a changed DSN, a restart).
+// The server's answer is kept for the pool's life: every config on the
+// pool (a reload that keeps it, two routes with the same settings) gets
+// the same ID, so commit retries registered under it are stopped by a
+// forget through any of them. The DSN's stands only for the config
+// being loaded (its other stores on this pool do not wait again): the
+// next load (a reload) asks the server again, so that a pool opened
+// while the server was down is compared the way a pool opened since is.
+// (A commit retry registered under the DSN's ID in the earlier config is
+// then not stopped by a forget through the later one.)
 func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
 	db.idMu.Lock()
 	defer db.idMu.Unlock()
@@ -40,6 +44,10 @@ func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
 		return db.identity
 	}
 	o := db.opts
+	load := ctx.Done() // one for every store of one config (Caddy's config context)
+	if db.unknownIn != nil && db.unknownIn == load {
+		return o.stateID()
+	}
 	timeout := min(identifyTimeout, o.timeout)
 	qctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -52,11 +60,14 @@ func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
 		err = ask() // a pooler: without statement_timeout
 	}
 	if err != nil {
-		db.identity = o.stateID()
-		logger.Warn("postgres identity unknown", zap.String("compared_as", db.identity),
-			zap.String("risk", "another endpoint on this table through a DSN spelled otherwise goes unnoticed until this connection pool is replaced (a Caddy restart, a changed DSN) while the server answers"),
+		db.unknownIn = load
+		logger.Warn("postgres identity unknown", zap.String("compared_as", o.stateID()),
+			zap.String("risk", "another endpoint on this table through a DSN spelled otherwise goes unnoticed until a config load (a reload) while the server answers"),
 			zap.Error(o.scrub(err)))
-		return db.identity
+		return o.stateID()
+	}
+	if db.unknownIn != nil {
+		db.aliases = append(db.aliases, o.stateID())
 	}
 	db.identity = "postgres system_identifier " + system + " database " + database + " table " + o.schema + "." + o.table
 	return db.identity

@@ -134,3 +134,55 @@ func TestServerOneTableTwoDSNSpellings(t *testing.T) {
 		})
 	}
 }
+
+// A pool opened while PostgreSQL was down names the table by its DSN.
+// Once the server answers, a reload asks it again, so that an endpoint
+// whose pool was opened meanwhile (named by the server) is compared
+// with it the same way. (Found by review: the DSN's name was kept for
+// the pool's life; a reload that put billing, on a new pool, on shop's
+// table and key_prefix loaded, and billing's event was answered "200
+// duplicate" without reaching its backend.)
+func TestServerIdentityAskedAgainOnceTheServerAnswers(t *testing.T) {
+	srv := pgtest.Start(t)
+	srv.Stop(t)
+	port := strconv.Itoa(srv.Port)
+	dsnShop := "postgres://postgres@127.0.0.1:" + port + "/postgres?sslmode=disable"
+	dsnBilling := "postgres://postgres@localhost:" + port + "/postgres?sslmode=disable"
+	shop, billing := ledger.New(t), ledger.New(t)
+	adminPort, portShop, portBilling := freePort(t), freePort(t), freePort(t)
+	loadErr := func(dsnBilling, extraBilling string) error {
+		cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(twoSites(adminPort, portShop, portBilling,
+			dsnShop, dsnBilling, "", extraBilling, shop.Addr, billing.Addr)), nil)
+		if err != nil {
+			t.Fatalf("adapting: %v %v", err, warn)
+		}
+		return caddy.Load(cfg, true)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	// Caddy starts while PostgreSQL is down; billing has a prefix of its own.
+	if err := loadErr(dsnBilling, "key_prefix billing:"); err != nil {
+		t.Fatal(err)
+	}
+	srv.Ctl(t, "start")
+	// The reload puts billing on shop's key_prefix, through a pool of
+	// its own (another DSN), named by the server; shop keeps its pool.
+	err := loadErr(dsnBilling+"&application_name=billing", "")
+	if err == nil {
+		id := "evt_swallowed"
+		body := `{"id":"` + id + `","type":"invoice.paid"}`
+		for _, p := range []struct {
+			port   int
+			secret string
+		}{{portShop, secretShop}, {portBilling, secretBilling}} {
+			if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
+				t.Fatalf("delivery to :%d: %d", p.port, code)
+			}
+		}
+		_, s := shop.Counts(id)
+		_, b := billing.Counts(id)
+		t.Fatalf("a reload put two endpoints with different secrets on one table and key_prefix; one event to both: shop's backend processed it %d times, billing's %d times", s, b)
+	}
+	if !strings.Contains(err.Error(), "key_prefix") || strings.Contains(err.Error(), secretBilling) {
+		t.Fatalf("error: %v", err)
+	}
+}

@@ -184,6 +184,15 @@ func (s *Store) Cleanup() error {
 // distinct key_prefix values however their DSNs are spelled.
 func (s *Store) DataID() string { return s.state }
 
+// DataAliases implements dedup.DataAliaser: the DSN's ID, if an earlier
+// config on this pool was provisioned while the server could not be
+// asked (see sharedDB.identify).
+func (s *Store) DataAliases() []string {
+	s.db.idMu.Lock()
+	defer s.db.idMu.Unlock()
+	return slices.Clone(s.db.aliases)
+}
+
 // options are the settings after placeholders and defaults.
 type options struct {
 	config   *pgxpool.Config
@@ -446,6 +455,11 @@ type sharedDB struct {
 
 	idMu     sync.Mutex
 	identity string // as the server names the table, once asked (identify)
+	// unknownIn is the config load (its context's Done) in which the
+	// server could not be asked: its other stores on this pool take the
+	// DSN's ID without waiting again (identify).
+	unknownIn <-chan struct{}
+	aliases   []string // the DSN's ID, if an earlier load named the table by it (DataAliases)
 }
 
 func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {

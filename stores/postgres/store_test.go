@@ -30,14 +30,21 @@ func uniqueTable() string { return fmt.Sprintf("events_%d", tableSeq.Add(1)) }
 // the start of Provision on.
 func provision(t testing.TB, raw string) (*Store, *observer.ObservedLogs) {
 	t.Helper()
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	t.Cleanup(cancel)
+	return provisionIn(t, ctx, raw)
+}
+
+// provisionIn is provision in the config load ctx (stores of one load
+// share its context).
+func provisionIn(t testing.TB, ctx caddy.Context, raw string) (*Store, *observer.ObservedLogs) {
+	t.Helper()
 	s := new(Store)
 	if err := json.Unmarshal([]byte(raw), s); err != nil {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zap.DebugLevel)
 	s.logger = zap.New(core)
-	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-	t.Cleanup(cancel)
 	if err := s.Provision(ctx); err != nil {
 		t.Fatalf("provision: %v", err)
 	}

@@ -1,9 +1,11 @@
 package redis
 
 import (
+	"context"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
@@ -11,23 +13,26 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
-// TestDataIDKeptForTheClient: a Sentinel store provisioned while the
-// Sentinels are down gets the addresses' ID; another config on the same
-// client (a reload, or a second route with the same settings)
-// provisioned once they are up gets the same ID, not the master's: one
-// client, one ID, so commit retries registered under it are stopped by
-// a forget through either config, and two routes of one load do not
-// differ. (Found by review: the fallback was not kept and the next
-// provision asked again, so a reload changed the ID of a client whose
-// retries were registered under the old one; the forget through the
-// new config missed them.) A new client (other settings) asks again.
-func TestDataIDKeptForTheClient(t *testing.T) {
+// TestDataIDOfAClientOpenedWhileRedisWasDown: a Sentinel store
+// provisioned while the Sentinels are down gets the addresses' ID, and
+// so does another store of the same load on the client (two routes of
+// one load do not differ, and the second does not wait again). A later
+// load (a reload) on the same client, once they are up, asks again and
+// gets the master's ID, so that it is compared like any client opened
+// since (TestServerIdentityAskedAgainOnceSentinelsAnswer); the
+// addresses' ID is then its alias, so that a forget through the later
+// config stops the commit retries registered under it
+// (TestForgetStopsCommitRetriesUnderAnAlias). A new client (other
+// settings) asks too, and has no alias.
+func TestDataIDOfAClientOpenedWhileRedisWasDown(t *testing.T) {
 	st := redistest.StartSentinel(t)
 	for _, s := range st.Sentinels {
 		s.Kill()
 	}
 	core, logs := observer.New(zap.DebugLevel)
-	a := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, logger: zap.New(core)})
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	a := provisionRedisStoreIn(t, ctx, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, logger: zap.New(core)})
 	if strings.Contains(a.DataID(), st.Master.Addr) {
 		t.Fatalf("Sentinels down: state ID %q names the master", a.DataID())
 	}
@@ -38,16 +43,24 @@ func TestDataIDKeptForTheClient(t *testing.T) {
 	for _, s := range st.Sentinels {
 		s.Restart(t)
 	}
-	b := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName})
-	if b.client != a.client {
-		t.Fatal("the second provision does not share the first one's client; the test shows nothing")
+	a2 := provisionRedisStoreIn(t, ctx, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, logger: zap.New(core)})
+	if a2.client != a.client || a2.DataID() != a.DataID() || logs.FilterMessage("redis identity unknown").Len() != 1 {
+		t.Fatalf("a second store of the same load: state ID %q (first %q), same client %v, %d warnings", a2.DataID(), a.DataID(), a2.client == a.client, logs.FilterMessage("redis identity unknown").Len())
 	}
-	if b.DataID() != a.DataID() {
-		t.Errorf("one client, two state IDs: %q while the Sentinels were down, %q once they were up", a.DataID(), b.DataID())
+	master := "localhost:" + st.Master.Addr[strings.LastIndex(st.Master.Addr, ":")+1:]
+	b := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName}) // another load
+	if b.client != a.client {
+		t.Fatal("the later load's store does not share the first one's client; the test shows nothing")
+	}
+	if !strings.Contains(b.DataID(), master) {
+		t.Errorf("a later load on the client, the Sentinels up: state ID %q, want the master's (%s)", b.DataID(), st.Master.Addr)
+	}
+	if al := b.DataAliases(); len(al) != 1 || al[0] != a.DataID() {
+		t.Errorf("aliases %q, want the addresses' ID %q", al, a.DataID())
 	}
 
 	c := provisionRedisStore(t, &Store{Address: st.SentinelAddrs(), MasterName: redistest.MasterName, PoolSize: 7})
-	if c.client == a.client || !strings.Contains(c.DataID(), "localhost:"+st.Master.Addr[strings.LastIndex(st.Master.Addr, ":")+1:]) {
+	if c.client == a.client || !strings.Contains(c.DataID(), master) || len(c.DataAliases()) != 0 {
 		t.Errorf("a new client with the Sentinels up: state ID %q, want the master's (%s)", c.DataID(), st.Master.Addr)
 	}
 }

@@ -33,14 +33,17 @@ const identifyTimeout = 2 * time.Second
 //     addresses that master directly.
 //
 // When Redis cannot answer within identifyTimeout, the ID is the
-// addresses' (resolvedOptions.stateID) and a warning says so. Either
+// addresses' (resolvedOptions.stateID) and a warning says so. Redis's
 // answer is kept for the client's life: every config on the client (a
 // reload that keeps it, two routes with the same settings) gets the
 // same ID, so commit retries registered under it are stopped by a
-// forget through any of them. A client opened while Redis was down
-// keeps the addresses' ID until it is replaced (changed settings, a
-// restart). A standalone server is not asked: its ID is its address,
-// spelled one way.
+// forget through any of them. The addresses' stands only for the config
+// being loaded (its other stores on this client do not wait again): the
+// next load (a reload) asks again, so that a client opened while Redis
+// was down is compared the way a client opened since is. (A commit
+// retry registered under the addresses' ID in the earlier config is
+// then not stopped by a forget through the later one.) A standalone
+// server is not asked: its ID is its address, spelled one way.
 func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *zap.Logger) string {
 	u := o.universal
 	cluster, isCluster := rc.UniversalClient.(*goredis.ClusterClient)
@@ -52,6 +55,10 @@ func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *
 	if rc.identity != "" {
 		return rc.identity
 	}
+	load := ctx.Done() // one for every store of one config (Caddy's config context)
+	if rc.unknownIn != nil && rc.unknownIn == load {
+		return o.stateID()
+	}
 	qctx, cancel := context.WithTimeout(ctx, identifyTimeout)
 	defer cancel()
 	var id string
@@ -62,10 +69,14 @@ func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *
 		id, err = masterIdentity(qctx, u)
 	}
 	if err != nil {
-		id = o.stateID()
-		logger.Warn("redis identity unknown", zap.String("compared_as", id),
-			zap.String("risk", "another endpoint on this Redis through other addresses goes unnoticed until this client is replaced (a Caddy restart, changed settings) while Redis answers"),
+		rc.unknownIn = load
+		logger.Warn("redis identity unknown", zap.String("compared_as", o.stateID()),
+			zap.String("risk", "another endpoint on this Redis through other addresses goes unnoticed until a config load (a reload) while Redis answers"),
 			zap.Error(err))
+		return o.stateID()
+	}
+	if rc.unknownIn != nil {
+		rc.aliases = append(rc.aliases, o.stateID())
 	}
 	rc.identity = id
 	return id

@@ -147,3 +147,55 @@ func TestServerOneRedisTwoAddressLists(t *testing.T) {
 		})
 	}
 }
+
+// A client opened while its Sentinels were down names the store by its
+// addresses. Once they answer, a reload asks them again, so that an
+// endpoint on the master they name (addressed directly) is compared
+// with it the same way. (Found by review of the PostgreSQL store, which
+// had the same flaw: the addresses' name was kept for the client's
+// life; a reload that put billing on shop's master and key_prefix
+// loaded, and billing's event was answered "200 duplicate" without
+// reaching its backend.)
+func TestServerIdentityAskedAgainOnceSentinelsAnswer(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	sentinel := st.Sentinels[0]
+	storeShop := "address " + sentinel.Addr + "\n\t\t\tmaster_name " + redistest.MasterName
+	storeBilling := "address " + st.Master.Addr
+	shop, billing := ledger.New(t), ledger.New(t)
+	adminPort, portShop, portBilling := netkit.FreePort(t), netkit.FreePort(t), netkit.FreePort(t)
+	load := func(extraBilling string) error {
+		cfg, warn, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(twoSites(adminPort, portShop, portBilling,
+			storeShop, storeBilling, "", extraBilling, shop.Addr, billing.Addr)), nil)
+		if err != nil {
+			t.Fatalf("adapting: %v %v", err, warn)
+		}
+		return caddy.Load(cfg, true)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	// Caddy starts while shop's Sentinel is down; billing has a prefix of its own.
+	sentinel.Kill()
+	if err := load("key_prefix billing:"); err != nil {
+		t.Fatal(err)
+	}
+	sentinel.Restart(t)
+	// The reload puts billing on shop's key_prefix; shop keeps its client.
+	err := load("")
+	if err == nil {
+		id := "evt_swallowed"
+		body := `{"id":"` + id + `","type":"invoice.paid"}`
+		for _, p := range []struct {
+			port   int
+			secret string
+		}{{portShop, secretShop}, {portBilling, secretBilling}} {
+			if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
+				t.Fatalf("delivery to :%d: %d", p.port, code)
+			}
+		}
+		_, s := shop.Counts(id)
+		_, b := billing.Counts(id)
+		t.Fatalf("a reload put two endpoints with different secrets on one Redis and key_prefix; one event to both: shop's backend processed it %d times, billing's %d times", s, b)
+	}
+	if !strings.Contains(err.Error(), "key_prefix") || strings.Contains(err.Error(), secretBilling) {
+		t.Fatalf("error: %v", err)
+	}
+}

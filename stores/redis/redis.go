@@ -198,7 +198,8 @@ type Store struct {
 	cache   *doneCache             // nil when off
 	tracker *tracker
 	poolKey string
-	state   string // the Redis data reached, for stateID
+	state   string       // the Redis data reached, for stateID
+	rc      *redisClient // the shared client (its earlier IDs: DataAliases)
 	check   *permCheck
 	logger  *zap.Logger
 	// the read timeout in effect (from ReadTimeout or the url), once
@@ -233,6 +234,11 @@ type redisClient struct {
 
 	idMu     sync.Mutex
 	identity string // the Cluster or master as Redis names it, once asked (identify)
+	// unknownIn is the config load (its context's Done) in which Redis
+	// could not be asked: its other stores on this client take the
+	// addresses' ID without waiting again (identify).
+	unknownIn <-chan struct{}
+	aliases   []string // the addresses' ID, if an earlier load named the data by it (DataAliases)
 }
 
 func newRedisClient(o *goredis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
@@ -301,6 +307,7 @@ func (s *Store) Provision(ctx caddy.Context) error {
 		return err
 	}
 	rc := v.(*redisClient)
+	s.rc = rc
 	s.state = rc.identify(ctx, opts, s.logger)
 	s.client, s.cache, s.tracker = rc.UniversalClient, rc.cache, rc.tracker
 	s.cluster, _ = s.client.(*goredis.ClusterClient)
@@ -652,6 +659,19 @@ var (
 // DataID implements dedup.DataSharer: the Redis data this store
 // reaches, as Provision settled it (see resolvedOptions.stateID).
 func (s *Store) DataID() string { return s.state }
+
+// DataAliases implements dedup.DataAliaser: the addresses' ID, if an
+// earlier config on this client was provisioned while Redis could not
+// be asked (see redisClient.identify).
+func (s *Store) DataAliases() []string {
+	rc := s.rc
+	if rc == nil {
+		return nil
+	}
+	rc.idMu.Lock()
+	defer rc.idMu.Unlock()
+	return slices.Clone(rc.aliases)
+}
 
 // validPort reports whether p is a TCP port number, 1 to 65535.
 func validPort(p string) bool {

@@ -26,6 +26,13 @@ func provisionRedisStore(t testing.TB, s *Store) *Store {
 	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(cancel)
+	return provisionRedisStoreIn(t, ctx, s)
+}
+
+// provisionRedisStoreIn is provisionRedisStore in the config load ctx
+// (stores of one load share its context).
+func provisionRedisStoreIn(t testing.TB, ctx caddy.Context, s *Store) *Store {
+	t.Helper()
 	if err := s.Provision(ctx); err != nil {
 		t.Fatalf("provisioning redis store: %v", err)
 	}
