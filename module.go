@@ -469,6 +469,12 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("max_body_size must be at most %d bytes (64MiB), not %d", MaxMaxBodySize, h.MaxBodySize)
 	case h.Retention <= 0:
 		return errors.New("retention must be positive")
+	case h.provider.timestamp && time.Duration(h.Retention) < 2*time.Duration(h.Tolerance):
+		// A signature is valid while the clock is within tolerance of its
+		// timestamp, either way: a delivery replayed after its record
+		// expired, its signature still valid, would be processed again.
+		return fmt.Errorf("retention (%v) must be at least twice tolerance (%v): a signature stays valid for tolerance either side of its timestamp, and a delivery replayed after its done record expired would be processed again",
+			time.Duration(h.Retention), time.Duration(h.Tolerance))
 	case h.RetryAfter <= 0:
 		return errors.New("retry_after must be positive")
 	case h.OnStoreError != storeErrorReject && h.OnStoreError != storeErrorPass:

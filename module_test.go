@@ -321,3 +321,52 @@ func TestDeprecatedVerifierShape(t *testing.T) {
 		t.Fatalf("old shape, a secret its provider refuses: %v", err)
 	}
 }
+
+// TestRetentionCoversTheSignatureWindow: with a provider that signs a
+// timestamp, a retention shorter than the time a signature stays valid
+// (tolerance either way: 2×tolerance) is refused, naming both: a
+// captured delivery replayed once its done record expired, its
+// signature still valid, would be processed again. (Found by review:
+// stripe with retention 1s, the same delivery sent twice 1.5 s apart,
+// was processed twice.) A provider without timestamps has no such
+// window; a retention of 2×tolerance is accepted.
+func TestRetentionCoversTheSignatureWindow(t *testing.T) {
+	for _, c := range []struct {
+		provider  string
+		retention time.Duration
+		tolerance time.Duration
+		refused   bool
+	}{
+		{`{"name":"stripe"}`, time.Second, 0, true},
+		{`{"name":"sangho"}`, 9 * time.Minute, 0, true},
+		{`{"name":"standard_webhooks"}`, time.Minute, 0, true},
+		{`{"name":"hmac","header":"X-Sig","timestamp_header":"X-Ts","id_field":"id","signed_content":"{timestamp}.{body}"}`, time.Minute, 0, true},
+		{`{"name":"stripe"}`, 10 * time.Minute, 0, false},
+		{`{"name":"stripe"}`, time.Minute, 30 * time.Second, false},
+		{`{"name":"github"}`, time.Second, 0, false},
+	} {
+		secret := secret1
+		if strings.Contains(c.provider, "standard_webhooks") {
+			secret = swSecret1
+		}
+		h := &Handler{Secrets: []string{secret}, ProviderRaw: json.RawMessage(c.provider), StoreRaw: json.RawMessage(`{"type":"memory"}`),
+			Retention: caddy.Duration(c.retention), Tolerance: caddy.Duration(c.tolerance), KeyPrefix: testPrefix(t) + ":"}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		if err := h.Provision(ctx); err != nil {
+			cancel()
+			t.Fatalf("%s: provision: %v", c.provider, err)
+		}
+		err := h.Validate()
+		_ = h.Cleanup()
+		cancel()
+		if !c.refused {
+			if err != nil {
+				t.Errorf("%s retention %v tolerance %v: %v", c.provider, c.retention, c.tolerance, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "retention") || !strings.Contains(err.Error(), "tolerance") {
+			t.Errorf("%s retention %v: %v, want an error naming retention and tolerance", c.provider, c.retention, err)
+		}
+	}
+}
