@@ -50,9 +50,25 @@ func parseRedisURL(raw string) (*redisURL, error) {
 	default:
 		return nil, fmt.Errorf("url scheme %q is not supported (redis://, rediss:// or unix://)", u.Scheme)
 	}
+	// go-redis reads a url without // or without a host as
+	// localhost:6379, and ends one at a #: another Redis than the one
+	// written, so another dedup state. No part of the url is shown.
+	switch {
+	case strings.Contains(raw, "#"):
+		return nil, errors.New("url holds a #, which ends a url there (not shown, as it may hold a password): percent-encode a # in the user or the password (%23)")
+	case u.Opaque != "":
+		return nil, fmt.Errorf("url: the // after %s: is missing (write redis://host:port, rediss://host:port or unix:///path; the url is not shown, as it may hold a password)", u.Scheme)
+	case u.Scheme != "unix" && u.Hostname() == "":
+		return nil, fmt.Errorf("url has no host: write %s://[user[:password]@]host[:port][/db]", u.Scheme)
+	case u.Scheme != "unix" && u.Port() != "" && !validPort(u.Port()):
+		return nil, errors.New("url: the port must be 1 to 65535 (a : in the user or the password must be percent-encoded: %3A)")
+	}
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
 		return nil, errURLSyntax
+	}
+	if db := strings.Trim(u.Path, "/"); u.Scheme != "unix" && db != "" && q.Has("db") {
+		return nil, errors.New("url: the database is given both in the path and as db: give it once")
 	}
 	r := &redisURL{scheme: u.Scheme, params: map[string]bool{}}
 	names := make([]string, 0, len(q))

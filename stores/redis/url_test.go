@@ -102,6 +102,17 @@ func TestRedisURLRefused(t *testing.T) {
 		{Store{URL: "redis://caddy:" + pw + "@ho st:6379"}, "invalid url"},
 		{Store{URL: base + "?a=%zz"}, "invalid url"},
 		{Store{URL: base + "?read_timeout=4s", WaitReplicas: 1, WaitTimeout: caddy.Duration(5 * time.Second)}, "wait_timeout must be shorter than read_timeout"},
+		// go-redis reads these as localhost:6379, or drops a part: a
+		// store other than the one written, with another dedup state.
+		{Store{URL: "redis:redis.internal:6379"}, "url: the // after"},
+		{Store{URL: "rediss:caddy:" + pw + "@redis.internal:6380"}, "url: the // after"},
+		{Store{URL: "redis://"}, "url has no host"},
+		{Store{URL: "redis:///0"}, "url has no host"},
+		{Store{URL: "rediss://caddy:" + pw + "@:6380"}, "url has no host"},
+		{Store{URL: "redis://127.0.0.1:0"}, "url: the port must be 1 to 65535"},
+		{Store{URL: "redis://127.0.0.1:99999"}, "url: the port must be 1 to 65535"},
+		{Store{URL: base + "/1?db=2"}, "url: the database is given both in the path and as db"},
+		{Store{URL: base + "#0"}, "url holds a #"},
 	} {
 		s := c.s
 		err := s.Provision(ctx)
@@ -207,6 +218,8 @@ func TestRedisConfigErrorHidesPartsOfThePassword(t *testing.T) {
 		{Store{URL: "redis://default:Secr3tPart/Rest9@127.0.0.1:6379/0"}, "percent-encode"},
 		{Store{URL: "rediss://default:Secr3tPart+x?y@127.0.0.1:6379"}, "percent-encode"},
 		{Store{URL: "redis://default:Secr3t#Part@127.0.0.1:6379"}, "percent-encode"},
+		// The user and the head of the password read as host:port.
+		{Store{URL: "redis://default:6380#Secr3tPart@redis.internal:6379"}, "percent-encode"},
 		{Store{URL: "redis://u:12/Secr3tPart@127.0.0.1:6379"}, "must be a database number, such as /0 (a / in the password must be percent-encoded"},
 		{Store{URL: "redis://u:123?db=Secr3tPart@127.0.0.1:6379"}, "url parameter db must be a whole number"},
 		{Store{URL: "redis://u:123?pool_size=Secr3tPart@127.0.0.1:6379"}, "url parameter pool_size must be a positive whole number"},
