@@ -115,7 +115,10 @@ func TestToleranceBounded(t *testing.T) {
 		{huge, false},
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`), Tolerance: c.tolerance, RequireBodyID: &off}
+		// A retention of twice the tolerance: a shorter one is refused
+		// (TestRetentionCoversTheSignatureWindow).
+		h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`), Tolerance: c.tolerance, RequireBodyID: &off,
+			Retention: caddy.Duration(2 * MaxTolerance)}
 		err := h.Provision(ctx)
 		if err == nil {
 			err = h.Validate()
