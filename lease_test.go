@@ -3,6 +3,7 @@ package sanghodedup
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,5 +86,72 @@ func TestLeaseLost(t *testing.T) {
 	}
 	if _, repl, _ := serve(h, signedRequest(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
 		t.Errorf("after the lost lease's commit: %q, want duplicate", outcomeOf(repl))
+	}
+}
+
+// lateClaim answers its first Claim late: the claim lands in the store
+// at once, then its answer is held until release is closed (a reply
+// held up by a stalled network, a lock wait, a disk).
+type lateClaim struct {
+	dedup.Store
+	landed, release chan struct{}
+	calls           atomic.Int32
+}
+
+func (s *lateClaim) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	res, found, err := s.Store.Claim(ctx, key, token, ttl)
+	if s.calls.Add(1) == 1 {
+		close(s.landed)
+		<-s.release
+	}
+	return res, found, err
+}
+
+// TestLateClaimAnswerIsClaimedAgain: a claim whose answer comes after
+// its lease ran out is not passed on as it is: another delivery may
+// have taken the lease over meanwhile and be at the backend. The
+// handler claims again with the same token first: taken over, the late
+// delivery gets 409 and the backend gets the event once; not taken
+// over, the lease lives lock_ttl again and the event is processed.
+// (Found by review on PostgreSQL: a claim that waited on a row lock
+// longer than lock_ttl wrote a lease already run out, and a redelivery
+// right after was passed on beside it.)
+func TestLateClaimAnswerIsClaimedAgain(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	for _, competitor := range []bool{true, false} {
+		h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+		st := &lateClaim{Store: h.store, landed: make(chan struct{}), release: make(chan struct{})}
+		h.store = st
+		id := map[bool]string{true: "evt_late_taken_over", false: "evt_late_alone"}[competitor]
+		next := &countingNext{}
+		type answer struct {
+			code    int
+			outcome string
+		}
+		first := make(chan answer, 1)
+		go func() {
+			w, repl, _ := serve(h, signedRequest(eventBody(id), ""), next)
+			first <- answer{w.Code, outcomeOf(repl)}
+		}()
+		<-st.landed
+		time.Sleep(2 * ttl) // the first lease has run out, its answer not yet known
+		if competitor {
+			w, repl, _ := serve(h, signedRequest(eventBody(id), ""), next)
+			if w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked {
+				t.Fatalf("%s: the redelivery: %d %q, want 200 processed_marked", id, w.Code, outcomeOf(repl))
+			}
+		}
+		close(st.release)
+		a := <-first
+		if n := next.calls.Load(); n != 1 {
+			t.Fatalf("%s: the backend got the event %d times, want 1 (first delivery: %d %q)", id, n, a.code, a.outcome)
+		}
+		want := answer{200, outcomeProcessed}
+		if competitor {
+			want = answer{409, outcomeInFlight}
+		}
+		if a != want {
+			t.Errorf("%s: the late delivery got %d %q, want %d %q", id, a.code, a.outcome, want.code, want.outcome)
+		}
 	}
 }
