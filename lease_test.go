@@ -118,40 +118,66 @@ func (s *lateClaim) Claim(ctx context.Context, key, token string, ttl time.Durat
 // right after was passed on beside it.)
 func TestLateClaimAnswerIsClaimedAgain(t *testing.T) {
 	const ttl = 100 * time.Millisecond
-	for _, competitor := range []bool{true, false} {
+	type answer struct {
+		code    int
+		outcome string
+	}
+	for _, c := range []struct {
+		id   string
+		then string // what another delivery does while the first's answer is late
+		want answer
+	}{
+		{"evt_late_taken_over", "at the backend", answer{409, outcomeInFlight}},
+		{"evt_late_done", "processed", answer{200, outcomeDuplicate}},
+		{"evt_late_alone", "", answer{200, outcomeProcessed}},
+	} {
 		h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
 		st := &lateClaim{Store: h.store, landed: make(chan struct{}), release: make(chan struct{})}
 		h.store = st
-		id := map[bool]string{true: "evt_late_taken_over", false: "evt_late_alone"}[competitor]
 		next := &countingNext{}
-		type answer struct {
-			code    int
-			outcome string
-		}
 		first := make(chan answer, 1)
 		go func() {
-			w, repl, _ := serve(h, signedRequest(eventBody(id), ""), next)
+			w, repl, _ := serve(h, signedRequest(eventBody(c.id), ""), next)
 			first <- answer{w.Code, outcomeOf(repl)}
 		}()
 		<-st.landed
 		time.Sleep(2 * ttl) // the first lease has run out, its answer not yet known
-		if competitor {
-			w, repl, _ := serve(h, signedRequest(eventBody(id), ""), next)
-			if w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked {
-				t.Fatalf("%s: the redelivery: %d %q, want 200 processed_marked", id, w.Code, outcomeOf(repl))
+		var a answer
+		switch c.then {
+		case "at the backend":
+			// The redelivery's backend works until the late one is answered.
+			atBackend, second := make(chan struct{}), make(chan answer, 1)
+			slow := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+				close(atBackend)
+				a = <-first
+				w.WriteHeader(200)
+				return nil
+			}}
+			go func() {
+				w, repl, _ := serve(h, signedRequest(eventBody(c.id), ""), slow)
+				second <- answer{w.Code, outcomeOf(repl)}
+			}()
+			<-atBackend
+			close(st.release)
+			if b := <-second; b != (answer{200, outcomeProcessedMarked}) {
+				t.Fatalf("%s: the redelivery: %v, want 200 processed_marked", c.id, b)
 			}
+			next.calls.Add(slow.calls.Load())
+		case "processed":
+			if w, repl, _ := serve(h, signedRequest(eventBody(c.id), ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked {
+				t.Fatalf("%s: the redelivery: %d %q, want 200 processed_marked", c.id, w.Code, outcomeOf(repl))
+			}
+			close(st.release)
+			a = <-first
+		default:
+			close(st.release)
+			a = <-first
 		}
-		close(st.release)
-		a := <-first
 		if n := next.calls.Load(); n != 1 {
-			t.Fatalf("%s: the backend got the event %d times, want 1 (first delivery: %d %q)", id, n, a.code, a.outcome)
+			t.Fatalf("%s: the backend got the event %d times, want 1 (the late delivery: %v)", c.id, n, a)
 		}
-		want := answer{200, outcomeProcessed}
-		if competitor {
-			want = answer{409, outcomeInFlight}
-		}
-		if a != want {
-			t.Errorf("%s: the late delivery got %d %q, want %d %q", id, a.code, a.outcome, want.code, want.outcome)
+		if a != c.want {
+			t.Errorf("%s: the late delivery got %v, want %v", c.id, a, c.want)
 		}
 	}
 }
