@@ -226,6 +226,35 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		}
 	}
 
+	// A claim answered late (a lock wait, a stalled network or disk, a
+	// signature binding after it) may have left a lease that ran out
+	// before it was known here, and that another delivery took over
+	// meanwhile, now at the backend. Claim again with the same token
+	// before passing the event on: the token's own lease, run out or not,
+	// lives lock_ttl again; another's, or a record, is answered as such.
+	if time.Since(start) >= h.renewEvery {
+		again := time.Now()
+		res, _, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
+		observe(opClaim, again, err)
+		switch {
+		case err != nil:
+			return h.storeFailed(w, r, next, repl, id, err)
+		case res == dedup.AlreadyDone:
+			h.outcome(repl, outcomeDuplicate)
+			h.debug("duplicate answered", id, typ)
+			return h.answerDuplicate(w, r, body)
+		case res == dedup.InFlight:
+			h.logger.Warn("lease lost", zap.String("event_id", id), zap.String("during", "claim"),
+				zap.Duration("claim_took", again.Sub(start)))
+			metrics.leaseLost.Inc()
+			w.Header().Set("Retry-After", h.retryAfter)
+			w.Header().Set("Sangho-Dedup", "in_flight")
+			return h.reject(w, r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
+		}
+		d.claimed = again
+		d.marked = d.marked || res == dedup.Reclaimed
+	}
+
 	if d.marked {
 		markPriorAttempt(r, repl)
 		h.logger.Warn("event passed on marked", zap.String("event_id", id), zap.String("event_type", typ),

@@ -3,6 +3,7 @@ package sanghodedup
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,5 +86,98 @@ func TestLeaseLost(t *testing.T) {
 	}
 	if _, repl, _ := serve(h, signedRequest(bodyA, ""), &countingNext{}); outcomeOf(repl) != outcomeDuplicate {
 		t.Errorf("after the lost lease's commit: %q, want duplicate", outcomeOf(repl))
+	}
+}
+
+// lateClaim answers its first Claim late: the claim lands in the store
+// at once, then its answer is held until release is closed (a reply
+// held up by a stalled network, a lock wait, a disk).
+type lateClaim struct {
+	dedup.Store
+	landed, release chan struct{}
+	calls           atomic.Int32
+}
+
+func (s *lateClaim) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	res, found, err := s.Store.Claim(ctx, key, token, ttl)
+	if s.calls.Add(1) == 1 {
+		close(s.landed)
+		<-s.release
+	}
+	return res, found, err
+}
+
+// TestLateClaimAnswerIsClaimedAgain: a claim whose answer comes after
+// its lease ran out is not passed on as it is: another delivery may
+// have taken the lease over meanwhile and be at the backend. The
+// handler claims again with the same token first: taken over, the late
+// delivery gets 409 and the backend gets the event once; not taken
+// over, the lease lives lock_ttl again and the event is processed.
+// (Found by review on PostgreSQL: a claim that waited on a row lock
+// longer than lock_ttl wrote a lease already run out, and a redelivery
+// right after was passed on beside it.)
+func TestLateClaimAnswerIsClaimedAgain(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	type answer struct {
+		code    int
+		outcome string
+	}
+	for _, c := range []struct {
+		id   string
+		then string // what another delivery does while the first's answer is late
+		want answer
+	}{
+		{"evt_late_taken_over", "at the backend", answer{409, outcomeInFlight}},
+		{"evt_late_done", "processed", answer{200, outcomeDuplicate}},
+		{"evt_late_alone", "", answer{200, outcomeProcessed}},
+	} {
+		h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+		st := &lateClaim{Store: h.store, landed: make(chan struct{}), release: make(chan struct{})}
+		h.store = st
+		next := &countingNext{}
+		first := make(chan answer, 1)
+		go func() {
+			w, repl, _ := serve(h, signedRequest(eventBody(c.id), ""), next)
+			first <- answer{w.Code, outcomeOf(repl)}
+		}()
+		<-st.landed
+		time.Sleep(2 * ttl) // the first lease has run out, its answer not yet known
+		var a answer
+		switch c.then {
+		case "at the backend":
+			// The redelivery's backend works until the late one is answered.
+			atBackend, second := make(chan struct{}), make(chan answer, 1)
+			slow := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+				close(atBackend)
+				a = <-first
+				w.WriteHeader(200)
+				return nil
+			}}
+			go func() {
+				w, repl, _ := serve(h, signedRequest(eventBody(c.id), ""), slow)
+				second <- answer{w.Code, outcomeOf(repl)}
+			}()
+			<-atBackend
+			close(st.release)
+			if b := <-second; b != (answer{200, outcomeProcessedMarked}) {
+				t.Fatalf("%s: the redelivery: %v, want 200 processed_marked", c.id, b)
+			}
+			next.calls.Add(slow.calls.Load())
+		case "processed":
+			if w, repl, _ := serve(h, signedRequest(eventBody(c.id), ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked {
+				t.Fatalf("%s: the redelivery: %d %q, want 200 processed_marked", c.id, w.Code, outcomeOf(repl))
+			}
+			close(st.release)
+			a = <-first
+		default:
+			close(st.release)
+			a = <-first
+		}
+		if n := next.calls.Load(); n != 1 {
+			t.Fatalf("%s: the backend got the event %d times, want 1 (the late delivery: %v)", c.id, n, a)
+		}
+		if a != c.want {
+			t.Errorf("%s: the late delivery got %v, want %v", c.id, a, c.want)
+		}
 	}
 }
