@@ -213,7 +213,25 @@ func (c *tableCheck) run(ctx context.Context, logger *zap.Logger) error {
 	if len(missing) > 0 {
 		return &problemError{problem: problemPermission, privilege: strings.Join(missing, ", "), table: qualified}
 	}
+	c.checkSynchronousCommit(ctx, logger)
 	return nil
+}
+
+// checkSynchronousCommit warns when the store's sessions commit with
+// synchronous_commit off (the server's, the role's or the database's
+// setting): the server then acknowledges commits that a crash of
+// PostgreSQL loses. The store does not change it (remote_apply and
+// remote_write, stronger, are the operator's to keep). A failure to ask
+// is not a problem of the store's.
+func (c *tableCheck) checkSynchronousCommit(ctx context.Context, logger *zap.Logger) {
+	var v string
+	if logger == nil || c.db.pool.QueryRow(ctx, `SHOW synchronous_commit`).Scan(&v) != nil || v != "off" {
+		return
+	}
+	logger.Warn("postgres synchronous_commit off",
+		zap.String("table", c.db.opts.qualified()),
+		zap.String("risk", "the server acknowledges commits that a crash of PostgreSQL loses: a done record gone, the sender's retry is processed again, unmarked"),
+		zap.String("fix", "ALTER ROLE <the store's role> SET synchronous_commit = on (or synchronous_commit=on in the DSN, without a pooler in between)"))
 }
 
 // create runs the DDL in one transaction. CREATE TABLE IF NOT EXISTS is

@@ -216,7 +216,9 @@ func (s *Store) commitAndWait(ctx context.Context, key, val string, retention ti
 	_ = p.Process(ctx, wait)
 	_, _ = p.Exec(ctx)
 	old, err := set.Result()
-	if err != nil {
+	// goredis.Nil: the SET wrote the record over nothing (the lease was
+	// gone); its replication counts all the same.
+	if err != nil && !errors.Is(err, goredis.Nil) {
 		return old, err
 	}
 	if n, werr := wait.Result(); werr != nil || n < int64(s.WaitReplicas) {
@@ -224,7 +226,7 @@ func (s *Store) commitAndWait(ctx context.Context, key, val string, retention ti
 		s.logger.Warn("commit unreplicated",
 			zap.String("key", key), zap.Int64("acknowledged", n), zap.Int("wanted", s.WaitReplicas), zap.Error(werr))
 	}
-	return old, nil
+	return old, err
 }
 
 // Release implements Store with a compare-and-delete script: it deletes

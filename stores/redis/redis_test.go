@@ -152,6 +152,15 @@ func TestRedisWaitReplicas(t *testing.T) {
 	if res, _, _ := s2.Claim(ctx, "wait:short", "tok2", time.Minute); res != dedup.AlreadyDone {
 		t.Fatalf("claim after the commit: %v", res)
 	}
+	// A commit whose lease is gone (released, swept, forgotten) writes the
+	// record all the same, and its replication is checked the same way.
+	// (Found by review: the WAIT was not read when the SET found nothing.)
+	if held, err := s2.Commit(ctx, "wait:no_lease", "tok", rec, time.Hour); err != nil || held {
+		t.Fatalf("commit without a lease: %v %v", held, err)
+	}
+	if d := testutil.ToFloat64(metrics.unreplicated) - before; d != 2 {
+		t.Fatalf("unreplicated moved by %v after a commit without a lease, want 2", d)
+	}
 }
 
 func TestRedisStoreValidate(t *testing.T) {
