@@ -387,3 +387,37 @@ func sha256Hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
+
+// TestIdenticalBodyOfAnotherProcessedEvent: Shopify signs the body only,
+// and two events of one topic can carry byte-identical bodies (a
+// products/update sent twice with nothing changed). The second, bound
+// by its signature to the first, already processed, is answered as a
+// duplicate, 200, every time, and never reaches the backend: refused
+// with 401 (as before), every retry failed, and Shopify removes a
+// subscription made through its API after 8 failures in a row. (Found
+// by review.)
+func TestIdenticalBodyOfAnotherProcessedEvent(t *testing.T) {
+	h := providerHandler(t, `{"name":"shopify"}`, []string{shopSecret1}, nil)
+	next := &countingNext{}
+	body := `{"id":788032119674292922,"title":"Example T-Shirt","updated_at":"2024-09-10T11:14:00-04:00"}`
+	send := func(event string) (int, string, string) {
+		r := post(body, map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(body, shopSecret1),
+			"X-Shopify-Event-Id": event, "X-Shopify-Webhook-Id": "wh-" + event, "X-Shopify-Topic": "products/update"})
+		w, repl, _ := serve(h, r, next)
+		return w.Code, outcomeOf(repl), w.Header().Get("Sangho-Dedup")
+	}
+	if code, oc, _ := send("ev-1"); code != 200 || oc != outcomeProcessed {
+		t.Fatalf("ev-1: %d %q", code, oc)
+	}
+	for i := range 9 { // Shopify's delivery and its 8 retries
+		if code, oc, hdr := send("ev-2"); code != 200 || oc != outcomeDuplicate || hdr != "duplicate" {
+			t.Fatalf("ev-2, attempt %d: %d %q %q; want 200 duplicate", i+1, code, oc, hdr)
+		}
+	}
+	if n := next.calls.Load(); n != 1 {
+		t.Fatalf("the backend got %d deliveries, want 1", n)
+	}
+	if res, _, err := h.store.Claim(context.Background(), h.KeyPrefix+"ev-2", "probe", time.Second); err != nil || res != dedup.Claimed {
+		t.Errorf("ev-2 left its key behind: %v %v", res, err)
+	}
+}
