@@ -301,7 +301,8 @@ func TestServerUnsignedIDReplayOnEachStore(t *testing.T) {
 // TestServerGitHubRedeliveryAfterForget: GitHub's manual redelivery
 // reuses the delivery ID and the body; once an operator forgets the
 // event, that redelivery is processed again (the replay record of the
-// same ID does not refuse it), while a replay under another ID still is.
+// same ID does not refuse it), while a replay under another ID is still
+// its duplicate, not sent on.
 func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 	var gh providerCase
 	for _, p := range providerCases {
@@ -330,8 +331,11 @@ func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 		}
 		replay := resend(t, first, nil)
 		replay.Header.Set(gh.idHeader, gh.id(8))
-		if a := do(t, replay); a.status != 401 {
-			t.Fatalf("a replay under another ID after forget: %d, want 401", a.status)
+		if a := do(t, replay); a.status != 200 || a.dedup != "duplicate" {
+			t.Fatalf("a replay under another ID after forget: %d %q, want 200 duplicate", a.status, a.dedup)
+		}
+		if n, _ := l.Counts(gh.id(8)); n != 0 {
+			t.Fatalf("the replay under another ID reached the backend %d times", n)
 		}
 	})
 }

@@ -373,13 +373,16 @@ func TestStripeHeaderFallback(t *testing.T) {
 		status int
 	}{
 		{"evt_a", sig, 200},
-		{"evt_b", sig, 401},
+		{"evt_b", sig, 200}, // evt_a's signed bytes, processed: its duplicate
 		{"evt_b", stripeHeader(testNow.Add(time.Second), body, stripeSecret), 200},
 	} {
 		w, _, err := serve(h, post(body, map[string]string{"Stripe-Signature": c.sig, "X-Event-Id": c.id}), next)
 		if w.Code != c.status {
 			t.Errorf("step %d: %d %v, want %d", i+1, w.Code, err, c.status)
 		}
+	}
+	if n := next.calls.Load(); n != 2 {
+		t.Errorf("the backend got %d deliveries, want 2 (evt_a, then evt_b signed afresh)", n)
 	}
 	t0 := strconv.FormatInt(testNow.Unix(), 10)
 	if got, want := signatureKey(h.KeyPrefix, []byte(t0+"."), []byte(body), nil), h.KeyPrefix+"sig:"+sha256Hex(t0+"."+body); got != want {
