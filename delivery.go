@@ -295,6 +295,15 @@ func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
 // event ID (see bindSignature).
 var errSigReplayed = errors.New("this signature was already accepted with another event ID (replay through the unsigned event ID header)")
 
+// sigProcessedError answers a signed message already processed under
+// another event ID (see bindSignature): the same signed bytes, so a
+// duplicate of that event, answered as one.
+type sigProcessedError struct{ first string }
+
+func (e *sigProcessedError) Error() string {
+	return "this signed message was processed under another event ID"
+}
+
 // signatureKey names the store record of a signed message: the SHA-256
 // of what the signature covers (for Sangho t + "." + body, for GitHub
 // the body), so that it does not depend on which secret or which
@@ -336,9 +345,15 @@ func (d *delivery) bindSignature() error {
 	}
 	// A done record of this same ID: the event was processed, then
 	// forgotten by an operator (GitHub's manual redelivery reuses the
-	// delivery ID), and is let through again.
-	if rec, ok := dedup.DecodeDone(found); err == nil && res == dedup.AlreadyDone && ok && replayRecordOf(rec) == d.id {
-		return nil
+	// delivery ID), and is let through again. Of another ID: these
+	// signed bytes were processed under it (a replay, or a second event
+	// with a byte-identical body, which Shopify sends), a duplicate.
+	if rec, ok := dedup.DecodeDone(found); err == nil && res == dedup.AlreadyDone && ok {
+		if first := replayRecordOf(rec); first != d.id {
+			err = &sigProcessedError{first: first}
+		} else {
+			return nil
+		}
 	}
 	if err == nil {
 		err = errSigReplayed

@@ -219,6 +219,12 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		// that a replay under another ID is refused (see bindSignature).
 		d.sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
 		if err := d.bindSignature(); err != nil {
+			if processed := (*sigProcessedError)(nil); errors.As(err, &processed) {
+				h.logger.Info("signed message processed under another event ID", zap.String("event_id", id),
+					zap.String("processed_as", processed.first), zap.Bool("prior_attempt_unknown", d.marked))
+				h.outcome(repl, outcomeDuplicate)
+				return h.answerDuplicate(w, r, body)
+			}
 			if errors.Is(err, errSigReplayed) {
 				return h.reject(w, r, repl, outcomeInvalidSignature, http.StatusUnauthorized, err, id)
 			}

@@ -245,10 +245,12 @@ func TestServerProviders(t *testing.T) {
 				}), want, "")
 			}
 			if p.idHeader != "" && !p.idSigned {
+				// The first is processed: its signed bytes under another ID
+				// are its duplicate, answered without the backend.
 				check("the first delivery replayed under another ID", resend(t, first, func(h http.Header, b []byte) []byte {
 					h.Set(p.idHeader, p.id(10))
 					return b
-				}), 401, "")
+				}), 200, "duplicate")
 			}
 			for n := 1; n <= 10; n++ {
 				want := 0
@@ -264,8 +266,10 @@ func TestServerProviders(t *testing.T) {
 }
 
 // TestServerUnsignedIDReplayOnEachStore: the record that binds a GitHub
-// or Shopify delivery to its ID lives in the store, so the replay is
-// refused on each store (and across instances sharing Redis).
+// or Shopify delivery to its ID lives in the store, so its replay under
+// another ID, once the first is processed, is answered as its duplicate
+// without the backend on each store (and across instances sharing
+// Redis).
 func TestServerUnsignedIDReplayOnEachStore(t *testing.T) {
 	for _, p := range providerCases {
 		if p.name != "github" && p.name != "shopify" {
@@ -276,7 +280,7 @@ func TestServerUnsignedIDReplayOnEachStore(t *testing.T) {
 				l := ledger.New(t)
 				s := startCaddy(t, providerSite(p, l.Addr, store))
 				first := p.delivery(t, s.url, p.id(1), time.Now(), p.secrets[0])
-				for i, want := range []int{200, 401, 401, 200} {
+				for i, want := range []int{200, 200, 200, 200} {
 					r := resend(t, first, nil)
 					if i == 1 || i == 2 {
 						r.Header.Set(p.idHeader, p.id(10+i))
@@ -297,7 +301,8 @@ func TestServerUnsignedIDReplayOnEachStore(t *testing.T) {
 // TestServerGitHubRedeliveryAfterForget: GitHub's manual redelivery
 // reuses the delivery ID and the body; once an operator forgets the
 // event, that redelivery is processed again (the replay record of the
-// same ID does not refuse it), while a replay under another ID still is.
+// same ID does not refuse it), while a replay under another ID is still
+// its duplicate, not sent on.
 func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 	var gh providerCase
 	for _, p := range providerCases {
@@ -326,8 +331,11 @@ func TestServerGitHubRedeliveryAfterForget(t *testing.T) {
 		}
 		replay := resend(t, first, nil)
 		replay.Header.Set(gh.idHeader, gh.id(8))
-		if a := do(t, replay); a.status != 401 {
-			t.Fatalf("a replay under another ID after forget: %d, want 401", a.status)
+		if a := do(t, replay); a.status != 200 || a.dedup != "duplicate" {
+			t.Fatalf("a replay under another ID after forget: %d %q, want 200 duplicate", a.status, a.dedup)
+		}
+		if n, _ := l.Counts(gh.id(8)); n != 0 {
+			t.Fatalf("the replay under another ID reached the backend %d times", n)
 		}
 	})
 }

@@ -267,8 +267,9 @@ func TestProviderDefaultsAndOverrides(t *testing.T) {
 // TestUnsignedIDReplayRecord: where the signature does not cover the
 // event ID (GitHub), the signed message is bound to the first ID it was
 // accepted with: the same delivery again is a duplicate, the same
-// delivery under another ID is refused with 401 whether the first is
-// processed, in flight or failed, and once processed the binding is a
+// delivery under another ID is refused with 401 while the first is in
+// flight or failed, and answered as its duplicate once it is processed
+// (TestIdenticalBodyOfAnotherProcessedEvent); once processed the binding is a
 // done record in the store (durable on the file store, where a lease is
 // kept in memory only), for retention.
 func TestUnsignedIDReplayRecord(t *testing.T) {
@@ -302,7 +303,7 @@ func TestUnsignedIDReplayRecord(t *testing.T) {
 				{"d-2", 401, outcomeInvalidSignature}, // replay while d-1 is not processed
 				{"d-1", 200, outcomeProcessed},        // GitHub's redelivery of d-1
 				{"d-1", 200, outcomeDuplicate},
-				{"d-3", 401, outcomeInvalidSignature}, // replay after d-1 is processed
+				{"d-3", 200, outcomeDuplicate}, // replay after d-1 is processed: its duplicate
 			} {
 				w, repl, err := serve(h, gh(c.id), next)
 				if w.Code != c.status || outcomeOf(repl) != c.outcome {
@@ -345,8 +346,11 @@ func TestUnsignedIDReplayRecord(t *testing.T) {
 			if got := send("d-9"); got != 200 {
 				t.Errorf("the message of an old replay record, with its own ID: %d, want 200", got)
 			}
-			if got := send("d-10"); got != 401 {
-				t.Errorf("the message of an old replay record, under another ID: %d, want 401", got)
+			// Bound to d-9, processed: under another ID, d-9's duplicate,
+			// not sent on.
+			before := next.calls.Load()
+			if got := send("d-10"); got != 200 || next.calls.Load() != before {
+				t.Errorf("the message of an old replay record, under another ID: %d, the backend reached %d times; want 200, not reached", got, next.calls.Load()-before)
 			}
 		})
 	}
@@ -369,13 +373,16 @@ func TestStripeHeaderFallback(t *testing.T) {
 		status int
 	}{
 		{"evt_a", sig, 200},
-		{"evt_b", sig, 401},
+		{"evt_b", sig, 200}, // evt_a's signed bytes, processed: its duplicate
 		{"evt_b", stripeHeader(testNow.Add(time.Second), body, stripeSecret), 200},
 	} {
 		w, _, err := serve(h, post(body, map[string]string{"Stripe-Signature": c.sig, "X-Event-Id": c.id}), next)
 		if w.Code != c.status {
 			t.Errorf("step %d: %d %v, want %d", i+1, w.Code, err, c.status)
 		}
+	}
+	if n := next.calls.Load(); n != 2 {
+		t.Errorf("the backend got %d deliveries, want 2 (evt_a, then evt_b signed afresh)", n)
 	}
 	t0 := strconv.FormatInt(testNow.Unix(), 10)
 	if got, want := signatureKey(h.KeyPrefix, []byte(t0+"."), []byte(body), nil), h.KeyPrefix+"sig:"+sha256Hex(t0+"."+body); got != want {
@@ -386,4 +393,38 @@ func TestStripeHeaderFallback(t *testing.T) {
 func sha256Hex(s string) string {
 	sum := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(sum[:])
+}
+
+// TestIdenticalBodyOfAnotherProcessedEvent: Shopify signs the body only,
+// and two events of one topic can carry byte-identical bodies (a
+// products/update sent twice with nothing changed). The second, bound
+// by its signature to the first, already processed, is answered as a
+// duplicate, 200, every time, and never reaches the backend: refused
+// with 401 (as before), every retry failed, and Shopify removes a
+// subscription made through its API after 8 failures in a row. (Found
+// by review.)
+func TestIdenticalBodyOfAnotherProcessedEvent(t *testing.T) {
+	h := providerHandler(t, `{"name":"shopify"}`, []string{shopSecret1}, nil)
+	next := &countingNext{}
+	body := `{"id":788032119674292922,"title":"Example T-Shirt","updated_at":"2024-09-10T11:14:00-04:00"}`
+	send := func(event string) (int, string, string) {
+		r := post(body, map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(body, shopSecret1),
+			"X-Shopify-Event-Id": event, "X-Shopify-Webhook-Id": "wh-" + event, "X-Shopify-Topic": "products/update"})
+		w, repl, _ := serve(h, r, next)
+		return w.Code, outcomeOf(repl), w.Header().Get("Sangho-Dedup")
+	}
+	if code, oc, _ := send("ev-1"); code != 200 || oc != outcomeProcessed {
+		t.Fatalf("ev-1: %d %q", code, oc)
+	}
+	for i := range 9 { // Shopify's delivery and its 8 retries
+		if code, oc, hdr := send("ev-2"); code != 200 || oc != outcomeDuplicate || hdr != "duplicate" {
+			t.Fatalf("ev-2, attempt %d: %d %q %q; want 200 duplicate", i+1, code, oc, hdr)
+		}
+	}
+	if n := next.calls.Load(); n != 1 {
+		t.Fatalf("the backend got %d deliveries, want 1", n)
+	}
+	if res, _, err := h.store.Claim(context.Background(), h.KeyPrefix+"ev-2", "probe", time.Second); err != nil || res != dedup.Claimed {
+		t.Errorf("ev-2 left its key behind: %v %v", res, err)
+	}
 }
