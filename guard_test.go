@@ -220,6 +220,27 @@ func TestDocsRedisSiteAdapts(t *testing.T) {
 
 // TestErrorRouteProxyWarning: a server whose handle_errors routes hold
 // reverse_proxy (a failover set up there) is warned at load that they
+
+// errorRouteWarnings loads cfg (JSON) whose log goes to logFile, stops
+// Caddy, and counts sangho_dedup's "error routes get no event body"
+// warnings in the log, which it returns too.
+func errorRouteWarnings(t *testing.T, cfg, logFile string) (int, string) {
+	t.Helper()
+	err := caddyLoad(cfg)
+	_ = caddy.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, data := logEntries(t, logFile)
+	got := 0
+	for _, e := range entries {
+		if e["msg"] == "error routes get no event body" && e["level"] == "warn" && e["logger"] == "http.handlers.sangho_dedup" {
+			got++
+		}
+	}
+	return got, data
+}
+
 // get no event body, and told where a fallback goes instead.
 func TestErrorRouteProxyWarning(t *testing.T) {
 	site := "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t}\n\treverse_proxy 127.0.0.1:1\n"
@@ -241,18 +262,7 @@ func TestErrorRouteProxyWarning(t *testing.T) {
 				cfg = strings.Replace(cfg, "\nhttp://", "\n&(fallback) {\n\treverse_proxy 127.0.0.1:2\n}\nhttp://", 1)
 			}
 			adapted, _ := adaptCaddyfile(t, cfg)
-			err := caddyLoad(adapted)
-			_ = caddy.Stop()
-			if err != nil {
-				t.Fatal(err)
-			}
-			entries, data := logEntries(t, logFile)
-			got := 0
-			for _, e := range entries {
-				if e["msg"] == "error routes get no event body" && e["level"] == "warn" && e["logger"] == "http.handlers.sangho_dedup" {
-					got++
-				}
-			}
+			got, data := errorRouteWarnings(t, adapted, logFile)
 			if want := map[bool]int{true: 1, false: 0}[c.want]; got != want {
 				t.Errorf("%d warnings, want %d:\n%s", got, want, data)
 			}
@@ -312,18 +322,7 @@ func TestSubrouteErrorRouteProxyWarning(t *testing.T) {
 				t.Fatalf("no subroute holding sangho_dedup in %s", adapted)
 			}
 			raw, _ := json.Marshal(cfg)
-			err := caddyLoad(string(raw))
-			_ = caddy.Stop()
-			if err != nil {
-				t.Fatal(err)
-			}
-			entries, data := logEntries(t, logFile)
-			got := 0
-			for _, e := range entries {
-				if e["msg"] == "error routes get no event body" && e["level"] == "warn" {
-					got++
-				}
-			}
+			got, data := errorRouteWarnings(t, string(raw), logFile)
 			if want := map[bool]int{true: 1, false: 0}[c.want]; got != want {
 				t.Errorf("%d warnings, want %d:\n%s", got, want, data)
 			}

@@ -56,6 +56,21 @@ func sendSigned(t *testing.T, url, id, body, secret string) int {
 	return status
 }
 
+// deliverToBoth sends the event id, signed, to shop and to billing, and
+// fails unless both answer 200.
+func deliverToBoth(t *testing.T, portShop, portBilling int, id string) {
+	t.Helper()
+	body := `{"id":"` + id + `","type":"invoice.paid"}`
+	for _, p := range []struct {
+		port   int
+		secret string
+	}{{portShop, secretShop}, {portBilling, secretBilling}} {
+		if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
+			t.Fatalf("delivery of %s to :%d: %d", id, p.port, code)
+		}
+	}
+}
+
 // TestServerOneTableTwoDSNSpellings: two site blocks, shop and billing,
 // with different secrets and the default key_prefix, each reaching the
 // default table of one PostgreSQL server through a DSN spelled its own
@@ -96,17 +111,7 @@ func TestServerOneTableTwoDSNSpellings(t *testing.T) {
 				}
 				return caddy.Load(cfg, true)
 			}
-			deliver := func(id string) {
-				body := `{"id":"` + id + `","type":"invoice.paid"}`
-				for _, p := range []struct {
-					port   int
-					secret string
-				}{{portShop, secretShop}, {portBilling, secretBilling}} {
-					if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
-						t.Fatalf("delivery of %s to :%d: %d", id, p.port, code)
-					}
-				}
-			}
+			deliver := func(id string) { deliverToBoth(t, portShop, portBilling, id) }
 			t.Cleanup(func() { _ = caddy.Stop() })
 
 			err := loadErr("", "")
@@ -169,15 +174,7 @@ func TestServerIdentityAskedAgainOnceTheServerAnswers(t *testing.T) {
 	err := loadErr(dsnBilling+"&application_name=billing", "")
 	if err == nil {
 		id := "evt_swallowed"
-		body := `{"id":"` + id + `","type":"invoice.paid"}`
-		for _, p := range []struct {
-			port   int
-			secret string
-		}{{portShop, secretShop}, {portBilling, secretBilling}} {
-			if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
-				t.Fatalf("delivery to :%d: %d", p.port, code)
-			}
-		}
+		deliverToBoth(t, portShop, portBilling, id)
 		_, s := shop.Counts(id)
 		_, b := billing.Counts(id)
 		t.Fatalf("a reload put two endpoints with different secrets on one table and key_prefix; one event to both: shop's backend processed it %d times, billing's %d times", s, b)

@@ -65,6 +65,21 @@ func sendSigned(t *testing.T, url, id, body, secret string) int {
 	return status
 }
 
+// deliverToBoth sends the event id, signed, to shop and to billing, and
+// fails unless both answer 200.
+func deliverToBoth(t *testing.T, portShop, portBilling int, id string) {
+	t.Helper()
+	body := `{"id":"` + id + `","type":"invoice.paid"}`
+	for _, p := range []struct {
+		port   int
+		secret string
+	}{{portShop, secretShop}, {portBilling, secretBilling}} {
+		if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
+			t.Fatalf("delivery of %s to :%d: %d", id, p.port, code)
+		}
+	}
+}
+
 // TestServerOneRedisTwoAddressLists: two site blocks, shop and billing,
 // with different secrets and the default key_prefix, on one Redis
 // Cluster through different (even disjoint) lists of its nodes, or on
@@ -108,17 +123,7 @@ func TestServerOneRedisTwoAddressLists(t *testing.T) {
 				}
 				return caddy.Load(cfg, true)
 			}
-			deliver := func(id string) {
-				body := `{"id":"` + id + `","type":"invoice.paid"}`
-				for _, p := range []struct {
-					port   int
-					secret string
-				}{{portShop, secretShop}, {portBilling, secretBilling}} {
-					if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
-						t.Fatalf("delivery of %s to :%d: %d", id, p.port, code)
-					}
-				}
-			}
+			deliver := func(id string) { deliverToBoth(t, portShop, portBilling, id) }
 			t.Cleanup(func() { _ = caddy.Stop() })
 
 			err := load("", "")
@@ -182,15 +187,7 @@ func TestServerIdentityAskedAgainOnceSentinelsAnswer(t *testing.T) {
 	err := load("")
 	if err == nil {
 		id := "evt_swallowed"
-		body := `{"id":"` + id + `","type":"invoice.paid"}`
-		for _, p := range []struct {
-			port   int
-			secret string
-		}{{portShop, secretShop}, {portBilling, secretBilling}} {
-			if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
-				t.Fatalf("delivery to :%d: %d", p.port, code)
-			}
-		}
+		deliverToBoth(t, portShop, portBilling, id)
 		_, s := shop.Counts(id)
 		_, b := billing.Counts(id)
 		t.Fatalf("a reload put two endpoints with different secrets on one Redis and key_prefix; one event to both: shop's backend processed it %d times, billing's %d times", s, b)
