@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -412,5 +413,42 @@ func TestAdminShowsARecordsEventTypeCleaned(t *testing.T) {
 	info := eventInfo("default", "evt_1", dedup.Entry{Value: rec.Encode(), ExpiresAt: time.Now().Add(time.Hour)})
 	if want := "paid\uFFFD[2J\uFFFDdeliaf"; info.State != "done" || info.EventType != want {
 		t.Fatalf("eventInfo: state %s, event_type %q; want done, %q", info.State, info.EventType, want)
+	}
+}
+
+// TestCLIUsageErrorsExit2: a mistake in the command line (an unknown
+// flag, a missing or extra event ID, an unknown subcommand) exits 2,
+// "any error", as the command's help says, never 1, which says the
+// store has nothing for the event: a script reading 1 as "never
+// processed" would be told so by a typo. (Found by review: Caddy's main
+// exits 1 on any error cobra returns.) Run as a real process: the exit
+// status is what is tested.
+func TestCLIUsageErrorsExit2(t *testing.T) {
+	if args := os.Getenv("SANGHO_DEDUP_TEST_CLI_ARGS"); args != "" {
+		os.Args = append([]string{"caddy"}, strings.Fields(args)...)
+		caddycmd.Main()
+		os.Exit(0)
+	}
+	for _, c := range []struct{ args, says string }{
+		{"sangho-dedup forget evt_1 --address 127.0.0.1:1 --forc", "unknown flag: --forc"},
+		{"sangho-dedup get --address 127.0.0.1:1", "one event ID"},
+		{"sangho-dedup get evt_1 evt_2 --address 127.0.0.1:1", "one event ID"},
+		{"sangho-dedup bogus evt_1", `unknown subcommand "bogus"`},
+		{"sangho-dedup", "get or forget"},
+	} {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestCLIUsageErrorsExit2$")
+		cmd.Env = append(os.Environ(), "SANGHO_DEDUP_TEST_CLI_ARGS="+c.args)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != 2 || !strings.Contains(stderr.String(), c.says) {
+			t.Errorf("caddy %s: exit %d, stderr %q; want 2 and %q", c.args, code, stderr.String(), c.says)
+		}
 	}
 }

@@ -44,6 +44,22 @@ Exit status: 0 found (get) or forgotten (forget), 1 the store has nothing
 for the event, 2 any error. --json prints the admin API's answer.
 `,
 		CobraFunc: func(cmd *cobra.Command) {
+			// A mistake in the command line is "any error", 2: Caddy's main
+			// would exit 1 on it, which says the store has nothing for
+			// the event.
+			usage := func(c *cobra.Command, err error) error {
+				fmt.Fprintf(os.Stderr, "sangho-dedup: %v\nUsage: caddy sangho-dedup get|forget <id> [flags] (caddy sangho-dedup --help)\n", err)
+				os.Exit(2)
+				return err
+			}
+			cmd.SetFlagErrorFunc(usage)
+			cmd.Args = cobra.ArbitraryArgs
+			cmd.RunE = func(c *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					return usage(c, errors.New("a subcommand is needed: get or forget"))
+				}
+				return usage(c, fmt.Errorf("unknown subcommand %q: get or forget", args[0]))
+			}
 			for _, sub := range []struct{ name, short string }{
 				{"get", "Shows what the store holds for an event"},
 				{"forget", "Forgets a processed event so that its next delivery is processed"},
@@ -51,7 +67,12 @@ for the event, 2 any error. --json prints the admin API's answer.
 				c := &cobra.Command{
 					Use:   sub.name + " <id>",
 					Short: sub.short,
-					Args:  cobra.ExactArgs(1),
+					Args: func(c *cobra.Command, args []string) error {
+						if len(args) != 1 {
+							return usage(c, fmt.Errorf("%s takes one event ID, not %d arguments", c.Name(), len(args)))
+						}
+						return nil
+					},
 					RunE: func(c *cobra.Command, args []string) error {
 						code, err := runEventCommand(c, sub.name, args[0], os.Stdout)
 						if err != nil {
