@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -98,6 +99,9 @@ func cmdEvent(args []string) error {
 	if err := needSecret(secret); err != nil {
 		return err
 	}
+	if *repeat < 1 {
+		return fmt.Errorf("--repeat must be 1 or more, not %d", *repeat)
+	}
 	if *id == "" {
 		*id = "evt_" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	}
@@ -119,6 +123,7 @@ func cmdEvent(args []string) error {
 		Data    json.RawMessage `json:"data"`
 	}{*id, "event", *typ, time.Now().Unix(), raw})
 	client := load.Client(1, 30*time.Second)
+	answered := 0
 	for i := 1; i <= *repeat; i++ {
 		d := load.NewDelivery(*id, body, *secret)
 		status, dedup, lat, err := load.Send(context.Background(), client, *url, d)
@@ -126,13 +131,21 @@ func cmdEvent(args []string) error {
 			fmt.Printf("%d  %s  error: %v\n", i, *id, err)
 			continue
 		}
+		answered++
 		if dedup == "" {
 			dedup = "-"
 		}
 		fmt.Printf("%d  %s  %d  Sangho-Dedup: %s  (%.1f ms)\n", i, *id, status, dedup, float64(lat)/float64(time.Millisecond))
 	}
+	if answered == 0 {
+		return errNoAnswer
+	}
 	return nil
 }
+
+// errNoAnswer ends a run in which no delivery got an HTTP answer (the
+// endpoint down, a wrong URL): exit 1.
+var errNoAnswer = errors.New("no delivery was answered")
 
 func cmdSign(args []string) error {
 	fs := flag.NewFlagSet("sign", flag.ExitOnError)
@@ -171,8 +184,19 @@ func cmdLoad(args []string) error {
 		return err
 	}
 	cfg.Secret = *secret
-	if cfg.Duplicates < 0 || cfg.Duplicates > 1 {
+	switch {
+	case cfg.Duplicates < 0 || cfg.Duplicates > 1:
 		return fmt.Errorf("--duplicates must be between 0 and 1")
+	case cfg.Duration < 0:
+		return fmt.Errorf("--duration must not be negative, not %v", cfg.Duration)
+	case cfg.Events < 0:
+		return fmt.Errorf("--events must not be negative, not %d", cfg.Events)
+	case cfg.Concurrency < 1:
+		return fmt.Errorf("--concurrency must be 1 or more, not %d", cfg.Concurrency)
+	case cfg.Rate < 0:
+		return fmt.Errorf("--rate must not be negative, not %v", cfg.Rate)
+	case cfg.BodySize < 0:
+		return fmt.Errorf("--body-size must not be negative, not %d", cfg.BodySize)
 	}
 	if cfg.Duration == 0 && cfg.Events == 0 {
 		cfg.Duration = 10 * time.Second
@@ -190,6 +214,9 @@ func cmdLoad(args []string) error {
 		fmt.Println(res.JSON())
 	} else {
 		fmt.Print(res.String())
+	}
+	if res.Requests > 0 && res.ByStatus["error"] == res.Requests {
+		return errNoAnswer
 	}
 	return nil
 }

@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMain runs main itself when the test binary is started by a test
@@ -55,5 +57,41 @@ func TestSecretFromTheEnvironmentNotPrinted(t *testing.T) {
 	want, werr := withFlag.Output()
 	if err != nil || werr != nil || len(out) == 0 || string(out) != string(want) {
 		t.Fatalf("sign with the secret in the environment: %q %v; with --secret: %q %v", out, err, want, werr)
+	}
+}
+
+// TestFailuresExitNonZero: a run in which no delivery got an answer (the
+// endpoint down) exits 1, and a negative or zero count or duration is
+// refused at once, exit 1, naming the flag. (Found by review: event and
+// load printed their connection errors and exited 0, and load
+// --duration -1s sent until killed.) Each run is bounded by 20 s.
+func TestFailuresExitNonZero(t *testing.T) {
+	const down = "http://127.0.0.1:1/"
+	for _, c := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"event", "--url", down, "--repeat", "2"}, "no delivery was answered"},
+		{[]string{"load", "--url", down, "--events", "3", "--concurrency", "1"}, "no delivery was answered"},
+		{[]string{"event", "--url", down, "--repeat", "0"}, "--repeat"},
+		{[]string{"load", "--url", down, "--duration", "-1s"}, "--duration"},
+		{[]string{"load", "--url", down, "--events", "-1"}, "--events"},
+		{[]string{"load", "--url", down, "--concurrency", "0"}, "--concurrency"},
+		{[]string{"load", "--url", down, "--rate", "-5"}, "--rate"},
+		{[]string{"load", "--url", down, "--body-size", "-1"}, "--body-size"},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		cmd := exec.CommandContext(ctx, os.Args[0], c.args...)
+		cmd.Env = append(os.Environ(), "SANGHO_SEND_TEST_MAIN=1", "SANGHO_WEBHOOK_SECRET=whsec_test_secret_1")
+		out, err := cmd.CombinedOutput()
+		timedOut := ctx.Err() != nil
+		cancel()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if timedOut || code != 1 || !strings.Contains(string(out), c.says) {
+			t.Errorf("sangho-send %s: exit %d (timed out: %v), output:\n%s\nwant exit 1 and %q", strings.Join(c.args, " "), code, timedOut, out, c.says)
+		}
 	}
 }
