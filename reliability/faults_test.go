@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -130,18 +131,30 @@ func TestRedisSlow(t *testing.T) {
 
 // TestBackendFaults: the first delivery of many events fails in the
 // backend: 500, 404, a crash (connection dropped without an answer), or
-// the backend is down for a while (connection refused).
+// the backend is down for a while (connection refused). An event whose
+// first attempt was answered 500 or 404 (known not processed) is
+// released: its retry goes on at once, not marked as the retry of an
+// attempt whose fate is unknown (a lease kept would make it wait
+// lock_ttl, then go on marked).
 func TestBackendFaults(t *testing.T) {
 	r := redistest.Start(t)
 	l := ledger.New(t)
+	var mu sync.Mutex
+	refused := map[string]bool{} // answered 500 or 404 the first time
 	l.Behave(func(id string, n int) ledger.Action {
 		if n > 1 {
 			return ledger.Action{}
 		}
 		switch rand.IntN(10) {
 		case 0, 1:
+			mu.Lock()
+			refused[id] = true
+			mu.Unlock()
 			return ledger.Action{Status: 500}
 		case 2:
+			mu.Lock()
+			refused[id] = true
+			mu.Unlock()
 			return ledger.Action{Status: 404}
 		case 3:
 			return ledger.Action{Crash: true}
@@ -162,6 +175,23 @@ func TestBackendFaults(t *testing.T) {
 		})
 	})
 	check(t, "backend 500/404/crash/down", s, l, ids, acked, false)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(refused) == 0 {
+		t.Fatal("no first attempt was answered 500 or 404: the fault did not hit")
+	}
+	var marked []string
+	for id := range refused {
+		for _, d := range l.Deliveries(id)[1:] {
+			if d.Marked {
+				marked = append(marked, id)
+				break
+			}
+		}
+	}
+	if len(marked) > 0 {
+		t.Errorf("%d of the %d events whose first attempt was answered 500 or 404 were retried marked (their lease was kept, not released), e.g. %v", len(marked), len(refused), head(marked))
+	}
 }
 
 // TestBackendHangsPastProxyTimeout: the backend takes 1.5 s, but
