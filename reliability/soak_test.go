@@ -69,7 +69,10 @@ func TestSoak(t *testing.T) {
 	t.Logf("soak: %v, retention %v, %.0f new events/s per store, 30%% redeliveries, faults every 20 s", dur, retention, rate)
 
 	r := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "everysec")
-	extra := "retention " + retention.String()
+	// A tolerance of half the retention: a shorter retention than twice
+	// the tolerance is refused (a captured delivery would outlive its
+	// record), and the sender signs each attempt as it sends it.
+	extra := "retention " + retention.String() + "\n\t\ttolerance " + (retention / 2).String()
 	targets := []*soakTarget{
 		{name: "redis", redis: r.Client(t)},
 		{name: "file"},
