@@ -243,3 +243,40 @@ func TestLateReclaimAnswerIsClaimedAgain(t *testing.T) {
 		t.Fatalf("the backend got the event %d times, want 1; the late delivery got %d, want 409", n, lateCode)
 	}
 }
+
+// slowClaims answers every Claim after delay.
+type slowClaims struct {
+	dedup.Store
+	delay time.Duration
+	calls atomic.Int32
+}
+
+func (s *slowClaims) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	s.calls.Add(1)
+	res, found, err := s.Store.Claim(ctx, key, token, ttl)
+	time.Sleep(s.delay)
+	return res, found, err
+}
+
+// TestClaimsAlwaysLateAreAStoreError: a store that answers every claim
+// after lock_ttl/3 is failing: after the claim and lateClaims more, the
+// delivery gets the store error (503), nothing reaches the backend, and
+// its lease is released, so the sender's retry is not made to wait.
+func TestClaimsAlwaysLateAreAStoreError(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+	st := &slowClaims{Store: h.store, delay: ttl/3 + 20*time.Millisecond}
+	h.store = st
+	const id = "evt_always_late"
+	next := &countingNext{}
+	w, repl, _ := serve(h, signedRequest(eventBody(id), ""), next)
+	if w.Code != http.StatusServiceUnavailable || outcomeOf(repl) != outcomeStoreError {
+		t.Fatalf("%d %q, want 503 store_error", w.Code, outcomeOf(repl))
+	}
+	if n := st.calls.Load(); n != 1+lateClaims || next.calls.Load() != 0 {
+		t.Fatalf("%d claims, the backend reached %d times; want %d and 0", n, next.calls.Load(), 1+lateClaims)
+	}
+	if res, _, err := st.Store.Claim(context.Background(), h.KeyPrefix+id, "probe", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("the key after the store error: %v %v; want it released", res, err)
+	}
+}
