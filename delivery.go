@@ -345,14 +345,17 @@ func (d *delivery) bindSignature() error {
 	}
 	// A done record of this same ID: the event was processed, then
 	// forgotten by an operator (GitHub's manual redelivery reuses the
-	// delivery ID), and is let through again. Of another ID: these
-	// signed bytes were processed under it (a replay, or a second event
-	// with a byte-identical body, which Shopify sends), a duplicate.
+	// delivery ID), and is let through again. Of another ID and of this
+	// delivery's type: these signed bytes were processed under it (a
+	// replay, or a second event with a byte-identical body, which Shopify
+	// sends), a duplicate. Of another type (which the sender may not sign:
+	// Shopify's topic header), another event: refused, as a replay.
 	if rec, ok := dedup.DecodeDone(found); err == nil && res == dedup.AlreadyDone && ok {
-		if first := replayRecordOf(rec); first != d.id {
-			err = &sigProcessedError{first: first}
-		} else {
+		switch first := replayRecordOf(rec); {
+		case first == d.id:
 			return nil
+		case rec.EventID != "" && rec.EventType == d.typ:
+			err = &sigProcessedError{first: first}
 		}
 	}
 	if err == nil {

@@ -21,7 +21,10 @@ import (
 var (
 	errMethod   = errors.New("method not allowed: Sangho delivers webhooks with POST")
 	errInFlight = errors.New("another delivery of this event is being processed")
-	errStore    = errors.New("dedup store unavailable")
+	// errClaimsLate: the claim, and lateClaims claims made again after
+	// it, each answered after lock_ttl/3 (see serve).
+	errClaimsLate = errors.New("the store answered every claim of the event after lock_ttl/3")
+	errStore      = errors.New("dedup store unavailable")
 	// errPayloadMismatch: the event ID was processed with another body.
 	errPayloadMismatch = errors.New("this event ID was processed with another body")
 )
@@ -37,6 +40,11 @@ var duplicateBody = []byte(`{"received":true}`)
 // atomically with its work, closes the crash window. The handler always
 // strips the header a client sends.
 const headerPriorAttempt = "Sangho-Dedup-Prior-Attempt"
+
+// lateClaims is how many times a delivery's claim is made again when
+// each answer came after lock_ttl/3 (see serve): then the store is
+// failing.
+const lateClaims = 3
 
 // markPriorAttempt marks a delivery about to be passed on (see
 // headerPriorAttempt) and sets {http.sangho_dedup.prior_attempt}.
@@ -220,7 +228,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		d.sigKey = signatureKey(h.KeyPrefix, vd.Before, body.bytes(), vd.After)
 		if err := d.bindSignature(); err != nil {
 			if processed := (*sigProcessedError)(nil); errors.As(err, &processed) {
-				h.logger.Info("signed message processed under another event ID", zap.String("event_id", id),
+				h.logger.Warn("signed message processed under another event ID", zap.String("event_id", id),
 					zap.String("processed_as", processed.first), zap.Bool("prior_attempt_unknown", d.marked))
 				h.outcome(repl, outcomeDuplicate)
 				return h.answerDuplicate(w, r, body)
@@ -236,9 +244,20 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// signature binding after it) may have left a lease that ran out
 	// before it was known here, and that another delivery took over
 	// meanwhile, now at the backend. Claim again with the same token
-	// before passing the event on: the token's own lease, run out or not,
-	// lives lock_ttl again; another's, or a record, is answered as such.
-	if time.Since(start) >= h.renewEvery {
+	// before passing the event on, until a claim answers in time: the
+	// token's own lease, run out or not, lives lock_ttl again; another's,
+	// or a record, is answered as such. After lateClaims more claims
+	// answered late, the store is failing: its error (the lease released
+	// unless it is a mark's).
+	for round := 0; time.Since(d.claimed) >= h.renewEvery; round++ {
+		if round == lateClaims {
+			if !d.marked {
+				if _, rerr := d.release(sctx); rerr != nil {
+					h.logger.Warn("release failed", zap.String("event_id", id), zap.Error(rerr))
+				}
+			}
+			return h.storeFailed(w, r, next, repl, id, errClaimsLate)
+		}
 		again := time.Now()
 		res, _, err := h.store.Claim(sctx, key, token, time.Duration(h.LockTTL))
 		observe(opClaim, again, err)
@@ -251,7 +270,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			return h.answerDuplicate(w, r, body)
 		case res == dedup.InFlight:
 			h.logger.Warn("lease lost", zap.String("event_id", id), zap.String("during", "claim"),
-				zap.Duration("claim_took", again.Sub(start)))
+				zap.Duration("claim_took", again.Sub(d.claimed)))
 			metrics.leaseLost.Inc()
 			w.Header().Set("Retry-After", h.retryAfter)
 			w.Header().Set("Sangho-Dedup", "in_flight")

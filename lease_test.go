@@ -181,3 +181,102 @@ func TestLateClaimAnswerIsClaimedAgain(t *testing.T) {
 		}
 	}
 }
+
+// twiceLate answers its first two Claims late: each lands in the store
+// at once, then its answer is held until its release is closed.
+type twiceLate struct {
+	dedup.Store
+	landed, release [2]chan struct{}
+	calls           atomic.Int32
+}
+
+func (s *twiceLate) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	res, found, err := s.Store.Claim(ctx, key, token, ttl)
+	if n := s.calls.Add(1); n <= 2 {
+		close(s.landed[n-1])
+		<-s.release[n-1]
+	}
+	return res, found, err
+}
+
+// TestLateReclaimAnswerIsClaimedAgain: the claim made again after a
+// late answer can be answered late too (the same stalled network or row
+// lock), its lease run out meanwhile and taken over by a redelivery now
+// at the backend. The handler claims again until a claim answers in
+// time, so the late delivery gets 409 and the backend the event once.
+// (Found by review of TestLateClaimAnswerIsClaimedAgain's fix, which
+// claimed again once and did not time that claim.)
+func TestLateReclaimAnswerIsClaimedAgain(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+	st := &twiceLate{Store: h.store}
+	for i := range 2 {
+		st.landed[i], st.release[i] = make(chan struct{}), make(chan struct{})
+	}
+	h.store = st
+	const id = "evt_twice_late"
+	next := &countingNext{}
+	late := make(chan int, 1)
+	go func() {
+		w, _, _ := serve(h, signedRequest(eventBody(id), ""), next)
+		late <- w.Code
+	}()
+	<-st.landed[0]
+	time.Sleep(2 * ttl)
+	close(st.release[0]) // the first answer, late: the handler claims again
+	<-st.landed[1]
+	time.Sleep(2 * ttl) // the lease claimed again has run out too
+	// A redelivery takes it over, marked, and its backend lets the late
+	// claim's answer come while it works.
+	var lateCode int
+	slow := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		close(st.release[1])
+		lateCode = <-late
+		w.WriteHeader(200)
+		return nil
+	}}
+	w, repl, _ := serve(h, signedRequest(eventBody(id), ""), slow)
+	if w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked {
+		t.Fatalf("the redelivery: %d %q, want 200 processed_marked", w.Code, outcomeOf(repl))
+	}
+	if n := next.calls.Load() + slow.calls.Load(); n != 1 || lateCode != http.StatusConflict {
+		t.Fatalf("the backend got the event %d times, want 1; the late delivery got %d, want 409", n, lateCode)
+	}
+}
+
+// slowClaims answers every Claim after delay.
+type slowClaims struct {
+	dedup.Store
+	delay time.Duration
+	calls atomic.Int32
+}
+
+func (s *slowClaims) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
+	s.calls.Add(1)
+	res, found, err := s.Store.Claim(ctx, key, token, ttl)
+	time.Sleep(s.delay)
+	return res, found, err
+}
+
+// TestClaimsAlwaysLateAreAStoreError: a store that answers every claim
+// after lock_ttl/3 is failing: after the claim and lateClaims more, the
+// delivery gets the store error (503), nothing reaches the backend, and
+// its lease is released, so the sender's retry is not made to wait.
+func TestClaimsAlwaysLateAreAStoreError(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+	st := &slowClaims{Store: h.store, delay: ttl/3 + 20*time.Millisecond}
+	h.store = st
+	const id = "evt_always_late"
+	next := &countingNext{}
+	w, repl, _ := serve(h, signedRequest(eventBody(id), ""), next)
+	if w.Code != http.StatusServiceUnavailable || outcomeOf(repl) != outcomeStoreError {
+		t.Fatalf("%d %q, want 503 store_error", w.Code, outcomeOf(repl))
+	}
+	if n := st.calls.Load(); n != 1+lateClaims || next.calls.Load() != 0 {
+		t.Fatalf("%d claims, the backend reached %d times; want %d and 0", n, next.calls.Load(), 1+lateClaims)
+	}
+	if res, _, err := st.Store.Claim(context.Background(), h.KeyPrefix+id, "probe", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("the key after the store error: %v %v; want it released", res, err)
+	}
+}

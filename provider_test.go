@@ -428,3 +428,31 @@ func TestIdenticalBodyOfAnotherProcessedEvent(t *testing.T) {
 		t.Errorf("ev-2 left its key behind: %v %v", res, err)
 	}
 }
+
+// TestIdenticalBodyOfAnotherTopicIsRefused: a byte-identical body under
+// another event ID is answered as the processed event's duplicate only
+// if its type is that event's too: a products/update whose body matches
+// a processed products/create is another event, refused 401 as before
+// (visible to the sender), never acknowledged and dropped. (Found by
+// review of TestIdenticalBodyOfAnotherProcessedEvent's fix.) The topic
+// header is not signed, so such a delivery is not sent on either.
+func TestIdenticalBodyOfAnotherTopicIsRefused(t *testing.T) {
+	h := providerHandler(t, `{"name":"shopify"}`, []string{shopSecret1}, nil)
+	next := &countingNext{}
+	body := `{"id":788032119674292922,"title":"Example T-Shirt","updated_at":"2024-09-10T11:14:00-04:00"}`
+	send := func(event, topic string) (int, string) {
+		r := post(body, map[string]string{"X-Shopify-Hmac-Sha256": shopifySig(body, shopSecret1),
+			"X-Shopify-Event-Id": event, "X-Shopify-Topic": topic})
+		w, repl, _ := serve(h, r, next)
+		return w.Code, outcomeOf(repl)
+	}
+	if code, oc := send("ev-1", "products/create"); code != 200 || oc != outcomeProcessed {
+		t.Fatalf("ev-1: %d %q", code, oc)
+	}
+	if code, oc := send("ev-2", "products/update"); code != 401 || oc != outcomeInvalidSignature {
+		t.Fatalf("ev-2, another topic, the same body: %d %q; want 401 invalid_signature", code, oc)
+	}
+	if n := next.calls.Load(); n != 1 {
+		t.Fatalf("the backend got %d deliveries, want 1", n)
+	}
+}
