@@ -135,12 +135,18 @@ func TestRedisSlow(t *testing.T) {
 // first attempt was answered 500 or 404 (known not processed) is
 // released: its retry goes on at once, not marked as the retry of an
 // attempt whose fate is unknown (a lease kept would make it wait
-// lock_ttl, then go on marked).
+// lock_ttl, then go on marked). Left out: a first attempt that came
+// marked (an earlier one never reached the backend's handler but was
+// held, a 502 EOF on a connection the backend's shutdown closed: a
+// marked delivery not processed is held by design), and those answered
+// around the backend's going down, whose answer the shutdown can cut
+// (Caddy then sees 502 EOF and holds the event, rightly; CI run 68).
 func TestBackendFaults(t *testing.T) {
 	r := redistest.Start(t)
 	l := ledger.New(t)
 	var mu sync.Mutex
-	refused := map[string]bool{} // answered 500 or 404 the first time
+	refused := map[string]time.Time{} // answered 500 or 404 the first time, and when
+	var downFrom, downTo time.Time    // the backend's going down and coming back
 	l.Behave(func(id string, n int) ledger.Action {
 		if n > 1 {
 			return ledger.Action{}
@@ -148,12 +154,12 @@ func TestBackendFaults(t *testing.T) {
 		switch rand.IntN(10) {
 		case 0, 1:
 			mu.Lock()
-			refused[id] = true
+			refused[id] = time.Now()
 			mu.Unlock()
 			return ledger.Action{Status: 500}
 		case 2:
 			mu.Lock()
-			refused[id] = true
+			refused[id] = time.Now()
 			mu.Unlock()
 			return ledger.Action{Status: 404}
 		case 3:
@@ -168,10 +174,16 @@ func TestBackendFaults(t *testing.T) {
 			// Down for 1 s: new connections refused. (Dropping requests in
 			// flight after their work is done would be a crash after the
 			// work, a double by nature: see the Caddy SIGKILL test.)
+			mu.Lock()
+			downFrom = time.Now()
+			mu.Unlock()
 			l.Down()
 			s.fig.faults.Add(1)
 			time.Sleep(time.Second)
 			l.Start(t)
+			mu.Lock()
+			downTo = time.Now()
+			mu.Unlock()
 		})
 	})
 	check(t, "backend 500/404/crash/down", s, l, ids, acked, false)
@@ -181,16 +193,25 @@ func TestBackendFaults(t *testing.T) {
 		t.Fatal("no first attempt was answered 500 or 404: the fault did not hit")
 	}
 	var marked []string
-	for id := range refused {
-		for _, d := range l.Deliveries(id)[1:] {
+	checked := 0
+	for id, at := range refused {
+		ds := l.Deliveries(id)
+		if ds[0].Marked || !downFrom.IsZero() && at.After(downFrom.Add(-200*time.Millisecond)) && at.Before(downTo.Add(200*time.Millisecond)) {
+			continue
+		}
+		checked++
+		for _, d := range ds[1:] {
 			if d.Marked {
 				marked = append(marked, id)
 				break
 			}
 		}
 	}
+	if checked == 0 {
+		t.Fatal("every first attempt answered 500 or 404 was around the backend's going down: nothing checked")
+	}
 	if len(marked) > 0 {
-		t.Errorf("%d of the %d events whose first attempt was answered 500 or 404 were retried marked (their lease was kept, not released), e.g. %v", len(marked), len(refused), head(marked))
+		t.Errorf("%d of the %d events whose first attempt was answered 500 or 404 (away from the backend's going down) were retried marked (their lease was kept, not released), e.g. %v", len(marked), checked, head(marked))
 	}
 }
 
