@@ -274,7 +274,8 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 // ServeHTTP for what error routes get).
 func errorRoutesProxy(srv *caddyhttp.Server) bool {
 	// anyHandler reports whether one of handlers, or of the subroutes
-	// and named routes they hold, is one that is reports true for.
+	// and named routes they hold, is one that is reports true for
+	// (anyRoute: of routes' handlers).
 	var anyHandler func(handlers []json.RawMessage, depth int, is func(guardRawHandler) bool) bool
 	anyHandler = func(handlers []json.RawMessage, depth int, is func(guardRawHandler) bool) bool {
 		if depth > 8 { // a named route that invokes itself
@@ -301,27 +302,14 @@ func errorRoutesProxy(srv *caddyhttp.Server) bool {
 		}
 		return false
 	}
+	anyRoute := func(routes []guardRawRoute, is func(guardRawHandler) bool) bool {
+		return slices.ContainsFunc(routes, func(r guardRawRoute) bool { return anyHandler(r.Handle, 0, is) })
+	}
 	isProxy := func(h guardRawHandler) bool { return h.Handler == "reverse_proxy" }
 	isDedup := func(h guardRawHandler) bool { return h.Handler == "sangho_dedup" }
-	routesProxy := func(routes []guardRawRoute) bool {
-		for _, r := range routes {
-			if anyHandler(r.Handle, 0, isProxy) {
-				return true
-			}
-		}
-		return false
-	}
 	// A subroute that holds sangho_dedup and whose error routes proxy.
 	guardedSubroute := func(h guardRawHandler) bool {
-		if h.Errors == nil || !routesProxy(h.Errors.Routes) {
-			return false
-		}
-		for _, r := range h.Routes {
-			if anyHandler(r.Handle, 0, isDedup) {
-				return true
-			}
-		}
-		return false
+		return h.Errors != nil && anyRoute(h.Errors.Routes, isProxy) && anyRoute(h.Routes, isDedup)
 	}
 	for _, r := range srv.Routes {
 		if anyHandler(r.HandlersRaw, 0, guardedSubroute) {

@@ -207,15 +207,8 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 			}
 		}
 	}
-	switch res {
-	case dedup.AlreadyDone:
-		h.outcome(repl, outcomeDuplicate)
-		h.debug("duplicate answered", id, typ)
-		return h.answerDuplicate(w, r, body)
-	case dedup.InFlight:
-		w.Header().Set("Retry-After", h.retryAfter)
-		w.Header().Set("Sangho-Dedup", "in_flight")
-		return h.reject(w, r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
+	if res == dedup.AlreadyDone || res == dedup.InFlight {
+		return h.answerTaken(w, r, repl, res, body, id, typ)
 	}
 
 	// Claimed or Reclaimed: from here on the delivery is one value,
@@ -264,17 +257,13 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		switch {
 		case err != nil:
 			return h.storeFailed(w, r, next, repl, id, err)
-		case res == dedup.AlreadyDone:
-			h.outcome(repl, outcomeDuplicate)
-			h.debug("duplicate answered", id, typ)
-			return h.answerDuplicate(w, r, body)
 		case res == dedup.InFlight:
 			h.logger.Warn("lease lost", zap.String("event_id", id), zap.String("during", "claim"),
 				zap.Duration("claim_took", again.Sub(d.claimed)))
 			metrics.leaseLost.Inc()
-			w.Header().Set("Retry-After", h.retryAfter)
-			w.Header().Set("Sangho-Dedup", "in_flight")
-			return h.reject(w, r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
+			return h.answerTaken(w, r, repl, res, body, id, typ)
+		case res == dedup.AlreadyDone:
+			return h.answerTaken(w, r, repl, res, body, id, typ)
 		}
 		d.claimed = again
 		d.marked = d.marked || res == dedup.Reclaimed
@@ -288,6 +277,19 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 		h.debug("event passed on", id, typ)
 	}
 	return d.process(w, r, next)
+}
+
+// answerTaken answers a delivery whose claim found its event done (200,
+// a duplicate) or in flight (409, with Retry-After).
+func (h *Handler) answerTaken(w http.ResponseWriter, r *http.Request, repl *caddy.Replacer, res dedup.ClaimResult, body *pooledBody, id, typ string) error {
+	if res == dedup.AlreadyDone {
+		h.outcome(repl, outcomeDuplicate)
+		h.debug("duplicate answered", id, typ)
+		return h.answerDuplicate(w, r, body)
+	}
+	w.Header().Set("Retry-After", h.retryAfter)
+	w.Header().Set("Sangho-Dedup", "in_flight")
+	return h.reject(w, r, repl, outcomeInFlight, http.StatusConflict, errInFlight, id)
 }
 
 // releaseUnread releases the new lease of a delivery whose body, read

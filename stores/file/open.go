@@ -289,6 +289,16 @@ type pebbleFatal string
 
 func (f pebbleFatal) Error() string { return string(f) }
 
+// asFatal returns p, a recovered panic, as the pebbleFatal it is; any
+// other panic goes on.
+func asFatal(p any) error {
+	f, ok := p.(pebbleFatal)
+	if !ok {
+		panic(p)
+	}
+	return f
+}
+
 // fail fails the store for good with cause, logged once, and returns
 // the error every later claim, renewal, commit and forget gets: they
 // are refused at once, without the database (whose commits cannot go
@@ -400,11 +410,7 @@ func openPebble(dir string, o *pebble.Options, released func()) (*pebble.DB, err
 		var r opened
 		defer func() {
 			if p := recover(); p != nil {
-				f, ok := p.(pebbleFatal)
-				if !ok {
-					panic(p)
-				}
-				r = opened{err: f}
+				r = opened{err: asFatal(p)}
 			}
 			select {
 			case res <- r:

@@ -200,11 +200,7 @@ func (st *shared) writer() {
 func (st *shared) commitBatch(b *pebble.Batch) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			f, ok := p.(pebbleFatal)
-			if !ok {
-				panic(p)
-			}
-			err = st.fail(f)
+			err = st.fail(asFatal(p))
 		}
 	}()
 	return b.Commit(pebble.Sync)

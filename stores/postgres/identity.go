@@ -26,49 +26,29 @@ const identifyTimeout = 2 * time.Second
 // unreachable, a refused login, a server without pg_control_system),
 // the ID is the DSN's, spelled one way (options.stateID), and a warning
 // says so: one table reached through two unrelated host names is then
-// two stores to the check.
-//
-// The server's answer is kept for the pool's life: every config on the
-// pool (a reload that keeps it, two routes with the same settings) gets
-// the same ID, so commit retries registered under it are stopped by a
-// forget through any of them. The DSN's stands only for the config
-// being loaded (its other stores on this pool do not wait again): the
-// next load (a reload) asks the server again, so that a pool opened
-// while the server was down is compared the way a pool opened since is.
-// (A commit retry registered under the DSN's ID in the earlier config is
-// then not stopped by a forget through the later one.)
+// two stores to the check. The server's answer is kept for the pool's
+// life, the DSN's stands for one config load (storepool.DataName).
 func (db *sharedDB) identify(ctx caddy.Context, logger *zap.Logger) string {
-	db.idMu.Lock()
-	defer db.idMu.Unlock()
-	if db.identity != "" {
-		return db.identity
-	}
 	o := db.opts
-	load := ctx.Done() // one for every store of one config (Caddy's config context)
-	if db.unknownIn != nil && db.unknownIn == load {
-		return o.stateID()
+	ask := func() (string, error) {
+		qctx, cancel := context.WithTimeout(ctx, min(identifyTimeout, o.timeout))
+		defer cancel()
+		var system, database string
+		query := func() error {
+			return db.pool.QueryRow(qctx, `SELECT system_identifier::text, current_database() FROM pg_control_system()`).Scan(&system, &database)
+		}
+		err := query()
+		if err != nil && db.startupTimeoutRefused(err, logger) {
+			err = query() // a pooler: without statement_timeout
+		}
+		if err != nil {
+			return "", err
+		}
+		return "postgres system_identifier " + system + " database " + database + " table " + o.schema + "." + o.table, nil
 	}
-	timeout := min(identifyTimeout, o.timeout)
-	qctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	var system, database string
-	ask := func() error {
-		return db.pool.QueryRow(qctx, `SELECT system_identifier::text, current_database() FROM pg_control_system()`).Scan(&system, &database)
-	}
-	err := ask()
-	if err != nil && db.startupTimeoutRefused(err, logger) {
-		err = ask() // a pooler: without statement_timeout
-	}
-	if err != nil {
-		db.unknownIn = load
+	return db.name.Of(ctx.Done(), o.stateID(), ask, func(err error) {
 		logger.Warn("postgres identity unknown", zap.String("compared_as", o.stateID()),
 			zap.String("risk", "another endpoint on this table through a DSN spelled otherwise goes unnoticed until a config load (a reload) while the server answers"),
 			zap.Error(o.scrub(err)))
-		return o.stateID()
-	}
-	if db.unknownIn != nil {
-		db.aliases = append(db.aliases, o.stateID())
-	}
-	db.identity = "postgres system_identifier " + system + " database " + database + " table " + o.schema + "." + o.table
-	return db.identity
+	})
 }

@@ -19,7 +19,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -187,11 +186,7 @@ func (s *Store) DataID() string { return s.state }
 // DataAliases implements dedup.DataAliaser: the DSN's ID, if an earlier
 // config on this pool was provisioned while the server could not be
 // asked (see sharedDB.identify).
-func (s *Store) DataAliases() []string {
-	s.db.idMu.Lock()
-	defer s.db.idMu.Unlock()
-	return slices.Clone(s.db.aliases)
-}
+func (s *Store) DataAliases() []string { return s.db.name.Aliases() }
 
 // options are the settings after placeholders and defaults.
 type options struct {
@@ -453,13 +448,7 @@ type sharedDB struct {
 
 	noStartupTimeout atomic.Bool // a pooler refused statement_timeout as a startup parameter (pooler.go)
 
-	idMu     sync.Mutex
-	identity string // as the server names the table, once asked (identify)
-	// unknownIn is the config load (its context's Done) in which the
-	// server could not be asked: its other stores on this pool take the
-	// DSN's ID without waiting again (identify).
-	unknownIn <-chan struct{}
-	aliases   []string // the DSN's ID, if an earlier load named the table by it (DataAliases)
+	name storepool.DataName // the table as the server names it (identify)
 }
 
 func newSharedDB(o *options, logger *zap.Logger) (*sharedDB, error) {

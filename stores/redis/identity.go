@@ -34,52 +34,28 @@ const identifyTimeout = 2 * time.Second
 //
 // When Redis cannot answer within identifyTimeout, the ID is the
 // addresses' (resolvedOptions.stateID) and a warning says so. Redis's
-// answer is kept for the client's life: every config on the client (a
-// reload that keeps it, two routes with the same settings) gets the
-// same ID, so commit retries registered under it are stopped by a
-// forget through any of them. The addresses' stands only for the config
-// being loaded (its other stores on this client do not wait again): the
-// next load (a reload) asks again, so that a client opened while Redis
-// was down is compared the way a client opened since is. (A commit
-// retry registered under the addresses' ID in the earlier config is
-// then not stopped by a forget through the later one.) A standalone
-// server is not asked: its ID is its address, spelled one way.
+// answer is kept for the client's life, the addresses' stands for one
+// config load (storepool.DataName). A standalone server is not asked:
+// its ID is its address, spelled one way.
 func (rc *redisClient) identify(ctx context.Context, o resolvedOptions, logger *zap.Logger) string {
 	u := o.universal
 	cluster, isCluster := rc.UniversalClient.(*goredis.ClusterClient)
 	if !isCluster && u.MasterName == "" {
 		return o.stateID()
 	}
-	rc.idMu.Lock()
-	defer rc.idMu.Unlock()
-	if rc.identity != "" {
-		return rc.identity
+	ask := func() (string, error) {
+		qctx, cancel := context.WithTimeout(ctx, identifyTimeout)
+		defer cancel()
+		if isCluster {
+			return clusterIdentity(qctx, cluster)
+		}
+		return masterIdentity(qctx, u)
 	}
-	load := ctx.Done() // one for every store of one config (Caddy's config context)
-	if rc.unknownIn != nil && rc.unknownIn == load {
-		return o.stateID()
-	}
-	qctx, cancel := context.WithTimeout(ctx, identifyTimeout)
-	defer cancel()
-	var id string
-	var err error
-	if isCluster {
-		id, err = clusterIdentity(qctx, cluster)
-	} else {
-		id, err = masterIdentity(qctx, u)
-	}
-	if err != nil {
-		rc.unknownIn = load
+	return rc.name.Of(ctx.Done(), o.stateID(), ask, func(err error) {
 		logger.Warn("redis identity unknown", zap.String("compared_as", o.stateID()),
 			zap.String("risk", "another endpoint on this Redis through other addresses goes unnoticed until a config load (a reload) while Redis answers"),
 			zap.Error(err))
-		return o.stateID()
-	}
-	if rc.unknownIn != nil {
-		rc.aliases = append(rc.aliases, o.stateID())
-	}
-	rc.identity = id
-	return id
+	})
 }
 
 // clusterIdentity is "redis cluster" and the smallest node ID of the

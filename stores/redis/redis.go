@@ -16,7 +16,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -232,13 +231,7 @@ type redisClient struct {
 	cache   *doneCache
 	tracker *tracker
 
-	idMu     sync.Mutex
-	identity string // the Cluster or master as Redis names it, once asked (identify)
-	// unknownIn is the config load (its context's Done) in which Redis
-	// could not be asked: its other stores on this client take the
-	// addresses' ID without waiting again (identify).
-	unknownIn <-chan struct{}
-	aliases   []string // the addresses' ID, if an earlier load named the data by it (DataAliases)
+	name storepool.DataName // the Cluster or master as Redis names it (identify)
 }
 
 func newRedisClient(o *goredis.UniversalOptions, cacheSize int, logger *zap.Logger) *redisClient {
@@ -664,13 +657,10 @@ func (s *Store) DataID() string { return s.state }
 // earlier config on this client was provisioned while Redis could not
 // be asked (see redisClient.identify).
 func (s *Store) DataAliases() []string {
-	rc := s.rc
-	if rc == nil {
+	if s.rc == nil {
 		return nil
 	}
-	rc.idMu.Lock()
-	defer rc.idMu.Unlock()
-	return slices.Clone(rc.aliases)
+	return s.rc.name.Aliases()
 }
 
 // validPort reports whether p is a TCP port number, 1 to 65535.
