@@ -236,6 +236,10 @@ func TestAdminAPIAndCommand(t *testing.T) {
 			!strings.Contains(err.Error(), "--force") || strings.Contains(err.Error(), "?force") {
 			t.Fatalf("forget in flight without --force: exit %d, %v\n%s", code, err, out)
 		}
+		// --json prints the API's answer, a refusal too, for a script to read
+		if code, out, err := s.cli(t, "forget", "evt_slow", "json", "true"); code != 2 || err == nil || !strings.Contains(out, `"error"`) || !strings.Contains(out, "in flight") {
+			t.Fatalf("forget --json in flight: exit %d, %v, stdout %q; want 2 and the API's JSON answer on stdout", code, err, out)
+		}
 		if code, out, err := s.cli(t, "forget", "evt_slow", "force", "true"); code != 0 || err != nil || !strings.Contains(out, "in_flight") {
 			t.Fatalf("forced forget in flight: %d %v\n%s", code, err, out)
 		}
@@ -450,5 +454,40 @@ func TestCLIUsageErrorsExit2(t *testing.T) {
 		if code != 2 || !strings.Contains(stderr.String(), c.says) {
 			t.Errorf("caddy %s: exit %d, stderr %q; want 2 and %q", c.args, code, stderr.String(), c.says)
 		}
+	}
+}
+
+// TestCommandAdminAddressAsURL: --address taken as a URL, the way the
+// admin API's address is written in a browser or curl
+// (http://localhost:2019, with or without a trailing slash), reaches it;
+// it was taken as a network named "http:" and failed with "no Host". An
+// https:// address (Caddy's remote admin, which needs client
+// certificates) is refused with a message that says what to give.
+func TestCommandAdminAddressAsURL(t *testing.T) {
+	l := ledger.New(t)
+	s := startAdminCaddy(t, dedupSite(l.Addr, "store memory\n\t\tname url"))
+	for _, addr := range []string{"http://" + s.admin, "http://" + s.admin + "/"} {
+		code, out, err := runCommand(t, "get", "evt_never", "address", addr)
+		if code != 1 || err != nil || !strings.Contains(out, "evt_never: no record") {
+			t.Errorf("get --address %s: exit %d, %v\n%s; want 1 and no record", addr, code, err, out)
+		}
+	}
+	code, _, err := runCommand(t, "get", "evt_never", "address", "https://"+s.admin)
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "https://") || !strings.Contains(err.Error(), "--address "+s.admin) {
+		t.Errorf("get --address https://...: exit %d, %v; want 2 and a message naming https:// and the address to give", code, err)
+	}
+}
+
+// TestCommandConfigWithAdminOff: a config whose admin API is off (`admin
+// off`) makes the command say so and name the config, not report the
+// default address's "connection refused" as if Caddy were down.
+func TestCommandConfigWithAdminOff(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "Caddyfile")
+	if err := os.WriteFile(path, []byte(serverCaddyfile(freePort(t), dedupSite("127.0.0.1:1", "store memory"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, _, err := runCommand(t, "get", "evt_1", "config", path)
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "admin off") || !strings.Contains(err.Error(), path) || strings.Contains(err.Error(), "refused") {
+		t.Fatalf("get --config <admin off>: exit %d, %v; want 2 and a message that names admin off and %s", code, err, path)
 	}
 }

@@ -106,7 +106,20 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 	force, _ := c.Flags().GetBool("force")
 	config, _ := c.Flags().GetString("config")
 	adapter, _ := c.Flags().GetString("adapter")
-	addr, err := caddycmd.DetermineAdminAPIAddress(addr, nil, config, adapter)
+	var loaded []byte
+	if addr == "" && config != "" {
+		var err error
+		if loaded, _, _, err = caddycmd.LoadConfig(config, adapter); err != nil {
+			return 2, fmt.Errorf("finding the admin address in --config %s: %v", config, err)
+		}
+		var c struct {
+			Admin caddy.AdminConfig `json:"admin"`
+		}
+		if json.Unmarshal(loaded, &c) == nil && c.Admin.Disabled {
+			return 2, fmt.Errorf("the config %s has its admin API off (admin off): get and forget go through it; give it an admin address, or --address of a Caddy that has one", config)
+		}
+	}
+	addr, err := caddycmd.DetermineAdminAPIAddress(addr, loaded, config, adapter)
 	if err != nil {
 		return 2, fmt.Errorf("finding the admin address in --config %s: %v", config, err)
 	}
@@ -147,6 +160,9 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 	if err != nil {
 		return 2, err
 	}
+	if asJSON && json.Valid(body) {
+		_, _ = out.Write(body) // the API's answer, a refusal too; the exit status says which
+	}
 	var info EventInfo
 	if status == http.StatusOK || status == http.StatusNotFound {
 		if json.Unmarshal(body, &info) != nil || info.State == "" {
@@ -158,9 +174,7 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 	} else {
 		return 2, errors.New(apiMessage(status, body))
 	}
-	if asJSON {
-		_, _ = out.Write(body)
-	} else {
+	if !asJSON {
 		if info.Endpoint != "" {
 			name = info.Endpoint // an earlier name of it may have been given
 		}
@@ -221,6 +235,12 @@ func apiMessage(status int, body []byte) string {
 // and the Origin header to send: none on a unix socket, where Caddy
 // refuses a request that carries one.
 func adminClient(addr string) (client *http.Client, base, origin string, err error) {
+	// An address written as a URL, as a browser or curl takes it.
+	if rest, ok := strings.CutPrefix(addr, "http://"); ok {
+		addr = strings.TrimSuffix(rest, "/")
+	} else if rest, ok := strings.CutPrefix(addr, "https://"); ok {
+		return nil, "", "", fmt.Errorf("admin address %s: the command speaks plain HTTP or a unix socket, not https:// (Caddy's remote admin, with client certificates); give the local admin address, e.g. --address %s", addr, strings.TrimSuffix(rest, "/"))
+	}
 	na, err := caddy.ParseNetworkAddress(addr)
 	if err != nil || na.PortRangeSize() > 1 {
 		return nil, "", "", fmt.Errorf("invalid admin address %s: %v", addr, err)
