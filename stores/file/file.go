@@ -164,7 +164,7 @@ func (*Store) ParkAtExit() { parkOpenFiles() }
 // one store by different names share one open store (the lock would
 // refuse the second open). A symlink to a file not created yet is
 // followed to where the file will be; for a name that does not exist,
-// its folder is resolved.
+// the part of its path that exists is resolved.
 func resolvePath(abs string) string {
 	for range 40 { // as many links as Linux follows
 		if p, err := filepath.EvalSymlinks(abs); err == nil {
@@ -183,10 +183,26 @@ func resolvePath(abs string) string {
 		}
 		abs = target
 	}
-	if dir, err := filepath.EvalSymlinks(filepath.Dir(abs)); err == nil {
-		return filepath.Join(dir, filepath.Base(abs))
+	return resolveExisting(abs)
+}
+
+// resolveExisting resolves the symlinks of the longest part of abs that
+// exists and keeps the rest as it is: a path whose folders are not made
+// yet is named now as it will be once they are (a first start names the
+// store as every later one does).
+func resolveExisting(abs string) string {
+	rest := ""
+	for p := abs; ; {
+		if resolved, err := filepath.EvalSymlinks(p); err == nil {
+			return filepath.Join(resolved, rest)
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return abs
+		}
+		rest = filepath.Join(filepath.Base(p), rest)
+		p = parent
 	}
-	return abs
 }
 
 func filePoolKey(dir string) string { return "sangho_dedup.file." + dir }

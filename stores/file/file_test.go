@@ -1082,6 +1082,42 @@ func TestFileStoreOneFileByAnyName(t *testing.T) {
 	}
 }
 
+// TestFileStoreSameNameBeforeAndAfterItsFolder: a store whose path goes
+// through a symlinked folder and then through folders not created yet
+// (a fresh install whose data directory is a symlink, as macOS's /tmp
+// is) keeps its name once the first start created those folders. It
+// was named by the unresolved path at the first start and by the
+// resolved one at a reload of the same config, which then missed the
+// open store and was refused as "a bind mount" until Caddy restarted.
+// (Found by review.)
+func TestFileStoreSameNameBeforeAndAfterItsFolder(t *testing.T) {
+	dir := t.TempDir()
+	real := filepath.Join(dir, "real")
+	if err := os.MkdirAll(real, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "datadir")
+	mustSymlink(t, real, link)
+	path := filepath.Join(link, "sangho_dedup", "dedup.db") // sangho_dedup/ does not exist yet
+	var stores []*Store
+	for i := range 2 { // the first start, then a reload of the same config
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		defer cancel()
+		s := &Store{Path: path}
+		if err := s.Provision(ctx); err != nil {
+			t.Fatalf("provision %d of %s: %v", i+1, path, err)
+		}
+		defer s.Cleanup()
+		stores = append(stores, s)
+	}
+	if stores[0].dir != stores[1].dir || stores[0].DataID() != stores[1].DataID() {
+		t.Fatalf("one path, two names: %s (%s) then %s (%s)", stores[0].dir, stores[0].DataID(), stores[1].dir, stores[1].DataID())
+	}
+	if want := StoreDir(filepath.Join(real, "sangho_dedup", "dedup.db")); stores[0].dir != want {
+		t.Fatalf("the store is named %s; want %s, the path with its symlinks resolved", stores[0].dir, want)
+	}
+}
+
 func mustSymlink(t *testing.T, target, link string) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(link), 0o700); err != nil {
