@@ -1,7 +1,6 @@
 package postgres_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -11,8 +10,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/handlertest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
-	loadgen "github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
@@ -45,30 +44,13 @@ const (
 	secretBilling = "whsec_identity_billing"
 )
 
-// sendSigned delivers body to url signed with secret and returns the
-// status; id is also the Sangho-Event-ID header, as Sangho sends it.
-func sendSigned(t *testing.T, url, id, body, secret string) int {
-	t.Helper()
-	status, _, _, err := loadgen.Send(context.Background(), client, url, loadgen.NewDelivery(id, []byte(body), secret))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return status
-}
-
 // deliverToBoth sends the event id, signed, to shop and to billing, and
 // fails unless both answer 200.
 func deliverToBoth(t *testing.T, portShop, portBilling int, id string) {
 	t.Helper()
-	body := `{"id":"` + id + `","type":"invoice.paid"}`
-	for _, p := range []struct {
-		port   int
-		secret string
-	}{{portShop, secretShop}, {portBilling, secretBilling}} {
-		if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
-			t.Fatalf("delivery of %s to :%d: %d", id, p.port, code)
-		}
-	}
+	site := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d/webhook", port) }
+	handlertest.DeliverAll(t, client, id, `{"id":"`+id+`","type":"invoice.paid"}`,
+		handlertest.Target{URL: site(portShop), Secret: secretShop}, handlertest.Target{URL: site(portBilling), Secret: secretBilling})
 }
 
 // TestServerOneTableTwoDSNSpellings: two site blocks, shop and billing,

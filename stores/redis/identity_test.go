@@ -1,7 +1,6 @@
 package redis_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -15,8 +14,8 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 
 	_ "github.com/sangho/caddy-sangho-dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/handlertest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
-	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/netkit"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
@@ -54,30 +53,13 @@ func twoSites(adminPort, portShop, portBilling int, storeShop, storeBilling, ext
 		site(portBilling, "billing", secretBilling, storeBilling, extraBilling, backendBilling)
 }
 
-// sendSigned delivers body to url signed with secret, id also in the
-// Sangho-Event-ID header as Sangho sends it, and returns the status.
-func sendSigned(t *testing.T, url, id, body, secret string) int {
-	t.Helper()
-	status, _, _, err := load.Send(context.Background(), client, url, load.NewDelivery(id, []byte(body), secret))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return status
-}
-
 // deliverToBoth sends the event id, signed, to shop and to billing, and
 // fails unless both answer 200.
 func deliverToBoth(t *testing.T, portShop, portBilling int, id string) {
 	t.Helper()
-	body := `{"id":"` + id + `","type":"invoice.paid"}`
-	for _, p := range []struct {
-		port   int
-		secret string
-	}{{portShop, secretShop}, {portBilling, secretBilling}} {
-		if code := sendSigned(t, fmt.Sprintf("http://127.0.0.1:%d/webhook", p.port), id, body, p.secret); code != 200 {
-			t.Fatalf("delivery of %s to :%d: %d", id, p.port, code)
-		}
-	}
+	site := func(port int) string { return fmt.Sprintf("http://127.0.0.1:%d/webhook", port) }
+	handlertest.DeliverAll(t, client, id, `{"id":"`+id+`","type":"invoice.paid"}`,
+		handlertest.Target{URL: site(portShop), Secret: secretShop}, handlertest.Target{URL: site(portBilling), Secret: secretBilling})
 }
 
 // TestServerOneRedisTwoAddressLists: two site blocks, shop and billing,

@@ -25,6 +25,7 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard" // respond, reverse_proxy, ...
 
 	sanghodedup "github.com/sangho/caddy-sangho-dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/load"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
@@ -184,4 +185,22 @@ func Send(t testing.TB, url, body string) Answer {
 	t.Helper()
 	r := SignedRequest(body, "")
 	return Do(t, http.MethodPost, url, body, r.Header)
+}
+
+// Target is a site's webhook URL and the secret it verifies.
+type Target struct{ URL, Secret string }
+
+// DeliverAll sends the event id with body to each target, signed with
+// its secret as Sangho signs, and fails t unless each answers 200.
+func DeliverAll(t testing.TB, client *http.Client, id, body string, targets ...Target) {
+	t.Helper()
+	for _, tg := range targets {
+		status, _, _, err := load.Send(context.Background(), client, tg.URL, load.NewDelivery(id, []byte(body), tg.Secret))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if status != 200 {
+			t.Fatalf("delivery of %s to %s: %d", id, tg.URL, status)
+		}
+	}
 }
