@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -251,9 +252,14 @@ func (g *grouper) send(ops []*groupOp) {
 	// rows take their locks in the same order, so neither can wait for
 	// the other while holding what the other waits for (a deadlock).
 	slices.SortFunc(live, func(a, b *groupOp) int { return strings.Compare(a.key, b.key) })
-	changed, err := runBatch(ctx, conn, live)
+	batch := live
+	if lt, ok := lockTimeout(ctx); ok && len(live) > 1 {
+		batch = append([]*groupOp{lt}, live...)
+	}
+	changed, err := runBatch(ctx, conn, batch)
 	switch {
 	case err == nil:
+		changed = changed[len(batch)-len(live):]
 		for i, op := range live {
 			op.res <- groupResult{changed: changed[i]}
 		}
@@ -274,6 +280,33 @@ func (g *grouper) send(ops []*groupOp) {
 			op.res <- groupResult{err: err}
 		}
 	}
+}
+
+// lockTimeout is the statement that opens a group of several: the
+// server's lock_timeout for the group's transaction (SET LOCAL, through
+// set_config, which a pipeline's implicit transaction and PgBouncer's
+// transaction mode both take), half the time the group has left. A
+// statement that waits that long for a row lock another transaction
+// holds (an operator's open transaction, a stuck session; a group of
+// another instance holds its rows for milliseconds) is refused by the
+// server while the group still has time, and the group's statements run
+// alone, so that only the one that waits fails its delivery. Without
+// it, Caddy's deadline for the group ended first and every delivery in
+// the group got the store error.
+func lockTimeout(ctx context.Context) (*groupOp, bool) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return nil, false
+	}
+	half := time.Until(d) / 2
+	if half < time.Millisecond {
+		return nil, false
+	}
+	return &groupOp{
+		sql:   `SELECT set_config('lock_timeout', $1, true) <> ''`,
+		args:  []any{strconv.FormatInt(half.Milliseconds(), 10) + "ms"},
+		query: true,
+	}, true
 }
 
 // latest is the latest deadline of ops' callers, if they all have one.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
@@ -219,6 +220,64 @@ func testGroupOneBadStatement(t *testing.T, srv *pgtest.Server, dsn string) {
 	}
 	if n := s.db.group.reran.Load(); n != 1 {
 		t.Fatalf("%d groups rolled back and run alone; want 1", n)
+	}
+}
+
+// A statement of a group that waits for a row lock another transaction
+// holds (an operator's open transaction, a stuck session) fails its own
+// delivery only: the server gives up on the lock before the group's
+// time runs out, the group is rolled back and each statement runs
+// alone. Before, the group waited until Caddy's deadline and every
+// delivery in it got the store error.
+func TestGroupLockWaitFailsOnlyItsOwn(t *testing.T) { eachMode(t, testGroupLockWait) }
+
+func testGroupLockWait(t *testing.T, srv *pgtest.Server, dsn string) {
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(dsn, table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"2s"`))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil { // creates the table
+		t.Fatal(err)
+	}
+	// Another session inserts l-held and neither commits nor rolls back
+	// until the test ends: a claim of it waits to know which.
+	locker, err := pgx.Connect(ctx, srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Close(ctx)
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, lease_token, expires_at) VALUES ('l-held', 'other', now() + interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+
+	g := newGate(t, s)
+	defer g.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Claim(ctx, "l-first", "tok", time.Minute) }) //nolint:errcheck
+	g.took(t)
+	keys := []string{"l-1", "l-2", "l-3", "l-held", "l-4"}
+	errs := make([]error, len(keys))
+	results := make([]dedup.ClaimResult, len(keys))
+	for i, k := range keys {
+		wg.Go(func() { results[i], _, errs[i] = s.Claim(ctx, k, "tok", time.Minute) })
+	}
+	g.queued(t, len(keys))
+	g.open()
+	wg.Wait()
+	for i, k := range keys {
+		if k == "l-held" {
+			if errs[i] == nil {
+				t.Errorf("the claim of the locked row answered %v and no error while the lock was held", results[i])
+			}
+			continue
+		}
+		if errs[i] != nil || results[i] != dedup.Claimed {
+			t.Errorf("claim of %s in a group with a statement waiting for a lock = %v, %v; want claimed", k, results[i], errs[i])
+		}
 	}
 }
 
