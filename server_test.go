@@ -548,7 +548,7 @@ func TestServerPlaceholdersInLogsAndHeaders(t *testing.T) {
 	if a.header.Get("X-Outcome") != "duplicate" {
 		t.Fatalf("outcome placeholder: %v", a.header)
 	}
-	a = send(t, s.url, `{"id":"evt_fails","type":"invoice.paid"}`, "")
+	a = send(t, s.url, `{"id":"evt_fails","type":"invoice.paid"}`, "evt_fails")
 	if a.status != 500 || a.header.Get("X-Outcome") != "released" || a.header.Get("X-Prior") != "p=" {
 		t.Fatalf("placeholders of a delivery the backend failed: %d %v; want 500, X-Outcome released, X-Prior p=", a.status, a.header)
 	}
