@@ -48,7 +48,7 @@ func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhtt
 	defer metrics.inFlight.Dec()
 	d.reqCtx = r.Context()
 	d.startLease()
-	d.sw.ResponseWriter = w
+	d.sw.ResponseWriter, d.sw.d = w, d
 	finished := false
 	defer func() {
 		if finished {
@@ -167,7 +167,7 @@ func (d *delivery) settle(err error) {
 	if v == toHold && err == nil && status == statusClientClosedRequest {
 		err = errClientGone
 	}
-	if v == toRelease && d.marked {
+	if v == toRelease && d.marked { // as in statusKnown
 		// A marked delivery that the backend did not take: the earlier
 		// attempt's fate is still unknown (the backend may have failed
 		// before it checked its records). Released, the next delivery
@@ -182,11 +182,7 @@ func (d *delivery) settle(err error) {
 	}
 	switch v {
 	case toCommit:
-		if d.marked {
-			h.outcome(d.repl, outcomeProcessedMarked)
-		} else {
-			h.outcome(d.repl, outcomeProcessed)
-		}
+		h.outcome(d.repl, d.outcomeOf(v))
 		rec := dedup.DoneRecord{ProcessedAt: h.now(), EventType: d.typ, Fingerprint: d.fingerprint}
 		// Registered before the first try, so that a forget meanwhile
 		// waits for it and stops what follows (see Handler.forget).
@@ -220,7 +216,7 @@ func (d *delivery) settle(err error) {
 		}
 	case toRelease:
 		released, rerr := d.release(d.ctx)
-		h.outcome(d.repl, outcomeReleased)
+		h.outcome(d.repl, d.outcomeOf(v))
 		spanEvent(d.ctx, spanEventReleased, status, err, 0)
 		switch {
 		case rerr != nil:
@@ -233,10 +229,37 @@ func (d *delivery) settle(err error) {
 			h.logger.Info("event released", zap.String("event_id", d.id), zap.Int("status", status), zap.NamedError("cause", err))
 		}
 	case toHold:
-		h.outcome(d.repl, outcomeHeld)
+		h.outcome(d.repl, d.outcomeOf(v))
 		spanEvent(d.ctx, spanEventHeld, status, err, time.Duration(h.LockTTL))
 		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
 	}
+}
+
+// outcomeOf names the outcome of verdict v.
+func (d *delivery) outcomeOf(v verdict) string {
+	switch {
+	case v == toCommit && d.marked:
+		return outcomeProcessedMarked
+	case v == toCommit:
+		return outcomeProcessed
+	case v == toRelease:
+		return outcomeReleased
+	}
+	return outcomeHeld
+}
+
+// statusKnown sets the outcome placeholder when the next handler writes
+// its status line, before the line goes out through the handlers around
+// this one (a deferred header): the status decides the verdict (judge),
+// the error the next handler returns later changes nothing once a
+// status is written, and settle sets the same outcome again when it
+// counts it.
+func (d *delivery) statusKnown(status int) {
+	v := judge(status, nil, errors.Is(d.reqCtx.Err(), context.Canceled), false)
+	if v == toRelease && d.marked {
+		v = toHold
+	}
+	d.repl.Set("http.sangho_dedup.outcome", d.outcomeOf(v))
 }
 
 // commit turns the lease into the done record rec.
@@ -272,22 +295,30 @@ func (d *delivery) release(ctx context.Context) (bool, error) {
 type statusWriter struct {
 	caddyhttp.ResponseWriterWrapper // by value: one allocation for both
 	status                          atomic.Int32
+	d                               *delivery // told the status first written (statusKnown)
+}
+
+// first records the status line the next handler writes first.
+func (sw *statusWriter) first(code int) {
+	if sw.status.CompareAndSwap(0, int32(code)) && sw.d != nil {
+		sw.d.statusKnown(code)
+	}
 }
 
 func (sw *statusWriter) WriteHeader(code int) {
 	if code >= 200 {
-		sw.status.CompareAndSwap(0, int32(code))
+		sw.first(code)
 	}
 	sw.ResponseWriterWrapper.WriteHeader(code)
 }
 
 func (sw *statusWriter) Write(b []byte) (int, error) {
-	sw.status.CompareAndSwap(0, http.StatusOK)
+	sw.first(http.StatusOK)
 	return sw.ResponseWriterWrapper.Write(b)
 }
 
 func (sw *statusWriter) ReadFrom(r io.Reader) (int64, error) {
-	sw.status.CompareAndSwap(0, http.StatusOK)
+	sw.first(http.StatusOK)
 	return io.Copy(&sw.ResponseWriterWrapper, r)
 }
 

@@ -352,6 +352,18 @@ func classifyKey(raw []byte, escaped bool, idKey string) (isID, isIDCase, isType
 // (Persian, Indic scripts) and emoji sequences are written with: kept.
 const zwnj, zwj = '\u200c', '\u200d'
 
+// printableASCII is whether s is only printable ASCII (space to '~'),
+// none of which cleanEventType replaces: most types, checked without
+// decoding a rune or looking up a Unicode table.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < ' ' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
 // maxEventType is the longest event type kept, in bytes.
 const maxEventType = 255
 
@@ -369,7 +381,7 @@ func cleanEventType(s string) string {
 		return r == utf8.RuneError || unicode.IsControl(r) ||
 			unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) && r != zwnj && r != zwj
 	}
-	if len(s) <= maxEventType && strings.IndexFunc(s, bad) < 0 {
+	if len(s) <= maxEventType && (printableASCII(s) || strings.IndexFunc(s, bad) < 0) {
 		return s
 	}
 	var b strings.Builder

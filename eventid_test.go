@@ -3,6 +3,7 @@ package sanghodedup
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -206,5 +207,19 @@ func TestEventTypeWithANULIsRecordedInPostgres(t *testing.T) {
 	}
 	if n := next.calls.Load(); n != 1 {
 		t.Fatalf("the backend received the event %d times, want 1", n)
+	}
+}
+
+// BenchmarkCleanEventType: a usual type (printable ASCII) and one with
+// letters of other scripts, which take the Unicode path.
+func BenchmarkCleanEventType(b *testing.B) {
+	for _, typ := range []string{"payment_intent.succeeded", "paiement.réussi.決済"} {
+		b.Run(strconv.Itoa(len(typ))+"B", func(b *testing.B) {
+			for b.Loop() {
+				if cleanEventType(typ) != typ {
+					b.Fatal("changed")
+				}
+			}
+		})
 	}
 }

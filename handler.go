@@ -93,6 +93,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		defer h.annotateSpan(span, repl) // see tracing.go
 	}
+	repl.Set("http.sangho_dedup.prior_attempt", "") // known, and empty unless marked
 
 	// Only the handler says whether an earlier attempt's fate is unknown,
 	// under any spelling a backend may read as its header: Go keeps

@@ -519,19 +519,38 @@ func TestServerHandleErrorsShapesRejections(t *testing.T) {
 	}
 }
 
+// TestServerPlaceholdersInLogsAndHeaders: the placeholders reach a
+// deferred header (docs/observability.md), for a delivery passed to the
+// backend too: its outcome is known from the backend's status line,
+// before that line goes out through the header handler, and
+// prior_attempt is empty, not the placeholder's own text, on an
+// unmarked delivery. (Found by review: both were the literal
+// placeholder for every delivery that reached the backend.)
 func TestServerPlaceholdersInLogsAndHeaders(t *testing.T) {
 	l := ledger.New(t)
+	l.Behave(func(id string, n int) ledger.Action {
+		if id == "evt_fails" {
+			return ledger.Action{Status: 500}
+		}
+		return ledger.Action{}
+	})
 	s := startCaddy(t, `	header >X-Event {http.sangho_dedup.event_id}
 	header >X-Type {http.sangho_dedup.event_type}
 	header >X-Outcome {http.sangho_dedup.outcome}
+	header >X-Prior "p={http.sangho_dedup.prior_attempt}"
 `+dedupSite(l.Addr, ""))
 	a := send(t, s.url, bodyA, "")
-	if a.header.Get("X-Event") != "evt_1QZtest000000000001" || a.header.Get("X-Type") != "payment_intent.succeeded" {
-		t.Fatalf("placeholders: %v", a.header)
+	if a.header.Get("X-Event") != "evt_1QZtest000000000001" || a.header.Get("X-Type") != "payment_intent.succeeded" ||
+		a.header.Get("X-Outcome") != "processed" || a.header.Get("X-Prior") != "p=" {
+		t.Fatalf("placeholders of a processed delivery: %v; want X-Outcome processed, X-Prior p=", a.header)
 	}
 	a = send(t, s.url, bodyA, "")
 	if a.header.Get("X-Outcome") != "duplicate" {
 		t.Fatalf("outcome placeholder: %v", a.header)
+	}
+	a = send(t, s.url, `{"id":"evt_fails","type":"invoice.paid"}`, "evt_fails")
+	if a.status != 500 || a.header.Get("X-Outcome") != "released" || a.header.Get("X-Prior") != "p=" {
+		t.Fatalf("placeholders of a delivery the backend failed: %d %v; want 500, X-Outcome released, X-Prior p=", a.status, a.header)
 	}
 }
 
