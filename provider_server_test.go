@@ -531,32 +531,50 @@ func TestProviderDocumentedVectors(t *testing.T) {
 	}
 }
 
-// TestServerSlackURLVerification runs the Slack route of docs/providers.md as
-// written (its backend replaced by the ledger): Slack's url_verification
-// request, which has no event_id, is answered by Caddy with its
-// challenge in text/plain and never reaches the backend, in either key
-// order; events still go through sangho_dedup (processed once, then a
-// duplicate); an event whose text mentions url_verification and a
-// challenge is not taken for one; a body over the limit is 413.
+// TestServerSlackURLVerification runs the Slack recipe of
+// docs/providers.md where the page puts it: in the Recipes site, in
+// place of its `handle /slack` block, every other endpoint and the final
+// `handle { respond 404 }` kept (its backend replaced by the ledger).
+// Slack's url_verification request, which has no event_id, is answered
+// by Caddy with its challenge in text/plain and never reaches the
+// backend, in either key order; events still go through sangho_dedup
+// (processed once, then a duplicate); an event whose text mentions
+// url_verification and a challenge is not taken for one; a body over
+// the limit is 413. (Found by review: the recipe was a `route /slack`,
+// which the Caddyfile sorts after every `handle`: in that site the
+// final `handle` answered all of Slack's requests 404.)
 func TestServerSlackURLVerification(t *testing.T) {
 	var recipe string
 	for _, b := range codeBlocks(docSection(t, "docs/providers.md", "# Providers"), "caddyfile") {
-		if strings.HasPrefix(b, "route /slack {") {
+		if strings.Contains(b, "@slack_challenge") && !strings.HasPrefix(b, "webhooks.example.com") {
 			recipe = b
 		}
 	}
 	if recipe == "" {
-		t.Fatal("docs/providers.md: no `route /slack {` example")
+		t.Fatal("docs/providers.md: no Slack example that answers the challenge")
 	}
 	const secret = "slack_url_verification_secret"
-	t.Setenv("SLACK_SIGNING_SECRET", secret)
 	l := ledger.New(t)
 	const upstream = "reverse_proxy 127.0.0.1:3000"
 	if !strings.Contains(recipe, upstream) {
 		t.Fatalf("docs/providers.md Slack route: no %q line", upstream)
 	}
-	site := strings.Replace(recipe, upstream, "reverse_proxy "+l.Addr+" {\n\t\theader_up Sangho-Event-ID {http.sangho_dedup.event_id}\n\t}", 1)
-	s := startCaddy(t, site)
+	examples := codeBlocks(docSection(t, "docs/providers.md", "## Recipes"), "caddyfile")
+	if len(examples) == 0 {
+		t.Fatal("docs/providers.md Recipes: no caddyfile example")
+	}
+	site := examples[0]
+	for _, ep := range recipeEndpoints(t, site) {
+		t.Setenv(ep.secretEnv, recipeCase(t, ep.path).secrets[0])
+	}
+	t.Setenv("SLACK_SIGNING_SECRET", secret)
+	handleSlack := regexp.MustCompile(`(?s)\n\thandle /slack \{\n.*?\n\t\}\n`)
+	if !handleSlack.MatchString(site) {
+		t.Fatalf("docs/providers.md Recipes: no `handle /slack` block to replace in:\n%s", site)
+	}
+	site = handleSlack.ReplaceAllLiteralString(site, "\n\t"+strings.ReplaceAll(strings.TrimSpace(recipe), "\n", "\n\t")+"\n")
+	s := startCaddy(t, strings.ReplaceAll(siteBody(t, site), upstream,
+		"reverse_proxy "+l.Addr+" {\n\t\theader_up Sangho-Event-ID {http.sangho_dedup.event_id}\n\t}"))
 	url := strings.TrimSuffix(s.url, "/webhook") + "/slack"
 	send := func(body string) answer {
 		r, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
