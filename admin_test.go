@@ -491,3 +491,14 @@ func TestCommandConfigWithAdminOff(t *testing.T) {
 		t.Fatalf("get --config <admin off>: exit %d, %v; want 2 and a message that names admin off and %s", code, err, path)
 	}
 }
+
+// TestCommandNoCaddyAtTheAddress: nothing listening at the admin address
+// is said in words (is Caddy running there?) with the address and the
+// flags that give another, besides the dial error.
+func TestCommandNoCaddyAtTheAddress(t *testing.T) {
+	addr := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	code, _, err := runCommand(t, "get", "evt_1", "address", addr)
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "is Caddy running") || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "--config") {
+		t.Fatalf("get --address %s with nothing there: exit %d, %v; want 2 and a message that asks whether Caddy runs there", addr, code, err)
+	}
+}

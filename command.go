@@ -127,9 +127,16 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 	if err != nil {
 		return 2, err
 	}
+	call := func(method, uri string) (int, []byte, error) {
+		status, body, err := adminDo(client, base, origin, method, uri)
+		if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
+			err = fmt.Errorf("%w (is Caddy running, with its admin API at %s? --address or --config gives another)", err, addr)
+		}
+		return status, body, err
+	}
 	if name == "" {
 		var list []EndpointInfo
-		if status, body, err := adminDo(client, base, origin, http.MethodGet, "/sangho_dedup/"); err != nil {
+		if status, body, err := call(http.MethodGet, "/sangho_dedup/"); err != nil {
 			return 2, err
 		} else if status != http.StatusOK {
 			return 2, fmt.Errorf("listing the endpoints: %s", apiMessage(status, body))
@@ -156,7 +163,7 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 			uri += "?force=true"
 		}
 	}
-	status, body, err := adminDo(client, base, origin, method, uri)
+	status, body, err := call(method, uri)
 	if err != nil {
 		return 2, err
 	}
@@ -281,7 +288,7 @@ func adminDo(client *http.Client, base, origin, method, uri string) (int, []byte
 		resp, err = client.Do(req)
 	}
 	if err != nil {
-		return 0, nil, fmt.Errorf("reaching Caddy's admin API: %v", err)
+		return 0, nil, fmt.Errorf("reaching Caddy's admin API: %w", err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
