@@ -472,9 +472,24 @@ func TestCommandAdminAddressAsURL(t *testing.T) {
 			t.Errorf("get --address %s: exit %d, %v\n%s; want 1 and no record", addr, code, err, out)
 		}
 	}
-	code, _, err := runCommand(t, "get", "evt_never", "address", "https://"+s.admin)
-	if code != 2 || err == nil || !strings.Contains(err.Error(), "https://") || !strings.Contains(err.Error(), "--address "+s.admin) {
-		t.Errorf("get --address https://...: exit %d, %v; want 2 and a message naming https:// and the address to give", code, err)
+	// A scheme in any case (RFC 3986), and a URL with a path, as
+	// pasted from a browser: the host and port are the address.
+	for _, addr := range []string{"HTTP://" + s.admin, "Http://" + s.admin + "/", "http://" + s.admin + "/config/"} {
+		code, out, err := runCommand(t, "get", "evt_never", "address", addr)
+		if code != 1 || err != nil || !strings.Contains(out, "evt_never: no record") {
+			t.Errorf("get --address %s: exit %d, %v\n%s; want 1 and no record", addr, code, err, out)
+		}
+	}
+	for _, addr := range []string{"https://" + s.admin, "HTTPS://" + s.admin} {
+		code, _, err := runCommand(t, "get", "evt_never", "address", addr)
+		if code != 2 || err == nil || !strings.Contains(err.Error(), "https://") || !strings.Contains(err.Error(), "--address "+s.admin) {
+			t.Errorf("get --address %s: exit %d, %v; want 2 and a message naming https:// and the address to give", addr, code, err)
+		}
+	}
+	// A URL without a port is not taken for port 80 or 0.
+	code, _, err := runCommand(t, "get", "evt_never", "address", "http://localhost")
+	if code != 2 || err == nil || !strings.Contains(err.Error(), "port") {
+		t.Errorf("get --address http://localhost: exit %d, %v; want 2 and a message asking for the port", code, err)
 	}
 }
 

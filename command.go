@@ -242,11 +242,18 @@ func apiMessage(status int, body []byte) string {
 // and the Origin header to send: none on a unix socket, where Caddy
 // refuses a request that carries one.
 func adminClient(addr string) (client *http.Client, base, origin string, err error) {
-	// An address written as a URL, as a browser or curl takes it.
-	if rest, ok := strings.CutPrefix(addr, "http://"); ok {
-		addr = strings.TrimSuffix(rest, "/")
-	} else if rest, ok := strings.CutPrefix(addr, "https://"); ok {
-		return nil, "", "", fmt.Errorf("admin address %s: the command speaks plain HTTP or a unix socket, not https:// (Caddy's remote admin, with client certificates); give the local admin address, e.g. --address %s", addr, strings.TrimSuffix(rest, "/"))
+	// An address written as a URL, as a browser or curl takes it: its
+	// host and port, whatever the scheme's case and the path.
+	if u, err := url.Parse(addr); err == nil && u.Host != "" && strings.Contains(addr, "://") {
+		switch {
+		case strings.EqualFold(u.Scheme, "https"):
+			return nil, "", "", fmt.Errorf("admin address %s: the command speaks plain HTTP or a unix socket, not https:// (Caddy's remote admin, with client certificates); give the local admin address, e.g. --address %s", addr, u.Host)
+		case !strings.EqualFold(u.Scheme, "http"):
+			return nil, "", "", fmt.Errorf("admin address %s: give host:port (as in Caddy's admin option), a unix socket (unix//path), or http://host:port", addr)
+		case u.Port() == "":
+			return nil, "", "", fmt.Errorf("admin address %s has no port: give host:port, e.g. --address %s:2019 (Caddy's default admin address is %s)", addr, u.Hostname(), caddy.DefaultAdminListen)
+		}
+		addr = u.Host
 	}
 	na, err := caddy.ParseNetworkAddress(addr)
 	if err != nil || na.PortRangeSize() > 1 {
