@@ -39,6 +39,9 @@ type delivery struct {
 
 	lease lease        // renewed while the next handler runs
 	sw    statusWriter // records the status line the next handler wrote
+	// goneAtStatus: the client was gone when the status line was
+	// written (see statusKnown).
+	goneAtStatus atomic.Bool
 }
 
 // process runs the next handler while holding the lease, then settles
@@ -163,6 +166,9 @@ func (d *delivery) settle(err error) {
 	h := d.h
 	status := int(d.sw.status.Load())
 	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
+	if status != 0 {
+		gone = d.goneAtStatus.Load() // as the status line was judged (statusKnown)
+	}
 	v := judge(status, err, gone, d.sentEarlier())
 	if v == toHold && err == nil && status == statusClientClosedRequest {
 		err = errClientGone
@@ -255,7 +261,11 @@ func (d *delivery) outcomeOf(v verdict) string {
 // status is written, and settle sets the same outcome again when it
 // counts it.
 func (d *delivery) statusKnown(status int) {
-	v := judge(status, nil, errors.Is(d.reqCtx.Err(), context.Canceled), false)
+	// Whether the client was gone tells Caddy's 499 from the backend's;
+	// a client that leaves after the line does not change what it was.
+	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
+	d.goneAtStatus.Store(gone)
+	v := judge(status, nil, gone, false)
 	if v == toRelease && d.marked {
 		v = toHold
 	}

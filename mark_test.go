@@ -307,6 +307,45 @@ func TestJudge499(t *testing.T) {
 	}
 }
 
+// seenAtHeader records the outcome placeholder as the status line goes
+// out, as a deferred header reads it.
+type seenAtHeader struct {
+	http.ResponseWriter
+	repl *caddy.Replacer
+	seen string
+}
+
+func (s *seenAtHeader) WriteHeader(code int) {
+	s.seen, _ = s.repl.GetString("http.sangho_dedup.outcome")
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// TestOutcomeAt499IsTheOneSettled: a backend's own 499 while the client
+// is there, the client gone before the next handler returns: the outcome
+// a deferred header got with the status line is the one settled (the
+// backend's answer: released, its lease gone), not released at the line
+// and held after. (Found by review.)
+func TestOutcomeAt499IsTheOneSettled(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	repl := caddy.NewReplacer()
+	r := signedRequest(bodyA, "").WithContext(context.WithValue(ctx, caddy.ReplacerCtxKey, repl))
+	w := &seenAtHeader{ResponseWriter: httptest.NewRecorder(), repl: repl}
+	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		w.WriteHeader(499)
+		cancel() // the client goes away while the answer is copied
+		return nil
+	}}
+	_ = h.ServeHTTP(w, r, next)
+	if final := outcomeOf(repl); w.seen != outcomeReleased || final != outcomeReleased {
+		t.Fatalf("outcome at the status line %q, after settle %q; want released at both", w.seen, final)
+	}
+	if e, err := h.store.Get(context.Background(), h.KeyPrefix+"evt_1QZtest000000000001"); err != nil || e.Value != "" {
+		t.Fatalf("the event's entry after a 499 of the backend: %+v, %v; want none (released)", e, err)
+	}
+}
+
 // TestSpanCarriesPriorAttempt: a delivery passed on marked has the span
 // attribute sangho_dedup.prior_attempt "unknown"; an unmarked one none.
 func TestSpanCarriesPriorAttempt(t *testing.T) {
