@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -253,7 +252,7 @@ func (g *grouper) send(ops []*groupOp) {
 	// the other while holding what the other waits for (a deadlock).
 	slices.SortFunc(live, func(a, b *groupOp) int { return strings.Compare(a.key, b.key) })
 	batch := live
-	if lt, ok := lockTimeout(ctx); ok && len(live) > 1 {
+	if lt, ok := lockTimeout(ctx, live); ok && len(live) > 1 {
 		batch = append([]*groupOp{lt}, live...)
 	}
 	changed, err := runBatch(ctx, conn, batch)
@@ -285,7 +284,9 @@ func (g *grouper) send(ops []*groupOp) {
 // lockTimeout is the statement that opens a group of several: the
 // server's lock_timeout for the group's transaction (SET LOCAL, through
 // set_config, which a pipeline's implicit transaction and PgBouncer's
-// transaction mode both take), half the time the group has left. A
+// transaction mode both take), half the time its earliest caller has
+// left, or the lock_timeout the session has if that is shorter (an
+// operator's, in the DSN or set on the role or database). A
 // statement that waits that long for a row lock another transaction
 // holds (an operator's open transaction, a stuck session; a group of
 // another instance holds its rows for milliseconds) is refused by the
@@ -293,8 +294,13 @@ func (g *grouper) send(ops []*groupOp) {
 // alone, so that only the one that waits fails its delivery. Without
 // it, Caddy's deadline for the group ended first and every delivery in
 // the group got the store error.
-func lockTimeout(ctx context.Context) (*groupOp, bool) {
+func lockTimeout(ctx context.Context, ops []*groupOp) (*groupOp, bool) {
 	d, ok := ctx.Deadline()
+	for _, op := range ops {
+		if od, has := op.ctx.Deadline(); has && (!ok || od.Before(d)) {
+			d, ok = od, true
+		}
+	}
 	if !ok {
 		return nil, false
 	}
@@ -302,12 +308,13 @@ func lockTimeout(ctx context.Context) (*groupOp, bool) {
 	if half < time.Millisecond {
 		return nil, false
 	}
-	return &groupOp{
-		sql:   `SELECT set_config('lock_timeout', $1, true) <> ''`,
-		args:  []any{strconv.FormatInt(half.Milliseconds(), 10) + "ms"},
-		query: true,
-	}, true
+	return &groupOp{sql: setLockTimeout, args: []any{half.Milliseconds()}, query: true}, true
 }
+
+// setLockTimeout sets lock_timeout for the transaction to $1
+// milliseconds, unless the session's is shorter (0 is none).
+const setLockTimeout = `SELECT set_config('lock_timeout', (CASE WHEN c > 0 AND c < $1 THEN c ELSE $1 END)::bigint || 'ms', true) <> ''
+FROM (SELECT extract(epoch FROM current_setting('lock_timeout')::interval) * 1000 AS c) AS s`
 
 // latest is the latest deadline of ops' callers, if they all have one.
 func latest(ops []*groupOp) (time.Time, bool) {

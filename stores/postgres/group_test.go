@@ -240,19 +240,7 @@ func testGroupLockWait(t *testing.T, srv *pgtest.Server, dsn string) {
 	}
 	// Another session inserts l-held and neither commits nor rolls back
 	// until the test ends: a claim of it waits to know which.
-	locker, err := pgx.Connect(ctx, srv.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer locker.Close(ctx)
-	tx, err := locker.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx) //nolint:errcheck
-	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, lease_token, expires_at) VALUES ('l-held', 'other', now() + interval '1 minute')`); err != nil {
-		t.Fatal(err)
-	}
+	holdRow(t, srv, table, "l-held")
 
 	g := newGate(t, s)
 	defer g.open()
@@ -277,6 +265,142 @@ func testGroupLockWait(t *testing.T, srv *pgtest.Server, dsn string) {
 		}
 		if errs[i] != nil || results[i] != dedup.Claimed {
 			t.Errorf("claim of %s in a group with a statement waiting for a lock = %v, %v; want claimed", k, results[i], errs[i])
+		}
+	}
+}
+
+// holdRow: another session inserts key into table and keeps its
+// transaction open until the test ends.
+func holdRow(t *testing.T, srv *pgtest.Server, table, key string) {
+	t.Helper()
+	ctx := context.Background()
+	locker, err := pgx.Connect(ctx, srv.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { locker.Close(ctx) })
+	tx, err := locker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tx.Rollback(ctx) }) //nolint:errcheck
+	if _, err := tx.Exec(ctx, `INSERT INTO `+table+` (event_id, lease_token, expires_at) VALUES ($1, 'other', now() + interval '1 minute')`, key); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The group's lock_timeout is never longer than the one the operator
+// set (here in the DSN; ALTER ROLE or DATABASE ... SET alike): a group
+// waiting for a lock is refused at the operator's 200ms, and its other
+// statements run alone at once, as before the group set its own.
+// (Found by review: half the group's time, 2s here, replaced it.)
+func TestGroupKeepsAShorterLockTimeout(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN+"&lock_timeout=200", table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"4s"`))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	holdRow(t, srv, table, "l-held")
+	g := newGate(t, s)
+	defer g.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Claim(ctx, "l-first", "tok", time.Minute) }) //nolint:errcheck
+	g.took(t)
+	keys := []string{"l-1", "l-2", "l-held"}
+	took := make([]time.Duration, len(keys))
+	errs := make([]error, len(keys))
+	for i, k := range keys {
+		wg.Go(func() {
+			start := time.Now()
+			_, _, errs[i] = s.Claim(ctx, k, "tok", time.Minute)
+			took[i] = time.Since(start)
+		})
+	}
+	g.queued(t, len(keys))
+	g.open()
+	wg.Wait()
+	for i, k := range keys {
+		if k != "l-held" && (errs[i] != nil || took[i] > time.Second) {
+			t.Errorf("claim of %s: %v after %v; want claimed within about the 200ms lock_timeout configured", k, errs[i], took[i].Round(time.Millisecond))
+		}
+	}
+}
+
+// The group's lock_timeout is half the time its earliest caller has
+// left: a caller that queued longer is answered in its time too.
+// (Found by review: it was half the latest caller's time, and a caller
+// with 1.5s left of 4s got the store error though its own statement
+// waited for nothing.)
+func TestGroupLockTimeoutOfTheEarliestCaller(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"4s"`))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	holdRow(t, srv, table, "l-held")
+	g := newGate(t, s)
+	defer g.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Claim(ctx, "l-first", "tok", time.Minute) }) //nolint:errcheck
+	g.took(t)
+	// l-1's caller has 1.5s left (as one queued 2.5s earlier would);
+	// the others have the whole 4s.
+	short, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	var err1 error
+	var res1 dedup.ClaimResult
+	wg.Go(func() { res1, _, err1 = s.Claim(short, "l-1", "tok", time.Minute) })
+	wg.Go(func() { s.Claim(ctx, "l-held", "tok", time.Minute) }) //nolint:errcheck
+	wg.Go(func() { s.Claim(ctx, "l-2", "tok", time.Minute) })    //nolint:errcheck
+	g.queued(t, 3)
+	g.open()
+	wg.Wait()
+	if err1 != nil || res1 != dedup.Claimed {
+		t.Errorf("claim of l-1 (1.5s left) in a group waiting for a lock: %v, %v; want claimed (alone it had the time)", res1, err1)
+	}
+}
+
+// A group's lock_timeout is its transaction's only (SET LOCAL): no
+// pooled connection keeps it for the statements it runs later. (A
+// session-wide set_config passed every other test.)
+func TestGroupLockTimeoutDoesNotLeak(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"4s"`))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	g := newGate(t, s)
+	defer g.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Claim(ctx, "k-first", "tok", time.Minute) }) //nolint:errcheck
+	g.took(t)
+	for _, k := range []string{"k-1", "k-2", "k-3"} {
+		wg.Go(func() { s.Claim(ctx, k, "tok", time.Minute) }) //nolint:errcheck
+	}
+	g.queued(t, 3)
+	g.open()
+	wg.Wait()
+	if got := xmins(t, srv, table, "k-"); got != "1 4" {
+		t.Fatalf("k-first, k-1 … k-3 written by %s (transactions, rows); want one group: 1 4", got)
+	}
+	for range 2 { // max_conns
+		c, err := s.db.pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		var v string
+		if err := c.QueryRow(ctx, `SHOW lock_timeout`).Scan(&v); err != nil {
+			t.Fatal(err)
+		}
+		if v != "0" {
+			t.Errorf("a pooled connection's lock_timeout after a group: %s; want 0 (the group's was SET LOCAL)", v)
 		}
 	}
 }
