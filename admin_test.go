@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -515,5 +516,23 @@ func TestCommandNoCaddyAtTheAddress(t *testing.T) {
 	code, _, err := runCommand(t, "get", "evt_1", "address", addr)
 	if code != 2 || err == nil || !strings.Contains(err.Error(), "is Caddy running") || !strings.Contains(err.Error(), addr) || !strings.Contains(err.Error(), "--config") {
 		t.Fatalf("get --address %s with nothing there: exit %d, %v; want 2 and a message that asks whether Caddy runs there", addr, code, err)
+	}
+}
+
+// TestCommandJSONPrintsAListingRefusal: --json prints the admin API's
+// answer whatever it is, the refusal of the endpoint listing too (a
+// Caddy without this plugin, an admin origin check), as it does for an
+// event's. (Found by review.)
+func TestCommandJSONPrintsAListingRefusal(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"error":"not found"}`)
+	}))
+	defer api.Close()
+	addr := strings.TrimPrefix(api.URL, "http://")
+	code, out, err := runCommand(t, "get", "evt_1", "address", addr, "json", "true")
+	if code != 2 || err == nil || strings.TrimSpace(out) != `{"error":"not found"}` {
+		t.Fatalf("get --json, the listing refused: exit %d, %v, stdout %q; want 2 and the API's answer on stdout", code, err, out)
 	}
 }

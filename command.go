@@ -139,6 +139,9 @@ func runEventCommand(c *cobra.Command, verb, id string, out io.Writer) (int, err
 		if status, body, err := call(http.MethodGet, "/sangho_dedup/"); err != nil {
 			return 2, err
 		} else if status != http.StatusOK {
+			if asJSON && json.Valid(body) {
+				_, _ = out.Write(body)
+			}
 			return 2, fmt.Errorf("listing the endpoints: %s", apiMessage(status, body))
 		} else if err := json.Unmarshal(body, &list); err != nil {
 			return 2, fmt.Errorf("listing the endpoints: %v", err)
