@@ -81,6 +81,9 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(args) == 0 || slices.Contains(args, "") {
 				return d.Err(cfargs.WithoutValue("secret", file, line))
 			}
+			if msg := cfargs.InsideEmpty("secret", file, line); msg != "" {
+				return d.Err(msg)
+			}
 			m.Secrets = append(m.Secrets, args...)
 		case "tolerance":
 			if err := cfargs.Duration(d, &m.Tolerance, 0, MaxTolerance); err != nil {

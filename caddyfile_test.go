@@ -331,6 +331,30 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 		}
 	}
 
+	// A {$VAR} inside a secret, unset or empty, would leave the text
+	// around it: whsec_, a secret anyone can sign with. Refused, the
+	// variable named. (Found by review: it adapted, and Caddy ran with
+	// the secret "whsec_".) Set, it is part of the secret as written.
+	for _, line := range []string{"secret whsec_{$" + unset + "}", `secret "whsec_{$` + empty + `}"`, "secret {$" + set + "} whsec_{$" + unset + ":}"} {
+		err := adapt(site(line), true)
+		if err == nil {
+			t.Errorf("%s adapted", line)
+			continue
+		}
+		name := unset
+		if strings.Contains(line, empty) {
+			name = empty
+		}
+		for _, want := range []string{"secret", "{$" + name + "}", "unset or empty", "{env." + name + "}"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: the error lacks %q: %v", line, want, err)
+			}
+		}
+	}
+	if err := adapt(site("secret whsec_{$"+set+"}"), true); err != nil {
+		t.Errorf("secret whsec_{$VAR} with VAR set: %v", err)
+	}
+
 	// Adapted from memory (the admin API's /load, a test): no file to read
 	// the name from; the error still says what to look for.
 	err := adapt(site("secret {$"+unset+"}"), false)

@@ -49,47 +49,109 @@ func WithoutValue(option, file string, line int) string {
 		"set it, or write {env.%s}, read when Caddy starts, which keeps the secret out of the adapted JSON", option, named, verb, vars[0])
 }
 
-// emptyEnvVars returns the {$VAR}s of line (1-based) of file that are
-// unset or empty (their default too), if that line is option's.
-func emptyEnvVars(file string, line int, option string) []string {
+// InsideEmpty explains a value of option with a {$VAR} inside it (more
+// text in the same token: whsec_{$VAR}) that is unset or empty: Caddy
+// left the text around it, a shorter secret than the one meant. It is ""
+// when no such variable is on option's line (line, 1-based, of file),
+// or the line cannot be read again (a Caddyfile adapted from memory).
+func InsideEmpty(option, file string, line int) string {
+	text, ok := optionLine(file, line, option)
+	if !ok {
+		return ""
+	}
+	var vars []string
+	for _, field := range strings.Fields(text)[1:] {
+		field = strings.Trim(field, "\"`")
+		names, rest := envSpans(field)
+		if strings.TrimSpace(rest) == "" {
+			continue // the whole value: it vanished, or is checked as such
+		}
+		for _, span := range names {
+			name, _, _ := strings.Cut(span, ":")
+			if envValue(span) == "" && !slices.Contains(vars, name) {
+				vars = append(vars, name)
+			}
+		}
+	}
+	if len(vars) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s: {$%s} inside the value is unset or empty in the environment of the caddy command that read the Caddyfile: the value would be the text around it, a shorter secret than meant; "+
+		"set it, or give the whole value in one variable, {env.%s}, read when Caddy starts and refused if empty", option, strings.Join(vars, "}, {$"), vars[0])
+}
+
+// envSpans returns the {$VAR} spans of text (as NAME or NAME:default)
+// and what is left of text without them.
+func envSpans(text string) (spans []string, rest string) {
+	for {
+		before, after, ok := strings.Cut(text, "{$")
+		if !ok {
+			return spans, rest + text
+		}
+		span, tail, ok := strings.Cut(after, "}")
+		if !ok {
+			return spans, rest + text
+		}
+		spans = append(spans, span)
+		rest += before
+		text = tail
+	}
+}
+
+// envValue is the value Caddy gives {$span}: the variable's, else the
+// default after ':' when the variable is unset.
+func envValue(span string) string {
+	name, def, hasDef := strings.Cut(span, ":")
+	v, set := os.LookupEnv(name)
+	if !set && hasDef {
+		v = def
+	}
+	if name == "" {
+		return "-" // not a variable
+	}
+	return v
+}
+
+// optionLine is line (1-based) of file without its comment, if it is
+// option's line.
+func optionLine(file string, line int, option string) (string, bool) {
 	if file == "" || line < 1 {
-		return nil
+		return "", false
 	}
 	if fi, err := os.Stat(file); err != nil || !fi.Mode().IsRegular() || fi.Size() > 16<<20 {
-		return nil
+		return "", false
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return nil
+		return "", false
 	}
 	lines := strings.Split(string(b), "\n")
 	if line > len(lines) {
-		return nil
+		return "", false
 	}
 	text := uncommented(lines[line-1])
 	if f := strings.Fields(text); len(f) == 0 || f[0] != option {
-		return nil // not the line the token came from (the file changed since)
+		return "", false // not the line the token came from (the file changed since)
+	}
+	return text, true
+}
+
+// emptyEnvVars returns the {$VAR}s of line (1-based) of file that are
+// unset or empty (their default too), if that line is option's.
+func emptyEnvVars(file string, line int, option string) []string {
+	text, ok := optionLine(file, line, option)
+	if !ok {
+		return nil
 	}
 	var vars []string
-	for {
-		_, rest, ok := strings.Cut(text, "{$")
-		if !ok {
-			return vars
-		}
-		span, after, ok := strings.Cut(rest, "}")
-		if !ok {
-			return vars
-		}
-		text = after
-		name, def, hasDef := strings.Cut(span, ":") // Caddy's {$VAR:default}
-		v, set := os.LookupEnv(name)
-		if !set && hasDef {
-			v = def
-		}
-		if name != "" && v == "" && !slices.Contains(vars, name) {
+	spans, _ := envSpans(text)
+	for _, span := range spans {
+		name, _, _ := strings.Cut(span, ":")
+		if name != "" && envValue(span) == "" && !slices.Contains(vars, name) {
 			vars = append(vars, name)
 		}
 	}
+	return vars
 }
 
 // uncommented returns line without its comment: from a # that begins a
