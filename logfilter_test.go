@@ -10,10 +10,12 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
 
 // signatureHeaders are the headers that carry a signature, from the
@@ -154,6 +156,77 @@ http://127.0.0.1:` + strconv.Itoa(port) + ` {
 			if strings.Contains(string(b), v) {
 				t.Errorf("%s holds %s's value", filepath.Base(f), headers[i])
 			}
+		}
+	}
+}
+
+// TestDocsRedisSiteKeepsTheSignatureOutOfLogs runs docs/redis.md's
+// production site (its Redis a local one without TLS or ACL user, its
+// app down) at Caddy's default log level, and sends it a signed event:
+// reverse_proxy's failure (502) is logged by Caddy at error level with
+// the request's headers, in the global log, which the site's own `log`
+// filter does not reach. Neither log may hold the signature. (Found by
+// a new-user walk-through: the recipe filtered the access log only.)
+func TestDocsRedisSiteKeepsTheSignatureOutOfLogs(t *testing.T) {
+	src := markedBlock(t, "docs/redis.md", "redis-site")
+	r := startRedis(t)
+	t.Setenv("SANGHO_WEBHOOK_SECRET", secret1)
+	t.Setenv("SANGHO_WEBHOOK_SECRET_OLD", "whsec_the_old_one")
+	dir := t.TempDir()
+	globalLog, accessLog := filepath.Join(dir, "global.log"), filepath.Join(dir, "access.log")
+	port := freePort(t)
+	cfg := src
+	for _, c := range []struct{ old, new string }{
+		{"{\n", "{\n\tadmin off\n\tauto_https off\n\tpersist_config off\n"},
+		{"webhooks.example.com {\n", "http://127.0.0.1:" + strconv.Itoa(port) + " {\n\tbind 127.0.0.1\n"},
+		{"address redis.internal:6379", "address " + r.Addr},
+		{"\t\t\t\tusername caddy\n", ""},
+		{"\t\t\t\tpassword {env.REDIS_PASSWORD}\n", ""},
+		{"\t\t\t\ttls\n", ""},
+		{"reverse_proxy app:3000", "reverse_proxy 127.0.0.1:" + strconv.Itoa(freePort(t))},
+		{"\tlog {\n\t\tformat filter", "\tlog {\n\t\toutput file " + accessLog + "\n\t\tformat filter"},
+	} {
+		if !strings.Contains(cfg, c.old) {
+			t.Fatalf("docs/redis.md redis-site: no %q to replace in:\n%s", c.old, src)
+		}
+		cfg = strings.Replace(cfg, c.old, c.new, 1)
+	}
+	// The global log to a file: the recipe's own block, else Caddy's
+	// default log.
+	if strings.Contains(cfg, "\tlog {\n\t\tformat filter") {
+		cfg = strings.Replace(cfg, "\tlog {\n\t\tformat filter", "\tlog {\n\t\toutput file "+globalLog+"\n\t\tformat filter", 1)
+	} else {
+		cfg = strings.Replace(cfg, "\tpersist_config off\n", "\tpersist_config off\n\tlog {\n\t\toutput file "+globalLog+"\n\t}\n", 1)
+	}
+	adapted, _ := adaptCaddyfile(t, cfg)
+	ownDataDir(t)
+	if err := caddyLoad(adapted); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = caddy.Stop() })
+	body := `{"id":"evt_redis_log","type":"invoice.paid"}`
+	req, _ := http.NewRequest(http.MethodPost, "http://127.0.0.1:"+strconv.Itoa(port)+"/sangho", strings.NewReader(body))
+	sig := sangho.Sign(time.Now(), []byte(body), secret1)
+	req.Header.Set("Sangho-Signature", sig)
+	if a := do(t, req); a.status != http.StatusBadGateway {
+		t.Fatalf("a signed event with the app down: %d, want 502", a.status)
+	}
+	_ = caddy.Stop() // flushes the logs
+	_, v1, _ := strings.Cut(sig, "v1=")
+	b, err := os.ReadFile(globalLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "evt_redis_log") && !strings.Contains(string(b), "/sangho") {
+		t.Fatalf("the global log does not log the failed request; the test proves nothing:\n%s", b)
+	}
+	for _, f := range []string{globalLog, accessLog} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(b), v1) {
+			t.Errorf("%s holds the signature:\n%s", filepath.Base(f), b)
 		}
 	}
 }
