@@ -46,6 +46,25 @@ const headerPriorAttempt = "Sangho-Dedup-Prior-Attempt"
 // failing.
 const lateClaims = 3
 
+// isPriorAttempt is whether the header name k is Sangho-Dedup-Prior-Attempt
+// in any case, with '_' for '-'.
+func isPriorAttempt(k string) bool {
+	return len(k) == len(headerPriorAttempt) && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), headerPriorAttempt)
+}
+
+// namesPriorAttempt is whether the Connection header's values name
+// Sangho-Dedup-Prior-Attempt.
+func namesPriorAttempt(conn []string) bool {
+	for _, v := range conn {
+		for tok := range strings.SplitSeq(v, ",") {
+			if isPriorAttempt(strings.TrimSpace(tok)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // markPriorAttempt marks a delivery about to be passed on (see
 // headerPriorAttempt) and sets {http.sangho_dedup.prior_attempt}.
 func markPriorAttempt(r *http.Request, repl *caddy.Replacer) {
@@ -100,8 +119,25 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// Sangho_Dedup_Prior_Attempt apart, CGI and FastCGI (php_fastcgi)
 	// read both as HTTP_SANGHO_DEDUP_PRIOR_ATTEMPT.
 	for k := range r.Header {
-		if len(k) == len(headerPriorAttempt) && strings.EqualFold(strings.ReplaceAll(k, "_", "-"), headerPriorAttempt) {
+		if isPriorAttempt(k) {
 			delete(r.Header, k)
+		}
+	}
+	// Nor may a client name it in Connection: reverse_proxy deletes every
+	// header that Connection names (hop-by-hop), the handler's mark too.
+	if conn := r.Header.Values("Connection"); namesPriorAttempt(conn) {
+		var keep []string
+		for _, v := range conn {
+			for tok := range strings.SplitSeq(v, ",") {
+				if tok = strings.TrimSpace(tok); tok != "" && !isPriorAttempt(tok) {
+					keep = append(keep, tok)
+				}
+			}
+		}
+		if len(keep) == 0 {
+			r.Header.Del("Connection")
+		} else {
+			r.Header["Connection"] = []string{strings.Join(keep, ", ")}
 		}
 	}
 
