@@ -28,6 +28,7 @@ func TestExtractEvent(t *testing.T) {
 		{"header only, body an array", `[{"id":"evt_b"}]`, []string{"evt_h"}, "evt_h", "", nil},
 		{"header only, empty body", ``, []string{"evt_h"}, "evt_h", "", nil},
 		{"body and header differ", bodyA, []string{"evt_other"}, "", "", errIDMismatch},
+		{"an empty header counts as none", bodyA, []string{""}, "evt_1QZtest000000000001", "payment_intent.succeeded", nil},
 		{"no id anywhere", `{"type":"x"}`, nil, "", "", errIDMissing},
 		{"no id, not JSON", `nope`, nil, "", "", errIDMissing},
 		{"nested id is not the event id", `{"data":{"id":"evt_nested"}}`, nil, "", "", errIDMissing},
