@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -294,21 +295,24 @@ func (g *grouper) send(ops []*groupOp) {
 // alone, so that only the one that waits fails its delivery. Without
 // it, Caddy's deadline for the group ended first and every delivery in
 // the group got the store error.
+// A caller with too little time for a millisecond's half is left out
+// (it fails on its own time whatever the group does); the limit is at
+// most the largest PostgreSQL takes.
 func lockTimeout(ctx context.Context, ops []*groupOp) (*groupOp, bool) {
-	d, ok := ctx.Deadline()
-	for _, op := range ops {
-		if od, has := op.ctx.Deadline(); has && (!ok || od.Before(d)) {
-			d, ok = od, true
+	var half time.Duration
+	consider := func(d time.Time, has bool) {
+		if h := time.Until(d) / 2; has && h >= time.Millisecond && (half == 0 || h < half) {
+			half = h
 		}
 	}
-	if !ok {
+	consider(ctx.Deadline())
+	for _, op := range ops {
+		consider(op.ctx.Deadline())
+	}
+	if half == 0 {
 		return nil, false
 	}
-	half := time.Until(d) / 2
-	if half < time.Millisecond {
-		return nil, false
-	}
-	return &groupOp{sql: setLockTimeout, args: []any{half.Milliseconds()}, query: true}, true
+	return &groupOp{sql: setLockTimeout, args: []any{min(half.Milliseconds(), math.MaxInt32)}, query: true}, true
 }
 
 // setLockTimeout sets lock_timeout for the transaction to $1

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -361,6 +362,34 @@ func TestGroupLockTimeoutOfTheEarliestCaller(t *testing.T) {
 	wg.Wait()
 	if err1 != nil || res1 != dedup.Claimed {
 		t.Errorf("claim of l-1 (1.5s left) in a group waiting for a lock: %v, %v; want claimed (alone it had the time)", res1, err1)
+	}
+}
+
+// TestLockTimeoutLeavesOutACallerWithoutTime: a caller with under 2 ms
+// left, whose half is under PostgreSQL's millisecond, does not take the
+// group's lock_timeout away: the limit is the half of the earliest
+// caller that has time for one. And a deadline weeks away is kept under
+// the largest lock_timeout PostgreSQL takes (2^31-1 ms). (Found by
+// review: one nearly expired caller left its whole group waiting on a
+// held row until the latest deadline.)
+func TestLockTimeoutLeavesOutACallerWithoutTime(t *testing.T) {
+	bg := context.Background()
+	long, c1 := context.WithTimeout(bg, 4*time.Second)
+	defer c1()
+	short, c2 := context.WithTimeout(bg, 1500*time.Microsecond)
+	defer c2()
+	ops := []*groupOp{{ctx: long, key: "a"}, {ctx: long, key: "b"}, {ctx: short, key: "c"}}
+	lt, ok := lockTimeout(long, ops)
+	if !ok {
+		t.Fatal("two callers with 4s left and one with 1.5ms: no lock_timeout for the group")
+	}
+	if ms := lt.args[0].(int64); ms < 1500 || ms > 2000 {
+		t.Fatalf("lock_timeout %d ms; want half the 4s callers' time", ms)
+	}
+	far, c3 := context.WithTimeout(bg, 100*24*time.Hour)
+	defer c3()
+	if lt, ok := lockTimeout(far, []*groupOp{{ctx: far}, {ctx: far}}); !ok || lt.args[0].(int64) > math.MaxInt32 {
+		t.Fatalf("a deadline 100 days away: %v %v; want at most %d ms", lt, ok, math.MaxInt32)
 	}
 }
 
