@@ -335,7 +335,9 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 	// around it: whsec_, a secret anyone can sign with. Refused, the
 	// variable named. (Found by review: it adapted, and Caddy ran with
 	// the secret "whsec_".) Set, it is part of the secret as written.
-	for _, line := range []string{"secret whsec_{$" + unset + "}", `secret "whsec_{$` + empty + `}"`, "secret {$" + set + "} whsec_{$" + unset + ":}"} {
+	for _, line := range []string{"secret whsec_{$" + unset + "}", `secret "whsec_{$` + empty + `}"`, "secret {$" + set + "} whsec_{$" + unset + ":}",
+		// quoted with a space, and two variables in one token (found by review)
+		`secret "whsec {$` + unset + `}"`, "secret {$" + set + "}{$" + unset + "}"} {
 		err := adapt(site(line), true)
 		if err == nil {
 			t.Errorf("%s adapted", line)

@@ -60,13 +60,16 @@ func InsideEmpty(option, file string, line int) string {
 		return ""
 	}
 	var vars []string
-	for _, field := range strings.Fields(text)[1:] {
-		field = strings.Trim(field, "\"`")
-		names, rest := envSpans(field)
-		if strings.TrimSpace(rest) == "" {
-			continue // the whole value: it vanished, or is checked as such
+	for _, field := range fields(text)[1:] {
+		spans, rest := envSpans(field)
+		value := rest
+		for _, span := range spans {
+			value += envValue(span)
 		}
-		for _, span := range names {
+		if value == "" {
+			continue // the whole value vanished: no value, checked as such
+		}
+		for _, span := range spans {
 			name, _, _ := strings.Cut(span, ":")
 			if envValue(span) == "" && !slices.Contains(vars, name) {
 				vars = append(vars, name)
@@ -78,6 +81,38 @@ func InsideEmpty(option, file string, line int) string {
 	}
 	return fmt.Sprintf("%s: {$%s} inside the value is unset or empty in the environment of the caddy command that read the Caddyfile: the value would be the text around it, a shorter secret than meant; "+
 		"set it, or give the whole value in one variable, {env.%s}, read when Caddy starts and refused if empty", option, strings.Join(vars, "}, {$"), vars[0])
+}
+
+// fields splits a Caddyfile line into its tokens as written: at spaces
+// and tabs outside double quotes or backticks, the quotes dropped.
+func fields(line string) []string {
+	var out []string
+	var b strings.Builder
+	var quote rune
+	in := false
+	for _, c := range line {
+		switch {
+		case quote != 0 && c == quote:
+			quote = 0
+		case quote != 0:
+			b.WriteRune(c)
+		case c == '"' || c == '`':
+			quote, in = c, true
+		case c == ' ' || c == '\t' || c == '\r':
+			if in {
+				out = append(out, b.String())
+				b.Reset()
+				in = false
+			}
+		default:
+			b.WriteRune(c)
+			in = true
+		}
+	}
+	if in {
+		out = append(out, b.String())
+	}
+	return out
 }
 
 // envSpans returns the {$VAR} spans of text (as NAME or NAME:default)
