@@ -73,6 +73,42 @@ func (g *gate) took(t *testing.T) {
 	}
 }
 
+// grouped is the answer to one claim of claimGrouped.
+type grouped struct {
+	res  dedup.ClaimResult
+	err  error
+	took time.Duration
+}
+
+// claimGrouped claims first and holds the store's group worker on it,
+// queues a claim of each key behind it (in ctxOf's context, else ctx),
+// then lets the group go: first and keys are sent as one group. It
+// returns each key's answer.
+func claimGrouped(t *testing.T, s *Store, ctx context.Context, first string, keys []string, ctxOf map[string]context.Context) []grouped {
+	t.Helper()
+	g := newGate(t, s)
+	defer g.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Claim(ctx, first, "tok", time.Minute) }) //nolint:errcheck
+	g.took(t)
+	out := make([]grouped, len(keys))
+	for i, k := range keys {
+		kctx := ctx
+		if c, ok := ctxOf[k]; ok {
+			kctx = c
+		}
+		wg.Go(func() {
+			start := time.Now()
+			out[i].res, _, out[i].err = s.Claim(kctx, k, "tok", time.Minute)
+			out[i].took = time.Since(start)
+		})
+	}
+	g.queued(t, len(keys))
+	g.open()
+	wg.Wait()
+	return out
+}
+
 // xmins counts the transactions that wrote the rows of keys with prefix.
 func xmins(t *testing.T, srv *pgtest.Server, table, prefix string) string {
 	t.Helper()
@@ -192,28 +228,16 @@ func testGroupOneBadStatement(t *testing.T, srv *pgtest.Server, dsn string) {
 	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	g := newGate(t, s)
-	defer g.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { s.Claim(ctx, "b-first", "tok", time.Minute) }) //nolint:errcheck
-	g.took(t)
 	// A NUL byte is no text PostgreSQL stores; the key sorts last, after
 	// the good statements it aborts.
 	keys := []string{"b-1", "b-2", "b-3", "b-4", "b-z\x00"}
-	errs := make([]error, len(keys))
-	results := make([]dedup.ClaimResult, len(keys))
-	for i, k := range keys {
-		wg.Go(func() { results[i], _, errs[i] = s.Claim(ctx, k, "tok", time.Minute) })
-	}
-	g.queued(t, len(keys))
-	g.open()
-	wg.Wait()
+	got := claimGrouped(t, s, ctx, "b-first", keys, nil)
 	for i, k := range keys[:4] {
-		if errs[i] != nil || results[i] != dedup.Claimed {
-			t.Fatalf("claim of %s beside a bad one = %v, %v; want claimed", k, results[i], errs[i])
+		if got[i].err != nil || got[i].res != dedup.Claimed {
+			t.Fatalf("claim of %s beside a bad one = %v, %v; want claimed", k, got[i].res, got[i].err)
 		}
 	}
-	if errs[4] == nil {
+	if got[4].err == nil {
 		t.Fatal("the claim of a key with a NUL byte answered no error")
 	}
 	if got := srv.Psql(t, `SELECT string_agg(event_id || '=' || lease_token, ',' ORDER BY event_id) FROM `+table+` WHERE event_id LIKE 'b-_'`); got != "b-1=tok,b-2=tok,b-3=tok,b-4=tok" {
@@ -243,29 +267,16 @@ func testGroupLockWait(t *testing.T, srv *pgtest.Server, dsn string) {
 	// until the test ends: a claim of it waits to know which.
 	holdRow(t, srv, table, "l-held")
 
-	g := newGate(t, s)
-	defer g.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { s.Claim(ctx, "l-first", "tok", time.Minute) }) //nolint:errcheck
-	g.took(t)
 	keys := []string{"l-1", "l-2", "l-3", "l-held", "l-4"}
-	errs := make([]error, len(keys))
-	results := make([]dedup.ClaimResult, len(keys))
-	for i, k := range keys {
-		wg.Go(func() { results[i], _, errs[i] = s.Claim(ctx, k, "tok", time.Minute) })
-	}
-	g.queued(t, len(keys))
-	g.open()
-	wg.Wait()
-	for i, k := range keys {
-		if k == "l-held" {
-			if errs[i] == nil {
-				t.Errorf("the claim of the locked row answered %v and no error while the lock was held", results[i])
+	for i, a := range claimGrouped(t, s, ctx, "l-first", keys, nil) {
+		if keys[i] == "l-held" {
+			if a.err == nil {
+				t.Errorf("the claim of the locked row answered %v and no error while the lock was held", a.res)
 			}
 			continue
 		}
-		if errs[i] != nil || results[i] != dedup.Claimed {
-			t.Errorf("claim of %s in a group with a statement waiting for a lock = %v, %v; want claimed", k, results[i], errs[i])
+		if a.err != nil || a.res != dedup.Claimed {
+			t.Errorf("claim of %s in a group with a statement waiting for a lock = %v, %v; want claimed", keys[i], a.res, a.err)
 		}
 	}
 }
@@ -296,35 +307,13 @@ func holdRow(t *testing.T, srv *pgtest.Server, table, key string) {
 // statements run alone at once, as before the group set its own.
 // (Found by review: half the group's time, 2s here, replaced it.)
 func TestGroupKeepsAShorterLockTimeout(t *testing.T) {
-	srv := pgtest.Start(t)
-	table := uniqueTable()
-	s, _ := provision(t, storeJSON(srv.DSN+"&lock_timeout=200", table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"4s"`))
+	srv, s, table := warmGroupStore(t, "&lock_timeout=200")
 	ctx := context.Background()
-	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
-		t.Fatal(err)
-	}
 	holdRow(t, srv, table, "l-held")
-	g := newGate(t, s)
-	defer g.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { s.Claim(ctx, "l-first", "tok", time.Minute) }) //nolint:errcheck
-	g.took(t)
 	keys := []string{"l-1", "l-2", "l-held"}
-	took := make([]time.Duration, len(keys))
-	errs := make([]error, len(keys))
-	for i, k := range keys {
-		wg.Go(func() {
-			start := time.Now()
-			_, _, errs[i] = s.Claim(ctx, k, "tok", time.Minute)
-			took[i] = time.Since(start)
-		})
-	}
-	g.queued(t, len(keys))
-	g.open()
-	wg.Wait()
-	for i, k := range keys {
-		if k != "l-held" && (errs[i] != nil || took[i] > time.Second) {
-			t.Errorf("claim of %s: %v after %v; want claimed within about the 200ms lock_timeout configured", k, errs[i], took[i].Round(time.Millisecond))
+	for i, a := range claimGrouped(t, s, ctx, "l-first", keys, nil) {
+		if keys[i] != "l-held" && (a.err != nil || a.took > time.Second) {
+			t.Errorf("claim of %s: %v after %v; want claimed within about the 200ms lock_timeout configured", keys[i], a.err, a.took.Round(time.Millisecond))
 		}
 	}
 }
@@ -335,34 +324,31 @@ func TestGroupKeepsAShorterLockTimeout(t *testing.T) {
 // with 1.5s left of 4s got the store error though its own statement
 // waited for nothing.)
 func TestGroupLockTimeoutOfTheEarliestCaller(t *testing.T) {
-	srv := pgtest.Start(t)
-	table := uniqueTable()
-	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"4s"`))
+	srv, s, table := warmGroupStore(t, "")
 	ctx := context.Background()
-	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
-		t.Fatal(err)
-	}
 	holdRow(t, srv, table, "l-held")
-	g := newGate(t, s)
-	defer g.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { s.Claim(ctx, "l-first", "tok", time.Minute) }) //nolint:errcheck
-	g.took(t)
 	// l-1's caller has 1.5s left (as one queued 2.5s earlier would);
 	// the others have the whole 4s.
 	short, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	defer cancel()
-	var err1 error
-	var res1 dedup.ClaimResult
-	wg.Go(func() { res1, _, err1 = s.Claim(short, "l-1", "tok", time.Minute) })
-	wg.Go(func() { s.Claim(ctx, "l-held", "tok", time.Minute) }) //nolint:errcheck
-	wg.Go(func() { s.Claim(ctx, "l-2", "tok", time.Minute) })    //nolint:errcheck
-	g.queued(t, 3)
-	g.open()
-	wg.Wait()
-	if err1 != nil || res1 != dedup.Claimed {
-		t.Errorf("claim of l-1 (1.5s left) in a group waiting for a lock: %v, %v; want claimed (alone it had the time)", res1, err1)
+	got := claimGrouped(t, s, ctx, "l-first", []string{"l-1", "l-held", "l-2"}, map[string]context.Context{"l-1": short})
+	if got[0].err != nil || got[0].res != dedup.Claimed {
+		t.Errorf("claim of l-1 (1.5s left) in a group waiting for a lock: %v, %v; want claimed (alone it had the time)", got[0].res, got[0].err)
 	}
+}
+
+// warmGroupStore starts a server and provisions a store on it with one
+// group worker (max_conns 2) and statement_timeout 4s, its DSN with
+// dsnSuffix, on a new table that a first claim creates.
+func warmGroupStore(t *testing.T, dsnSuffix string) (*pgtest.Server, *Store, string) {
+	t.Helper()
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN+dsnSuffix, table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"4s"`))
+	if _, _, err := s.Claim(context.Background(), "warm", "tok", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	return srv, s, table
 }
 
 // TestLockTimeoutLeavesOutACallerWithoutTime: a caller with under 2 ms
@@ -397,24 +383,9 @@ func TestLockTimeoutLeavesOutACallerWithoutTime(t *testing.T) {
 // pooled connection keeps it for the statements it runs later. (A
 // session-wide set_config passed every other test.)
 func TestGroupLockTimeoutDoesNotLeak(t *testing.T) {
-	srv := pgtest.Start(t)
-	table := uniqueTable()
-	s, _ := provision(t, storeJSON(srv.DSN, table, "max_conns", "2", "cleanup_interval", "1h", "statement_timeout", `"4s"`))
+	srv, s, table := warmGroupStore(t, "")
 	ctx := context.Background()
-	if _, _, err := s.Claim(ctx, "warm", "tok", time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	g := newGate(t, s)
-	defer g.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { s.Claim(ctx, "k-first", "tok", time.Minute) }) //nolint:errcheck
-	g.took(t)
-	for _, k := range []string{"k-1", "k-2", "k-3"} {
-		wg.Go(func() { s.Claim(ctx, k, "tok", time.Minute) }) //nolint:errcheck
-	}
-	g.queued(t, 3)
-	g.open()
-	wg.Wait()
+	claimGrouped(t, s, ctx, "k-first", []string{"k-1", "k-2", "k-3"}, nil)
 	if got := xmins(t, srv, table, "k-"); got != "1 4" {
 		t.Fatalf("k-first, k-1 … k-3 written by %s (transactions, rows); want one group: 1 4", got)
 	}
