@@ -337,7 +337,9 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 	// the secret "whsec_".) Set, it is part of the secret as written.
 	for _, line := range []string{"secret whsec_{$" + unset + "}", `secret "whsec_{$` + empty + `}"`, "secret {$" + set + "} whsec_{$" + unset + ":}",
 		// quoted with a space, and two variables in one token (found by review)
-		`secret "whsec {$` + unset + `}"`, "secret {$" + set + "}{$" + unset + "}"} {
+		`secret "whsec {$` + unset + `}"`, "secret {$" + set + "}{$" + unset + "}",
+		// continued onto the next line, and after an escaped quote (found by review)
+		"secret \\\n\t\twhsec_{$" + unset + "}", `secret "ab\"cd {$` + unset + `}"`} {
 		err := adapt(site(line), true)
 		if err == nil {
 			t.Errorf("%s adapted", line)

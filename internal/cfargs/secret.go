@@ -84,14 +84,24 @@ func InsideEmpty(option, file string, line int) string {
 }
 
 // fields splits a Caddyfile line into its tokens as written: at spaces
-// and tabs outside double quotes or backticks, the quotes dropped.
+// and tabs outside double quotes or backticks, the quotes dropped, an
+// escaped quote inside quotes kept as a quote (as Caddy's lexer does).
 func fields(line string) []string {
 	var out []string
 	var b strings.Builder
 	var quote rune
 	in := false
+	escaped := false
 	for _, c := range line {
 		switch {
+		case escaped: // after a backslash in quotes: \" is a quote, else both are kept
+			if c != quote {
+				b.WriteRune('\\')
+			}
+			b.WriteRune(c)
+			escaped = false
+		case quote != 0 && c == '\\':
+			escaped = true
 		case quote != 0 && c == quote:
 			quote = 0
 		case quote != 0:
@@ -167,6 +177,11 @@ func optionLine(file string, line int, option string) (string, bool) {
 	text := uncommented(lines[line-1])
 	if f := strings.Fields(text); len(f) == 0 || f[0] != option {
 		return "", false // not the line the token came from (the file changed since)
+	}
+	// A line that ends in a backslash goes on on the next (Caddy's lexer
+	// chains arguments so).
+	for n := line; strings.HasSuffix(strings.TrimRight(text, " \t\r"), "\\") && n < len(lines); n++ {
+		text = strings.TrimSuffix(strings.TrimRight(text, " \t\r"), "\\") + " " + uncommented(lines[n])
 	}
 	return text, true
 }
