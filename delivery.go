@@ -169,17 +169,11 @@ func (d *delivery) settle(err error) {
 	if status != 0 {
 		gone = d.goneAtStatus.Load() // as the status line was judged (statusKnown)
 	}
-	v := judge(status, err, gone, d.sentEarlier())
-	if v == toHold && err == nil && status == statusClientClosedRequest {
+	v, keptMarked := d.verdictOf(status, err, gone, d.sentEarlier())
+	if v == toHold && !keptMarked && err == nil && status == statusClientClosedRequest {
 		err = errClientGone
 	}
-	if v == toRelease && d.marked { // as in statusKnown
-		// A marked delivery that the backend did not take: the earlier
-		// attempt's fate is still unknown (the backend may have failed
-		// before it checked its records). Released, the next delivery
-		// would go on unmarked; held, the lease lapses into a mark again
-		// at lock_ttl, and the next delivery after it is marked.
-		v = toHold
+	if keptMarked {
 		if err == nil {
 			err = fmt.Errorf("%w: the backend answered %d", errKeptMarked, status)
 		} else {
@@ -241,6 +235,20 @@ func (d *delivery) settle(err error) {
 	}
 }
 
+// verdictOf is judge's verdict for this delivery: a marked delivery that
+// the backend did not take is held, not released (keptMarked): the
+// earlier attempt's fate is still unknown (the backend may have failed
+// before it checked its records). Released, the next delivery would go
+// on unmarked; held, the lease lapses into a mark again at lock_ttl,
+// and the next delivery after it is marked.
+func (d *delivery) verdictOf(status int, err error, clientGone, sentEarlier bool) (v verdict, keptMarked bool) {
+	v = judge(status, err, clientGone, sentEarlier)
+	if v == toRelease && d.marked {
+		return toHold, true
+	}
+	return v, false
+}
+
 // outcomeOf names the outcome of verdict v.
 func (d *delivery) outcomeOf(v verdict) string {
 	switch {
@@ -265,10 +273,7 @@ func (d *delivery) statusKnown(status int) {
 	// a client that leaves after the line does not change what it was.
 	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
 	d.goneAtStatus.Store(gone)
-	v := judge(status, nil, gone, false)
-	if v == toRelease && d.marked {
-		v = toHold
-	}
+	v, _ := d.verdictOf(status, nil, gone, false)
 	d.repl.Set("http.sangho_dedup.outcome", d.outcomeOf(v))
 }
 

@@ -197,7 +197,7 @@ func emptyEnvVars(file string, line int, option string) []string {
 	spans, _ := envSpans(text)
 	for _, span := range spans {
 		name, _, _ := strings.Cut(span, ":")
-		if name != "" && envValue(span) == "" && !slices.Contains(vars, name) {
+		if envValue(span) == "" && !slices.Contains(vars, name) { // "" is no variable: envValue says "-"
 			vars = append(vars, name)
 		}
 	}
