@@ -84,6 +84,9 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if msg := cfargs.InsideEmpty("secret", file, line); msg != "" {
 				return d.Err(msg)
 			}
+			if vars := cfargs.Dropped("secret", file, line); len(vars) > 0 {
+				return d.Err(cfargs.DroppedError("secret", vars, "set it, or take it off the line; {env."+vars[0]+"} is read when Caddy starts instead, and refused if empty"))
+			}
 			m.Secrets = append(m.Secrets, args...)
 		case "tolerance":
 			if err := cfargs.Duration(d, &m.Tolerance, 0, MaxTolerance); err != nil {

@@ -308,7 +308,10 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 		{"secret {$" + unset + "}", unset},
 		{`secret "{$` + empty + `}"`, empty},
 		{"secret {$" + unset + ":}", unset},
-		{"secret {$" + set + "} {$" + unset + "}", ""}, // one secret left: fine
+		// One of a rotation's secrets dropped without a word: refused, as
+		// it is on a line of its own (found by review: it adapted with
+		// the other secret only).
+		{"secret {$" + set + "} {$" + unset + "}", unset},
 	} {
 		err := adapt(site(c.line), true)
 		if c.name == "" {
@@ -376,6 +379,39 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "whsec_from_the_environment") {
 		t.Errorf("{$VAR} set: %v\n%s", err, out)
 	}
+	// A {$VAR} that is the whole of an optional argument or of one value
+	// of a list, unset: Caddy drops the token, and the line means
+	// something else without a word. store file {$DB} became the default
+	// store, another database, so every event was processed again (found
+	// by review); a Redis address dropped from a list is another server
+	// set. Refused, the variable named.
+	for _, c := range []struct{ option, store string }{
+		{"store file", "store file {$" + unset + "}"},
+		{"store file", "store file \"{$" + empty + "}\""},
+		{"address", "store redis {\n\t\t\taddress 127.0.0.1:6379 {$" + unset + "}\n\t\t}"},
+	} {
+		err := adapt(site("secret s\n\t\t"+c.store), true)
+		if err == nil {
+			t.Errorf("%s: adapted", c.store)
+			continue
+		}
+		name := unset
+		if strings.Contains(c.store, empty) {
+			name = empty
+		}
+		for _, want := range []string{c.option, "{$" + name + "}", "unset or empty"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: the error lacks %q: %v", c.store, want, err)
+			}
+		}
+	}
+	// Set, or with a default, they are the values written.
+	for _, store := range []string{"store file {$" + unset + ":/tmp/x.db}", "store file"} {
+		if err := adapt(site("secret s\n\t\t"+store), true); err != nil {
+			t.Errorf("%s: %v", store, err)
+		}
+	}
+
 	// A store's secret-bearing option (a Redis password or URL, a
 	// PostgreSQL DSN) left empty by {$VAR}: named the same way.
 	for _, c := range []struct{ option, store string }{

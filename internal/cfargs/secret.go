@@ -83,6 +83,51 @@ func InsideEmpty(option, file string, line int) string {
 		"set it, or give the whole value in one variable, {env.%s}, read when Caddy starts and refused if empty", option, strings.Join(vars, "}, {$"), vars[0])
 }
 
+// Dropped returns the {$VAR}s of option's line (line, 1-based, of file)
+// that were a whole token, unset or empty: Caddy replaces {$VAR} in the
+// text before any directive sees a token, and drops a token left empty,
+// so the line means something else without a word (a secret missing
+// from a rotation list, the default store in place of the file named).
+// It is nil when there are none, or the line cannot be read again (a
+// Caddyfile adapted from memory). DroppedError explains them.
+func Dropped(option, file string, line int) []string {
+	text, ok := optionLine(file, line, option)
+	if !ok {
+		return nil
+	}
+	var vars []string
+	for _, field := range fields(text)[1:] {
+		spans, rest := envSpans(field)
+		if len(spans) == 0 || rest != "" {
+			continue
+		}
+		value := ""
+		for _, span := range spans {
+			value += envValue(span)
+		}
+		if value != "" {
+			continue
+		}
+		for _, span := range spans {
+			if name, _, _ := strings.Cut(span, ":"); !slices.Contains(vars, name) {
+				vars = append(vars, name)
+			}
+		}
+	}
+	return vars
+}
+
+// DroppedError explains the vars Dropped found on option's line; hint
+// says what to write instead.
+func DroppedError(option string, vars []string, hint string) string {
+	verb := "is"
+	if len(vars) > 1 {
+		verb = "are"
+	}
+	return fmt.Sprintf("%s: {$%s} %s unset or empty in the environment of the caddy command that read the Caddyfile (caddy run, reload or adapt replaces {$VAR} as it reads it), "+
+		"so its value is missing from the line, which would mean something else; %s", option, strings.Join(vars, "}, {$"), verb, hint)
+}
+
 // fields splits a Caddyfile line into its tokens as written: at spaces
 // and tabs outside double quotes or backticks, the quotes dropped, an
 // escaped quote inside quotes kept as a quote (as Caddy's lexer does).

@@ -263,8 +263,16 @@ func validating() bool {
 //	}
 func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
+	// store file {$DB}, DB unset, reads as store file: the default
+	// store, another database (every event processed again).
+	if vars := cfargs.Dropped("store", d.File(), d.Line()); len(vars) > 0 {
+		return d.Err(cfargs.DroppedError("store file", vars, "set it, or write the path itself"))
+	}
 	if d.NextArg() {
 		s.Path = d.Val()
+		if s.Path == "" {
+			return d.Err(`file store: the path is "": leave it out for the default store, sangho_dedup/dedup.db in Caddy's data directory`)
+		}
 		if err := cfargs.NoMore(d, "its path"); err != nil {
 			return err
 		}

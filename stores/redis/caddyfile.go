@@ -48,6 +48,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		switch opt {
 		case "address":
+			if vars := cfargs.Dropped("address", d.File(), d.Line()); len(vars) > 0 {
+				return d.Err(cfargs.DroppedError("address", vars, "set it, or take it off the line"))
+			}
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.ArgErr()
