@@ -79,6 +79,14 @@ const statusClientClosedRequest = 499
 // client went away (see judge).
 var errClientGone = errors.New("the client went away mid-request (status 499)")
 
+// errGatewayStatus is the cause logged for a 502 or 504 held (see
+// judge); errRetriedAfterSent for a non-2xx answer held because an
+// earlier attempt may have reached a backend.
+var (
+	errGatewayStatus    = errors.New("a gateway's answer (502 or 504): the application behind it may have done the work, or may still be doing it")
+	errRetriedAfterSent = errors.New("reverse_proxy retried after an earlier attempt that may have reached a backend: the last attempt's answer tells nothing of that one")
+)
+
 // errKeptMarked is the cause of a marked delivery held, not released,
 // though it was not processed (see settle, bindSignature).
 var errKeptMarked = errors.New("a marked delivery (the earlier attempt's fate still unknown) not processed: its lease is kept until lock_ttl, so that the next delivery is marked too")
@@ -99,7 +107,12 @@ const (
 // done the work, even if the body is cut short later (client gone), so
 // the event must not be processed again; a handler that returned nil
 // without writing anything answers 200 (net/http's default). A non-2xx
-// status is the backend saying it failed: release. An error without any
+// status is the backend saying it failed: release. Except 502 and 504:
+// the answers of a gateway between Caddy and the application (nginx, an
+// ingress, a cloud load balancer) when the application's connection
+// broke or its answer came too late, after it may have done the work;
+// and any status of an attempt that reverse_proxy made after an earlier
+// one that may have reached a backend (sentEarlier). An error without any
 // status tells nothing of the backend, except when the request provably
 // never left Caddy (a dial error, no upstream available): release.
 // Otherwise — a timeout, a connection lost mid-request, the client gone
@@ -123,6 +136,10 @@ func judge(status int, err error, clientGone, sentEarlier bool) verdict {
 	case status >= 200 && status <= 299:
 		return toCommit
 	case status == statusClientClosedRequest && clientGone:
+		return toHold
+	case status == http.StatusBadGateway || status == http.StatusGatewayTimeout:
+		return toHold
+	case status != 0 && sentEarlier:
 		return toHold
 	case status != 0:
 		return toRelease
@@ -170,8 +187,15 @@ func (d *delivery) settle(err error) {
 		gone = d.goneAtStatus.Load() // as the status line was judged (statusKnown)
 	}
 	v, keptMarked := d.verdictOf(status, err, gone, d.sentEarlier())
-	if v == toHold && !keptMarked && err == nil && status == statusClientClosedRequest {
-		err = errClientGone
+	if v == toHold && !keptMarked && err == nil {
+		switch {
+		case status == statusClientClosedRequest && gone:
+			err = errClientGone
+		case status == http.StatusBadGateway || status == http.StatusGatewayTimeout:
+			err = errGatewayStatus
+		case status != 0:
+			err = errRetriedAfterSent
+		}
 	}
 	if keptMarked {
 		if err == nil {
@@ -231,7 +255,7 @@ func (d *delivery) settle(err error) {
 	case toHold:
 		h.outcome(d.repl, d.outcomeOf(v))
 		spanEvent(d.ctx, spanEventHeld, status, err, time.Duration(h.LockTTL))
-		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
+		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Int("status", status), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
 	}
 }
 

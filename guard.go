@@ -256,12 +256,85 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 		h.logger.Warn("path proxied unchecked", zap.String("matcher", o.matcher), zap.String("open_path", o.path),
 			zap.Strings("listen", srv.Listen))
 	}
+	if resendingProxy(srv) {
+		h.logger.Warn("reverse_proxy may send a delivery twice",
+			zap.Strings("listen", srv.Listen),
+			zap.String("why", "a reverse_proxy after sangho_dedup has request_buffers, which replays the body, and lb_retry_match with lb_retries or lb_try_duration, which retries a POST after it reached an upstream: the next upstream may process an event the first one processed, inside one delivery, where sangho_dedup cannot mark it"),
+			zap.String("instead", "drop lb_retry_match (reverse_proxy still retries dial errors, which never reached an upstream), or request_buffers"))
+	}
 	if errorRoutesProxy(srv) {
 		h.logger.Warn("error routes get no event body",
 			zap.Strings("listen", srv.Listen),
 			zap.String("why", "the server's handle_errors routes hold reverse_proxy (or php_fastcgi): a delivery that sangho_dedup refuses, or releases or holds after its backend failed, reaches them without its body, so a fallback there gets an empty request"),
 			zap.String("instead", "list a fallback backend as a second upstream of the reverse_proxy after sangho_dedup (lb_policy first)"))
 	}
+}
+
+// resendingProxy reports whether a reverse_proxy that a delivery reaches
+// after a sangho_dedup handler (later in its route list, in subroutes
+// and the named routes they invoke too) can send it again after it
+// reached an upstream: request_buffers replays the body, and
+// lb_retry_match with retries retries a request after a transport error
+// (or a response it matches), not only after a dial error. The next
+// upstream may then process an event the first one processed, inside one
+// delivery, where no mark can reach it. Caddy accepts that config; the
+// handler warns (see warnOpenPaths).
+func resendingProxy(srv *caddyhttp.Server) bool {
+	// walk reports whether routes hold such a proxy after a sangho_dedup
+	// handler (after: one came before them), and whether they hold one.
+	var walk func(routes [][]json.RawMessage, after bool, depth int) (found, dedup bool)
+	walk = func(routes [][]json.RawMessage, after bool, depth int) (found, dedup bool) {
+		if depth > 8 { // a named route that invokes itself
+			return false, false
+		}
+		for _, handlers := range routes {
+			for _, raw := range handlers {
+				var h struct {
+					guardRawHandler
+					RequestBuffers int64 `json:"request_buffers"`
+					LoadBalancing  *struct {
+						Retries     int               `json:"retries"`
+						TryDuration caddy.Duration    `json:"try_duration"`
+						RetryMatch  []json.RawMessage `json:"retry_match"`
+					} `json:"load_balancing"`
+				}
+				if json.Unmarshal(raw, &h) != nil {
+					continue
+				}
+				var sub [][]json.RawMessage
+				switch h.Handler {
+				case "sangho_dedup":
+					after, dedup = true, true
+					continue
+				case "reverse_proxy":
+					lb := h.LoadBalancing
+					if after && h.RequestBuffers != 0 && lb != nil && len(lb.RetryMatch) > 0 && (lb.Retries > 0 || lb.TryDuration > 0) {
+						return true, dedup
+					}
+					continue
+				case "invoke":
+					if r, ok := srv.NamedRoutes[h.Name]; ok && r != nil {
+						sub = [][]json.RawMessage{r.HandlersRaw}
+					}
+				}
+				for _, r := range h.Routes {
+					sub = append(sub, r.Handle)
+				}
+				f, d := walk(sub, after, depth+1)
+				if f {
+					return true, dedup || d
+				}
+				after, dedup = after || d, dedup || d
+			}
+		}
+		return false, dedup
+	}
+	routes := make([][]json.RawMessage, 0, len(srv.Routes))
+	for _, r := range srv.Routes {
+		routes = append(routes, r.HandlersRaw)
+	}
+	found, _ := walk(routes, false, 0)
+	return found
 }
 
 // errorRoutesProxy reports whether error routes that can get a

@@ -225,6 +225,13 @@ func TestDocsRedisSiteAdapts(t *testing.T) {
 // Caddy, and counts sangho_dedup's "error routes get no event body"
 // warnings in the log, which it returns too.
 func errorRouteWarnings(t *testing.T, cfg, logFile string) (int, string) {
+	return loadWarnings(t, cfg, logFile, "error routes get no event body")
+}
+
+// loadWarnings loads cfg (JSON) whose log goes to logFile, stops Caddy,
+// and counts sangho_dedup's warnings msg in the log, which it returns
+// too.
+func loadWarnings(t *testing.T, cfg, logFile, msg string) (int, string) {
 	t.Helper()
 	err := caddyLoad(cfg)
 	_ = caddy.Stop()
@@ -234,7 +241,7 @@ func errorRouteWarnings(t *testing.T, cfg, logFile string) (int, string) {
 	entries, data := logEntries(t, logFile)
 	got := 0
 	for _, e := range entries {
-		if e["msg"] == "error routes get no event body" && e["level"] == "warn" && e["logger"] == "http.handlers.sangho_dedup" {
+		if e["msg"] == msg && e["level"] == "warn" && e["logger"] == "http.handlers.sangho_dedup" {
 			got++
 		}
 	}

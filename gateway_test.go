@@ -1,0 +1,173 @@
+package sanghodedup
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
+)
+
+// Deliveries that reach the application through something that answers
+// for it: a gateway between Caddy and the application (nginx, an
+// ingress, a cloud load balancer), or reverse_proxy's own retries. Their
+// statuses are not the application's word on the event.
+
+// TestServerGatewayStatusIsHeld: a gateway between Caddy and the
+// application answers 504 when the application is slower than its read
+// timeout, 502 when the application's connection breaks: the application
+// may have done the work, or may still be doing it. The event is held
+// (409 until lock_ttl), and the retry after that goes on marked, so a
+// backend that checks its records does not process it twice. (Found by
+// review: released, the retry reached the application unmarked and was
+// processed again.)
+func TestServerGatewayStatusIsHeld(t *testing.T) {
+	for _, status := range []int{http.StatusBadGateway, http.StatusGatewayTimeout} {
+		t.Run(strconv.Itoa(status), func(t *testing.T) {
+			app := ledger.New(t)
+			app.Behave(func(id string, n int) ledger.Action {
+				if n == 1 { // slower than the gateway waits; it finishes all the same
+					return ledger.Action{Delay: 600 * time.Millisecond, CheckIfMarked: true}
+				}
+				return ledger.Action{CheckIfMarked: true}
+			})
+			target, _ := url.Parse("http://" + app.Addr)
+			gw := httputil.NewSingleHostReverseProxy(target)
+			gw.Transport = &http.Transport{ResponseHeaderTimeout: 200 * time.Millisecond}
+			gw.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) { w.WriteHeader(status) }
+			gateway := httptest.NewServer(gw)
+			defer gateway.Close()
+			s := startCaddy(t, dedupSite(strings.TrimPrefix(gateway.URL, "http://"), "lock_ttl 1500ms"))
+
+			if a := send(t, s.url, eventBody("evt_gw"), "evt_gw"); a.status != status {
+				t.Fatalf("first delivery: %d %q, want the gateway's %d", a.status, a.body, status)
+			}
+			if a := send(t, s.url, eventBody("evt_gw"), "evt_gw"); a.status != http.StatusConflict || a.dedup != "in_flight" {
+				t.Errorf("retry right after the gateway's %d: %d %q (Sangho-Dedup %q), want 409 in_flight", status, a.status, a.body, a.dedup)
+			}
+			poll.Until(t, 5*time.Second, "the application finishing the first delivery", func() bool {
+				_, done := app.Counts("evt_gw")
+				return done >= 1
+			})
+			// After lock_ttl the retry goes on, marked.
+			var a answer
+			poll.Until(t, 5*time.Second, "the retry after lock_ttl going on", func() bool {
+				a = send(t, s.url, eventBody("evt_gw"), "evt_gw")
+				return a.status != http.StatusConflict
+			})
+			if a.status != http.StatusOK {
+				t.Errorf("retry after lock_ttl: %d %q", a.status, a.body)
+			}
+			if _, done := app.Counts("evt_gw"); done != 1 {
+				t.Errorf("the application processed the event %d times: %+v", done, app.Deliveries("evt_gw"))
+			}
+			ds := app.Deliveries("evt_gw")
+			if last := ds[len(ds)-1]; !last.Marked {
+				t.Errorf("the retry after lock_ttl reached the application unmarked: %+v", ds)
+			}
+		})
+	}
+}
+
+// TestServerFailoverAfterASentAttemptIsHeld: reverse_proxy with
+// request_buffers and lb_retry_match retries a POST that reached its
+// first upstream (the work done, the answer lost) on the next one. That
+// one answers 503: its status tells nothing of the first attempt, which
+// may have processed the event, so the event is held, not released.
+// (Found by review: released, Sangho's retry was processed again,
+// unmarked.)
+func TestServerFailoverAfterASentAttemptIsHeld(t *testing.T) {
+	var processedByA atomic.Int64
+	a := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		processedByA.Add(1) // the work is done and committed
+		if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			c.Close() // ... and the answer is lost
+		}
+	}))
+	defer a.Close()
+	b := ledger.New(t)
+	b.Behave(func(id string, n int) ledger.Action {
+		if n == 1 {
+			return ledger.Action{Status: http.StatusServiceUnavailable} // overloaded: nothing done
+		}
+		return ledger.Action{}
+	})
+	s := startCaddy(t, `	sangho_dedup {
+		secret `+secret1+`
+		lock_ttl 1500ms
+	}
+	reverse_proxy `+strings.TrimPrefix(a.URL, "http://")+` `+b.Addr+` {
+		lb_policy first
+		fail_duration 1m
+		lb_retries 1
+		request_buffers 1MiB
+		lb_retry_match {
+			method POST
+		}
+	}`)
+	first := send(t, s.url, eventBody("evt_failover"), "evt_failover")
+	if processedByA.Load() != 1 {
+		t.Fatalf("the first upstream got %d deliveries (answer %d %q)", processedByA.Load(), first.status, first.body)
+	}
+	if received, _ := b.Counts("evt_failover"); received != 1 {
+		t.Fatalf("reverse_proxy did not retry on the second upstream (%d deliveries; answer %d %q)", received, first.status, first.body)
+	}
+	retry := send(t, s.url, eventBody("evt_failover"), "evt_failover")
+	if retry.status != http.StatusConflict {
+		t.Errorf("Sangho's retry: %d %q (Sangho-Dedup %q), want 409: the first upstream may have processed it", retry.status, retry.body, retry.dedup)
+	}
+	if _, done := b.Counts("evt_failover"); done != 0 {
+		t.Errorf("processed again by the second upstream, unmarked: %+v", b.Deliveries("evt_failover"))
+	}
+}
+
+// TestResendingProxyWarning: reverse_proxy with request_buffers replays
+// the body, and with lb_retry_match (and lb_retries or lb_try_duration)
+// it retries a delivery after it reached an upstream: the next upstream
+// may process an event the first processed, inside one delivery, where
+// no mark can reach it. Caddy accepts that config; sangho_dedup warns at
+// load, naming what to drop. Retries after dial errors only (no
+// lb_retry_match) are safe, and a retry without request_buffers sends
+// no body again: no warning.
+func TestResendingProxyWarning(t *testing.T) {
+	for _, c := range []struct {
+		name, proxy string
+		want        bool
+	}{
+		{"request_buffers and lb_retry_match", "\t\tlb_retries 2\n\t\trequest_buffers 1MiB\n\t\tlb_retry_match {\n\t\t\tmethod POST\n\t\t}\n", true},
+		{"a response matcher", "\t\tlb_try_duration 5s\n\t\trequest_buffers 64KiB\n\t\tlb_retry_match {\n\t\t\texpression `{rp.status_code} in [502, 503]`\n\t\t}\n", true},
+		{"request_buffers, dial errors only", "\t\tlb_retries 2\n\t\trequest_buffers 1MiB\n", false},
+		{"lb_retry_match without request_buffers", "\t\tlb_retries 2\n\t\tlb_retry_match {\n\t\t\tmethod POST\n\t\t}\n", false},
+		{"request_buffers and lb_retry_match, no retries", "\t\trequest_buffers 1MiB\n\t\tlb_retry_match {\n\t\t\tmethod POST\n\t\t}\n", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ownDataDir(t)
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			site := "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t}\n\treverse_proxy 127.0.0.1:1 127.0.0.1:2 {\n" + c.proxy + "\t}\n"
+			cfg := strings.Replace(serverCaddyfile(freePort(t), site), "output discard", "output file "+logFile, 1)
+			adapted, _ := adaptCaddyfile(t, cfg)
+			got, data := loadWarnings(t, adapted, logFile, "reverse_proxy may send a delivery twice")
+			if want := map[bool]int{true: 1, false: 0}[c.want]; got != want {
+				t.Errorf("%d warnings, want %d:\n%s", got, want, data)
+			}
+		})
+	}
+	// In a handle block, as the README's sites write it.
+	ownDataDir(t)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	site := "\thandle /webhook {\n\t\tsangho_dedup {\n\t\t\tsecret " + secret1 + "\n\t\t}\n\t\treverse_proxy 127.0.0.1:1 {\n\t\t\tlb_retries 1\n\t\t\trequest_buffers 1MiB\n\t\t\tlb_retry_match {\n\t\t\t\tmethod POST\n\t\t\t}\n\t\t}\n\t}\n"
+	adapted, _ := adaptCaddyfile(t, strings.Replace(serverCaddyfile(freePort(t), site), "output discard", "output file "+logFile, 1))
+	if got, data := loadWarnings(t, adapted, logFile, "reverse_proxy may send a delivery twice"); got != 1 {
+		t.Errorf("in a handle block: %d warnings, want 1:\n%s", got, data)
+	}
+}
