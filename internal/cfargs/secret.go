@@ -3,9 +3,11 @@ package cfargs
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
@@ -25,6 +27,27 @@ func Secret(d *caddyfile.Dispenser, dst *string) error {
 	*dst = args[0]
 	return nil
 }
+
+// Resolve resolves v's placeholders. One unset, empty or unknown is an
+// error naming the option: an unset {env.REDIS_URL} must not quietly
+// become the default 127.0.0.1:6379 (another server, another dedup
+// state), nor an unset password no password. The error names the
+// placeholder only when the whole value is one {env.*} or {file.*}:
+// anything else in a password, a url or a DSN may be the secret, a
+// literal brace pair ("{hunter2}") too.
+func Resolve(repl *caddy.Replacer, option, v string) (string, error) {
+	out, err := repl.ReplaceOrErr(v, true, true)
+	if err == nil {
+		return out, nil
+	}
+	if wholeEnvOrFile.MatchString(v) {
+		return "", fmt.Errorf("%s: %s is unset or empty", option, v)
+	}
+	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (a literal brace is written \\{); the value is not shown, as it may hold a secret", option)
+}
+
+// wholeEnvOrFile matches a value that is one {env.*} or {file.*}.
+var wholeEnvOrFile = regexp.MustCompile(`^\{(env|file)\.[^{}\\]+\}$`)
 
 // WithoutValue explains an option that holds a secret (the handler's
 // secret, a store's password or DSN) left with no value, or an empty

@@ -57,7 +57,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				s.CreateTable = &on
 			}
 		case "statement_timeout":
-			err = cfargs.Duration(d, &s.StatementTimeout, minStatementTimeout, 0)
+			err = cfargs.Duration(d, &s.StatementTimeout, minStatementTimeout, MaxStatementTimeout)
 		case "cleanup_interval":
 			err = cfargs.Duration(d, &s.CleanupInterval, minCleanupInterval, 0)
 		case "local_cache":

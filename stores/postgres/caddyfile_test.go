@@ -47,8 +47,12 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 		"postgres {\n statement_timeout soon\n}":    "statement_timeout:",
 		"postgres {\n cleanup_interval -1s\n}":      "cleanup_interval:",
 		"postgres {\n statement_timeout 1s 2s\n}":   "statement_timeout: takes one value",
-		"postgres {\n local_cache lots\n}":          "local_cache:",
-		"postgres {\n local_cache -1\n}":            `local_cache: must be a number of entries or off, not "-1"`,
+		// PostgreSQL refuses over 2^31-1 ms at every connection: every
+		// delivery failed (found by review). Bounded as Redis's timeouts.
+		"postgres {\n statement_timeout 30d\n}": "statement_timeout:",
+		"postgres {\n statement_timeout 61m\n}": "statement_timeout:",
+		"postgres {\n local_cache lots\n}":      "local_cache:",
+		"postgres {\n local_cache -1\n}":        `local_cache: must be a number of entries or off, not "-1"`,
 	} {
 		var s Store
 		err := s.UnmarshalCaddyfile(caddyfile.NewTestDispenser(in))
@@ -76,6 +80,7 @@ func TestResolveErrors(t *testing.T) {
 		{Store{MaxConns: -1}, "max_conns:"},
 		{Store{LocalCache: -1}, "local_cache:"},
 		{Store{StatementTimeout: caddy.Duration(time.Microsecond)}, "statement_timeout:"},
+		{Store{StatementTimeout: caddy.Duration(30 * 24 * time.Hour)}, "statement_timeout:"},
 		{Store{CleanupInterval: caddy.Duration(time.Millisecond)}, "cleanup_interval:"},
 		{Store{DSN: "postgres://h/db?sslmode=bogus"}, "dsn:"},
 	} {

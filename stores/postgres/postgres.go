@@ -43,8 +43,12 @@ const (
 	DefaultStatementTimeout = 5 * time.Second
 	DefaultCleanupInterval  = time.Minute
 	minStatementTimeout     = time.Millisecond
-	minCleanupInterval      = 10 * time.Millisecond
-	maxMaxConns             = 10000
+	// MaxStatementTimeout bounds statement_timeout as Redis's timeouts
+	// are: a store that waits longer holds deliveries, not answers them
+	// (PostgreSQL refuses over 2^31-1 ms at every connection).
+	MaxStatementTimeout = time.Hour
+	minCleanupInterval  = 10 * time.Millisecond
+	maxMaxConns         = 10000
 )
 
 // Store keeps dedup state in a PostgreSQL table, shared by every Caddy
@@ -251,7 +255,7 @@ func (s *Store) resolve() (*options, error) {
 	if o.timeout = time.Duration(s.StatementTimeout); o.timeout == 0 {
 		o.timeout = DefaultStatementTimeout
 	}
-	if err := cfargs.Bounds("statement_timeout", o.timeout, minStatementTimeout, 0); err != nil {
+	if err := cfargs.Bounds("statement_timeout", o.timeout, minStatementTimeout, MaxStatementTimeout); err != nil {
 		return fail(err)
 	}
 	if o.cleanup = time.Duration(s.CleanupInterval); o.cleanup == 0 {
@@ -261,16 +265,14 @@ func (s *Store) resolve() (*options, error) {
 		return fail(err)
 	}
 
-	repl := caddy.NewReplacer()
-	dsn, err := repl.ReplaceOrErr(s.DSN, true, true)
+	dsn, err := cfargs.Resolve(caddy.NewReplacer(), "dsn", s.DSN)
 	if err != nil {
-		// the error names the placeholder, never a value
-		return fail(fmt.Errorf("dsn: %v", err))
+		return fail(err)
 	}
 	o.password = dsnPassword(dsn)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, o.scrub(fmt.Errorf("postgres store: dsn: %v", parseError(err)))
+		return nil, o.scrub(fmt.Errorf("postgres store: dsn: %v", parseError(dsn, err)))
 	}
 	if cfg.ConnConfig.Password != "" {
 		o.password = cfg.ConnConfig.Password
@@ -299,9 +301,16 @@ func (s *Store) resolve() (*options, error) {
 }
 
 // parseError is pgx's parse error without the connection string (which
-// pgx redacts only as well as it can parse it).
-func parseError(err error) error {
+// pgx redacts only as well as it can parse it). A keyword=value string
+// that does not split into pairs gets a fixed message: pgx quotes the
+// words around the fault, which may be part of a password written with
+// a space and no quotes (password=Sec r3t).
+func parseError(dsn string, err error) error {
 	var pe *pgconn.ParseConfigError
+	if errors.As(err, &pe) && !strings.Contains(dsn, "://") && strings.Contains(pe.Error(), "keyword/value") {
+		return errors.New("not keyword=value pairs: a value with a space, a quote or a backslash is written in single quotes, with \\' and \\\\ inside (password='a b'); " +
+			"what went wrong is not shown, as it may quote part of the password")
+	}
 	if errors.As(err, &pe) {
 		c := *pe
 		c.ConnString = "…"

@@ -94,3 +94,29 @@ func TestDSNPlaceholderUnknown(t *testing.T) {
 		t.Fatalf("resolve = %v", err)
 	}
 }
+
+// A DSN that does not resolve or parse is an error that holds no part of
+// its password, whatever the password holds: a brace (Caddy's
+// replacer named it as an unknown placeholder), a space unquoted in the
+// key=value form (pgx quoted what followed it). (Found by review.)
+func TestDSNErrorsHoldNoPartOfThePassword(t *testing.T) {
+	const pw = "Hunter2-s3cret-pw"
+	for name, dsn := range map[string]string{
+		"a brace in a URL's password":          "postgres://caddy:{" + pw + "}@127.0.0.1/postgres",
+		"a brace in a key=value password":      "host=127.0.0.1 user=caddy password={" + pw + "} dbname=postgres",
+		"an unquoted space in a password":      "host=127.0.0.1 user=caddy password=Sec " + pw + " dbname=postgres",
+		"an unquoted space, the password last": "host=127.0.0.1 user=caddy dbname=postgres password=Sec " + pw,
+	} {
+		_, err := (&Store{DSN: dsn}).resolve()
+		if err == nil {
+			t.Errorf("%s: resolved", name)
+			continue
+		}
+		if strings.Contains(err.Error(), pw) || strings.Contains(err.Error(), "Secr") {
+			t.Errorf("%s: the error holds the password: %v", name, err)
+		}
+		if !strings.Contains(err.Error(), "dsn") {
+			t.Errorf("%s: the error does not name dsn: %v", name, err)
+		}
+	}
+}

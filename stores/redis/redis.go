@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -329,24 +328,6 @@ func (s *Store) Cleanup() error {
 	return s.users.Release(s.poolKey, s.logger)
 }
 
-// resolvePlaceholders resolves v's placeholders. One unset, empty or
-// unknown is an error naming the option, as the file store's path and
-// PostgreSQL's dsn: an unset {env.REDIS_URL} must not quietly become the
-// default 127.0.0.1:6379 (another server, another dedup state), nor an
-// unset password no password. The error names the placeholder only when
-// the whole value is one {env.*} or {file.*}: anything else in a password
-// or a url may be the secret, a literal brace pair ("{hunter2}") too.
-func resolvePlaceholders(repl *caddy.Replacer, option, v string) (string, error) {
-	out, err := repl.ReplaceOrErr(v, true, true)
-	if err == nil {
-		return out, nil
-	}
-	if wholeEnvOrFile.MatchString(v) {
-		return "", fmt.Errorf("%s: %s is unset or empty", option, v)
-	}
-	return "", fmt.Errorf("%s: a placeholder in it is unset, empty or unknown (a literal brace is written \\{); the value is not shown, as it may hold a secret", option)
-}
-
 // holdsCredentials reports whether the address a may hold a user or a
 // password: a scheme, a leading //, an @ in a host:port, or in a path's
 // first folder (a socket's path may hold one further on:
@@ -375,9 +356,6 @@ func badAddress(i int, written, resolved string) string {
 	}
 	return fmt.Sprintf("address %q", resolved)
 }
-
-// wholeEnvOrFile matches a value that is one {env.*} or {file.*}.
-var wholeEnvOrFile = regexp.MustCompile(`^\{(env|file)\.[^{}\\]+\}$`)
 
 // resolvedOptions are the settings after placeholders, ready for go-redis.
 type resolvedOptions struct {
@@ -452,7 +430,7 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	repl := caddy.NewReplacer()
 	var unresolved error // the first placeholder left unresolved
 	resolve := func(option, v string) string {
-		out, err := resolvePlaceholders(repl, option, v)
+		out, err := cfargs.Resolve(repl, option, v)
 		if unresolved == nil {
 			unresolved = err
 		}
