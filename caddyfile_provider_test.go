@@ -88,6 +88,10 @@ func TestCaddyfileProviderErrorsExact(t *testing.T) {
 		"provider stripe whsec_on_the_wrong_line":                      `provider stripe: takes no arguments (a secret goes in secret), at Testfile:3`,
 		"store memory {\nx\n}":                                         `store memory: takes no options, found "x", at Testfile:4`,
 		"provider stripe {\ntolerance 1m\n}":                           `provider stripe: takes no options, found "tolerance", at Testfile:4`,
+		// A token that is no option's name is not quoted: it is often a
+		// secret put in the wrong block (found by review: it was).
+		"provider stripe {\nwhsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n}": `provider stripe: takes no options (found a token not shown: it is no option's name, and may be a secret), at Testfile:4`,
+		"store memory {\nwhsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\n}":    `store memory: takes no options (found a token not shown: it is no option's name, and may be a secret), at Testfile:4`,
 	} {
 		var h Handler
 		err := h.UnmarshalCaddyfile(caddyfile.NewTestDispenser("sangho_dedup {\nsecret s\n" + in + "\n}"))

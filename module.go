@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -323,6 +325,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.KeyPrefix == "" {
 		h.KeyPrefix = DefaultKeyPrefix
 	}
+	if err := checkKeyPrefix(h.KeyPrefix); err != nil { // before the default name, a metric label, is made from it
+		return err
+	}
 	h.pass = h.OnStoreError == storeErrorPass
 	h.renewEvery = time.Duration(h.LockTTL) / 3
 	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
@@ -485,12 +490,25 @@ func (h *Handler) Validate() error {
 		return fmt.Errorf("event_id_header %q is not a valid header name", h.EventIDHeader)
 	case !httpguts.ValidHeaderFieldName(h.SignatureHeader):
 		return fmt.Errorf("signature_header %q is not a valid header name", h.SignatureHeader)
-	case strings.ContainsAny(h.KeyPrefix, " \t\r\n"):
-		return fmt.Errorf("key_prefix %q must not contain white space", h.KeyPrefix)
-	case strings.ContainsAny(h.KeyPrefix, "{}"):
+	}
+	return checkKeyPrefix(h.KeyPrefix)
+}
+
+// checkKeyPrefix refuses a key_prefix that a store could not hold whole
+// (PostgreSQL refuses a NUL; every key would fail) or that would not be
+// the prefix meant.
+func checkKeyPrefix(p string) error {
+	switch {
+	case !utf8.ValidString(p):
+		return fmt.Errorf("key_prefix %q is not UTF-8 text", p)
+	case strings.ContainsFunc(p, unicode.IsSpace):
+		return fmt.Errorf("key_prefix %q must not contain white space", p)
+	case strings.ContainsFunc(p, unicode.IsControl):
+		return fmt.Errorf("key_prefix %q must not contain control characters", p)
+	case strings.ContainsAny(p, "{}"):
 		// Placeholders are not expanded in key_prefix: {env.TENANT}: would
 		// be the prefix itself, the same for every tenant.
-		return fmt.Errorf("key_prefix %q holds a placeholder, which is not expanded: write the prefix itself (in a Caddyfile, {$VAR} is read when the Caddyfile is adapted)", h.KeyPrefix)
+		return fmt.Errorf("key_prefix %q holds a placeholder, which is not expanded: write the prefix itself (in a Caddyfile, {$VAR} is read when the Caddyfile is adapted)", p)
 	}
 	return nil
 }

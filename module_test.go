@@ -53,7 +53,6 @@ func TestProvisionErrors(t *testing.T) {
 		"negative tolerance":        {Secrets: []string{"s"}, Tolerance: -1},
 		"max_body_size over 64 MiB": {Secrets: []string{"s"}, MaxBodySize: 64<<20 + 1},
 		"bad header":                {Secrets: []string{"s"}, EventIDHeader: "a b"},
-		"key_prefix placeholder":    {Secrets: []string{"s"}, KeyPrefix: "{env.TENANT}:"},
 	} {
 		if err := h.Provision(ctx); err != nil {
 			t.Errorf("%s: provision: %v", name, err)
@@ -61,6 +60,27 @@ func TestProvisionErrors(t *testing.T) {
 		}
 		if err := h.Validate(); err == nil {
 			t.Errorf("%s: validated", name)
+		}
+	}
+	// key_prefix is checked before anything uses it (the handler's
+	// default name, a metric label, is made from it).
+	for name, h := range map[string]*Handler{
+		"key_prefix placeholder": {Secrets: []string{"s"}, KeyPrefix: "{env.TENANT}:"},
+		"key_prefix space":       {Secrets: []string{"s"}, KeyPrefix: "p x:"},
+		// PostgreSQL refused every key with a NUL: every delivery a 503
+		// (found by review). A control character or a byte that is not
+		// UTF-8 is refused at load, whatever the store.
+		"key_prefix NUL":       {Secrets: []string{"s"}, KeyPrefix: "p\x00x:"},
+		"key_prefix control":   {Secrets: []string{"s"}, KeyPrefix: "p\x1bx:"},
+		"key_prefix not UTF-8": {Secrets: []string{"s"}, KeyPrefix: "p\xffx:"},
+		"key_prefix NBSP":      {Secrets: []string{"s"}, KeyPrefix: "p\u00a0x:"},
+	} {
+		err := h.Provision(ctx)
+		if err == nil {
+			err = h.Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), "key_prefix") {
+			t.Errorf("%s: %v, want an error naming key_prefix", name, err)
 		}
 	}
 	t.Setenv("SANGHO_TEST_SECRET", secret1)

@@ -8,6 +8,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/cfargs"
 )
 
 func init() {
@@ -86,10 +87,7 @@ func noOptions(d *caddyfile.Dispenser) error {
 		// line (provider stripe whsec_...).
 		return d.Err("takes no arguments (a secret goes in secret)")
 	}
-	if nesting := d.Nesting(); d.NextBlock(nesting) {
-		return d.Errf("takes no options, found %q", d.Val())
-	}
-	return nil
+	return cfargs.NoBlock(d)
 }
 
 // tsHMAC is the `t=<unix>,v1=<hex>` engine of Sangho and Stripe.

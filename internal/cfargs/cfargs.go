@@ -32,6 +32,19 @@ func Unknown(d *caddyfile.Dispenser, what string) error {
 	return d.Errf("unrecognized %s (not shown: it is no option's name, and may be the next line of a {$VAR}'s value, a secret)", what)
 }
 
+// NoBlock refuses a block after a module's line, for a module that takes
+// no options. The first token is quoted only if it looks like an
+// option's name (see Unknown): a secret put in the wrong block is not.
+func NoBlock(d *caddyfile.Dispenser) error {
+	if nesting := d.Nesting(); d.NextBlock(nesting) {
+		if opt := d.Val(); optionName.MatchString(opt) {
+			return d.Errf("takes no options, found %q", opt)
+		}
+		return d.Err("takes no options (found a token not shown: it is no option's name, and may be a secret)")
+	}
+	return nil
+}
+
 // Once refuses a subdirective given a second time, except the
 // repeatable one (whose values accumulate).
 func Once(d *caddyfile.Dispenser, seen map[string]bool, who, repeatable string) error {

@@ -76,10 +76,7 @@ func (m *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if err := cfargs.NoValue(d, "", "it takes no options"); err != nil {
 		return err
 	}
-	if nesting := d.Nesting(); d.NextBlock(nesting) {
-		return d.Errf("takes no options, found %q", d.Val())
-	}
-	return nil
+	return cfargs.NoBlock(d)
 }
 
 // Claim implements dedup.Store.

@@ -207,10 +207,7 @@ func (s *Store) commitAndWait(ctx context.Context, key, val string, retention ti
 	} else {
 		p = s.client.Pipeline()
 	}
-	timeout := time.Duration(s.WaitTimeout)
-	if timeout == 0 {
-		timeout = 100 * time.Millisecond
-	}
+	timeout := s.effectiveWaitTimeout()
 	set := p.SetArgs(ctx, key, val, goredis.SetArgs{TTL: retention, Get: true})
 	wait := goredis.NewIntCmd(ctx, "wait", s.WaitReplicas, timeout.Milliseconds())
 	_ = p.Process(ctx, wait)

@@ -541,8 +541,8 @@ func (s *Store) options(ctx caddy.Context) (resolvedOptions, error) {
 	if s.readTimeout == 0 {
 		s.readTimeout = 3 * time.Second
 	}
-	if s.WaitTimeout > 0 && time.Duration(s.WaitTimeout) >= s.readTimeout {
-		return fail(fmt.Errorf("wait_timeout must be shorter than read_timeout (%v), or the WAIT reply times out", s.readTimeout))
+	if s.WaitReplicas > 0 && s.effectiveWaitTimeout() >= s.readTimeout {
+		return fail(fmt.Errorf("wait_timeout must be shorter than read_timeout, or the WAIT reply times out: %v against %v (wait_timeout is 100ms when not set, read_timeout 3s)", s.effectiveWaitTimeout(), s.readTimeout))
 	}
 	cacheSize := 0
 	if s.LocalCache != nil {
@@ -576,8 +576,9 @@ func (s *Store) Validate() error {
 	if err := s.validateValues(); err != nil {
 		return err
 	}
-	if s.WaitTimeout > 0 && s.WaitTimeout >= s.effectiveReadTimeout() {
-		return errors.New("redis store: wait_timeout must be shorter than read_timeout (3s by default), or the WAIT reply times out")
+	if s.WaitReplicas > 0 && s.effectiveWaitTimeout() >= time.Duration(s.effectiveReadTimeout()) {
+		return fmt.Errorf("redis store: wait_timeout must be shorter than read_timeout, or the WAIT reply times out: %v against %v (wait_timeout is 100ms when not set, read_timeout 3s)",
+			s.effectiveWaitTimeout(), time.Duration(s.effectiveReadTimeout()))
 	}
 	return nil
 }
@@ -587,8 +588,8 @@ func (s *Store) validateValues() error {
 	switch {
 	case s.DB < 0:
 		return errors.New("redis store: db must not be negative")
-	case s.PoolSize < 0:
-		return errors.New("redis store: pool_size must not be negative")
+	case s.PoolSize < 0 || s.PoolSize > MaxPoolSize:
+		return fmt.Errorf("redis store: pool_size must be 1 to %d (0: the default), not %d", MaxPoolSize, s.PoolSize)
 	case s.WaitReplicas < 0 || s.WaitTimeout < 0:
 		return errors.New("redis store: wait_replicas and wait_timeout must not be negative")
 	case s.DialTimeout < 0 || s.ReadTimeout < 0 || s.WriteTimeout < 0:
@@ -597,6 +598,23 @@ func (s *Store) validateValues() error {
 		return errors.New("redis store: local_cache must not be negative (0 or off: no cache)")
 	}
 	return nil
+}
+
+// MaxPoolSize bounds pool_size (as an option and in a url): go-redis
+// allocates per connection of the pool before it opens any, and a pool
+// of 10^8 took the process down.
+const MaxPoolSize = 10_000
+
+// defaultWaitTimeout is how long a commit waits for wait_replicas
+// without wait_timeout.
+const defaultWaitTimeout = 100 * time.Millisecond
+
+// effectiveWaitTimeout is wait_timeout, or its default.
+func (s *Store) effectiveWaitTimeout() time.Duration {
+	if s.WaitTimeout > 0 {
+		return time.Duration(s.WaitTimeout)
+	}
+	return defaultWaitTimeout
 }
 
 func (s *Store) effectiveReadTimeout() caddy.Duration {

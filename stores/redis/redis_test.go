@@ -175,6 +175,14 @@ func TestRedisStoreValidate(t *testing.T) {
 		"negative db":                      {Store{DB: -1}, false},
 		"negative wait_replicas":           {Store{WaitReplicas: -1}, false},
 		"negative timeout":                 {Store{DialTimeout: -1}, false},
+		// The default wait_timeout (100ms) is checked as a written one:
+		// a read_timeout under it timed every commit out (found by review).
+		"default wait past a short read": {Store{WaitReplicas: 1, ReadTimeout: caddy.Duration(50 * time.Millisecond)}, false},
+		"short read, no wait":            {Store{ReadTimeout: caddy.Duration(50 * time.Millisecond)}, true},
+		// go-redis allocates per pool_size: 10^8 took the process down
+		// with an out-of-memory crash, on a reload too (found by review).
+		"pool_size too large": {Store{PoolSize: 100_000_000}, false},
+		"pool_size at most":   {Store{PoolSize: 10_000}, true},
 	} {
 		if err := c.s.Validate(); (err == nil) != c.ok {
 			t.Errorf("%s: Validate() = %v, want ok=%v", name, err, c.ok)

@@ -94,6 +94,8 @@ func parseRedisURL(raw string) (*redisURL, error) {
 		case "pool_size":
 			if n, err := strconv.Atoi(v); err != nil || n <= 0 {
 				return nil, errors.New("url parameter pool_size must be a positive whole number")
+			} else if n > MaxPoolSize {
+				return nil, fmt.Errorf("url parameter pool_size must be 1 to %d", MaxPoolSize)
 			}
 		case "db":
 			if n, err := strconv.Atoi(v); err != nil || n < 0 {

@@ -77,6 +77,7 @@ func TestRedisURLRefused(t *testing.T) {
 		{Store{URL: base + "?pool_size="}, "url parameter pool_size has no value"},
 		{Store{URL: base + "?pool_size=0"}, "url parameter pool_size must be a positive whole number"},
 		{Store{URL: base + "?pool_size=many"}, "url parameter pool_size must be a positive whole number"},
+		{Store{URL: base + "?pool_size=99999999"}, "url parameter pool_size must be 1 to 10000"},
 		{Store{URL: base + "?dial_timeout=-1"}, "url parameter dial_timeout must be a positive duration"},
 		{Store{URL: base + "?read_timeout=0s"}, "url parameter read_timeout must be a positive duration"},
 		{Store{URL: base + "?write_timeout=soon"}, "url parameter write_timeout must be a positive duration"},
