@@ -6,7 +6,7 @@ build:
 
 # The README's test command.
 test:
-	go test -race -count=1 ./...
+	go test -race -count=1 -timeout 30m ./...
 
 # The quick tier: no server and no tool but Go (memory and file stores,
 # providers, Caddyfile, handler); under a minute.

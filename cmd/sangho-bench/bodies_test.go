@@ -139,6 +139,16 @@ func TestBodiesFlag(t *testing.T) {
 	}
 }
 
+// --only takes the targets of the run by name; one it does not know is
+// refused before anything starts. (Found by review: --only foo ran the
+// baselines alone and wrote an empty table.)
+func TestOnlyFlag(t *testing.T) {
+	err := run(os.Args[0], "", "", time.Second, 1, 1, 1, "memory,foo", "", "", false, 0)
+	if err == nil || !strings.Contains(err.Error(), `--only: "foo" is not a target`) || !strings.Contains(err.Error(), "postgres") {
+		t.Errorf("--only memory,foo: %v", err)
+	}
+}
+
 // Every site of the benchmark's Caddy accepts the bodies of each shape
 // as wrk sends them: sangho_dedup on each store passes a new event on
 // and answers its redelivery as a duplicate, the floor and the

@@ -338,7 +338,17 @@ func sizeName(n int) string {
 	return strconv.Itoa(n) + "B"
 }
 
+// benchTargets are the targets --only names.
+var benchTargets = []string{"direct", "respond", "reverse_proxy", "hmacfloor", "floor_respond", "memory", "file", "redis", "postgres"}
+
 func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate float64, only, redisOpts, pgOpts string, latencyOnly bool, growthEvents int) error {
+	if only != "" {
+		for _, t := range strings.Split(only, ",") {
+			if !slices.Contains(benchTargets, t) {
+				return fmt.Errorf("--only: %q is not a target (%s)", t, strings.Join(benchTargets, ", "))
+			}
+		}
+	}
 	if bodies != "" {
 		for _, z := range strings.Split(bodies, ",") {
 			if !slices.Contains(bodyNames, z) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -93,5 +94,29 @@ func TestFailuresExitNonZero(t *testing.T) {
 		if timedOut || code != 1 || !strings.Contains(string(out), c.says) {
 			t.Errorf("sangho-send %s: exit %d (timed out: %v), output:\n%s\nwant exit 1 and %q", strings.Join(c.args, " "), code, timedOut, out, c.says)
 		}
+	}
+}
+
+// TestSinkOnATakenPortSaysSoOnly: sink says it listens only once it
+// does; on a port taken it fails, exit 1, without first saying it
+// listens. (Found by review: "sink listening on ..." then "address
+// already in use".)
+func TestSinkOnATakenPortSaysSoOnly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "sink", "--listen", ln.Addr().String())
+	cmd.Env = append(os.Environ(), "SANGHO_SEND_TEST_MAIN=1")
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	}
+	if code != 1 || strings.Contains(string(out), "listening") || !strings.Contains(string(out), "address already in use") {
+		t.Errorf("sink on a taken port: exit %d, output:\n%s\nwant exit 1, the bind error, and no \"listening\"", code, out)
 	}
 }
