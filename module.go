@@ -307,9 +307,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.now == nil { // tests set their clock before Provision
 		h.now = time.Now
 	}
-	if h.MaxBodySize == 0 {
-		h.MaxBodySize = DefaultMaxBodySize
-	}
 	if h.Retention == 0 {
 		h.Retention = caddy.Duration(DefaultRetention)
 	}
@@ -370,6 +367,12 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	name := v.(caddy.Module).CaddyModule().ID.Name()
 	if err := h.setupProvider(v, name, secrets); err != nil {
 		return fmt.Errorf("%s %s: %w", providerKey, name, err)
+	}
+	if h.MaxBodySize == 0 { // the provider's, else the handler's default
+		h.MaxBodySize = DefaultMaxBodySize
+		if d := h.provider.defaults.MaxBodySize; d > 0 {
+			h.MaxBodySize = min(d, MaxMaxBodySize)
+		}
 	}
 	if h.OnPayloadMismatch == "" {
 		// Sangho's contract: every attempt carries the same body bytes.

@@ -456,3 +456,38 @@ func TestIdenticalBodyOfAnotherTopicIsRefused(t *testing.T) {
 		t.Fatalf("the backend got %d deliveries, want 1", n)
 	}
 }
+
+// TestProviderBodySizeDefault: GitHub sends payloads of up to 25 MB and
+// does not redeliver a failed delivery by itself, so a push larger than
+// the handler's 1 MiB default, refused 413, was lost (found by review).
+// With the github provider and no max_body_size, a 1.3 MB push is
+// processed; max_body_size, when given, still decides; other providers
+// keep 1 MiB.
+func TestProviderBodySizeDefault(t *testing.T) {
+	push := `{"ref":"refs/heads/main","pad":"` + strings.Repeat("x", 1_300_000) + `"}`
+	deliver := func(h *Handler) int {
+		r := post(push, map[string]string{"X-Hub-Signature-256": githubSig(push, ghSecret1), "X-GitHub-Delivery": "d-" + strconv.Itoa(len(push)), "X-GitHub-Event": "push"})
+		w, _, _ := serve(h, r, &countingNext{})
+		return w.Code
+	}
+	h := providerHandler(t, `{"name":"github"}`, []string{ghSecret1}, nil)
+	if h.MaxBodySize != 25<<20 {
+		t.Errorf("github: max_body_size %d, want 25 MiB", h.MaxBodySize)
+	}
+	if code := deliver(h); code != http.StatusOK {
+		t.Errorf("github: a 1.3 MB push answered %d, want 200", code)
+	}
+	h = providerHandler(t, `{"name":"github"}`, []string{ghSecret1}, func(h *Handler) { h.MaxBodySize = 1 << 20 })
+	if code := deliver(h); code != http.StatusRequestEntityTooLarge {
+		t.Errorf("github with max_body_size 1MiB: %d, want 413", code)
+	}
+	for _, p := range []string{`{"name":"stripe"}`, `{"name":"shopify"}`, `{"name":"standard_webhooks"}`} {
+		secret := secret1
+		if strings.Contains(p, "standard") {
+			secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+		}
+		if h := providerHandler(t, p, []string{secret}, nil); h.MaxBodySize != DefaultMaxBodySize {
+			t.Errorf("%s: max_body_size %d, want the 1 MiB default", p, h.MaxBodySize)
+		}
+	}
+}

@@ -101,6 +101,11 @@ type ProviderDefaults struct {
 	// clock by default; 0 means the provider signs no timestamp (then the
 	// handler refuses a tolerance, and a signature never expires).
 	Tolerance time.Duration
+	// MaxBodySize is the largest body the sender documents sending, when
+	// it is over the handler's default (1 MiB): the handler's
+	// max_body_size is this when not given (at most 64 MiB). 0: the
+	// handler's default.
+	MaxBodySize int64
 }
 
 // ProviderConfig is what the handler gives a provider at Init.

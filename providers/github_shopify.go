@@ -57,6 +57,9 @@ func (*GitHub) Defaults() dedup.ProviderDefaults {
 		EventIDHeaders:  []string{"X-GitHub-Delivery"},
 		IDSource:        dedup.IDFromHeader,
 		EventTypeHeader: "X-GitHub-Event",
+		// GitHub caps payloads at 25 MB, and does not redeliver a
+		// delivery that failed (413 included) by itself.
+		MaxBodySize: 25 << 20,
 	}
 }
 
