@@ -405,6 +405,20 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 			}
 		}
 	}
+	// A variable set to white space only is dropped by Caddy's lexer as an
+	// unset one is; one unset inside the store's path leaves the text
+	// around it: /dedup.db, another database. (Both found by review.)
+	t.Setenv("SANGHO_DEDUP_TEST_SPACE", " \t")
+	for _, c := range []struct{ option, line, name string }{
+		{"secret", "secret {$" + set + "} {$SANGHO_DEDUP_TEST_SPACE}", "SANGHO_DEDUP_TEST_SPACE"},
+		{"store file", "secret s\n\t\tstore file {$" + unset + "}/dedup.db", unset},
+		{"path", "secret s\n\t\tstore file {\n\t\t\tpath {$" + unset + "}/dedup.db\n\t\t}", unset},
+	} {
+		err := adapt(site(c.line), true)
+		if err == nil || !strings.Contains(err.Error(), c.option) || !strings.Contains(err.Error(), "{$"+c.name+"}") {
+			t.Errorf("%s: %v, want an error naming %s and {$%s}", c.line, err, c.option, c.name)
+		}
+	}
 	// Set, or with a default, they are the values written.
 	for _, store := range []string{"store file {$" + unset + ":/tmp/x.db}", "store file"} {
 		if err := adapt(site("secret s\n\t\t"+store), true); err != nil {

@@ -46,6 +46,7 @@ type guardRawRoute struct {
 	Match    []map[string]json.RawMessage `json:"match"`
 	Handle   []json.RawMessage            `json:"handle"`
 	Terminal bool                         `json:"terminal"`
+	Group    string                       `json:"group"`
 }
 
 type guardRawHandler struct {
@@ -273,68 +274,128 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 // resendingProxy reports whether a reverse_proxy that a delivery reaches
 // after a sangho_dedup handler (later in its route list, in subroutes
 // and the named routes they invoke too) can send it again after it
-// reached an upstream: request_buffers replays the body, and
+// reached an upstream: its body is buffered (request_buffers, or the
+// fastcgi transport, which buffers small bodies itself), and
 // lb_retry_match with retries retries a request after a transport error
 // (or a response it matches), not only after a dial error. The next
 // upstream may then process an event the first one processed, inside one
 // delivery, where no mark can reach it. Caddy accepts that config; the
 // handler warns (see warnOpenPaths).
+//
+// A route of the same group as the one that held sangho_dedup (handle
+// blocks) is never reached after it, nor is anything after a terminal
+// one (a site): neither counts. Named routes are walked too, each from
+// its start; one already provisioned has no raw JSON left and is not.
 func resendingProxy(srv *caddyhttp.Server) bool {
-	// walk reports whether routes hold such a proxy after a sangho_dedup
-	// handler (after: one came before them), and whether they hold one.
-	var walk func(routes [][]json.RawMessage, after bool, depth int) (found, dedup bool)
-	walk = func(routes [][]json.RawMessage, after bool, depth int) (found, dedup bool) {
+	var walkRoutes func(routes []resendRoute, after bool, depth int) (found, dedup bool)
+	// walkHandlers walks one route's handlers, in order.
+	walkHandlers := func(handlers []json.RawMessage, after bool, depth int) (found, dedup bool) {
+		for _, raw := range handlers {
+			var h resendHandler
+			if json.Unmarshal(raw, &h) != nil {
+				continue
+			}
+			var sub []resendRoute
+			switch h.Handler {
+			case "sangho_dedup":
+				after, dedup = true, true
+				continue
+			case "reverse_proxy":
+				if after && h.resends() {
+					return true, dedup
+				}
+				continue
+			case "invoke":
+				if r, ok := srv.NamedRoutes[h.Name]; ok && r != nil {
+					sub = []resendRoute{{handlers: r.HandlersRaw}}
+				}
+			}
+			for _, r := range h.Routes {
+				sub = append(sub, resendRoute{group: r.Group, terminal: r.Terminal, handlers: r.Handle})
+			}
+			f, d := walkRoutes(sub, after, depth+1)
+			if f {
+				return true, true
+			}
+			after, dedup = after || d, dedup || d
+		}
+		return false, dedup
+	}
+	walkRoutes = func(routes []resendRoute, after bool, depth int) (found, dedup bool) {
 		if depth > 8 { // a named route that invokes itself
 			return false, false
 		}
-		for _, handlers := range routes {
-			for _, raw := range handlers {
-				var h struct {
-					guardRawHandler
-					RequestBuffers int64 `json:"request_buffers"`
-					LoadBalancing  *struct {
-						Retries     int               `json:"retries"`
-						TryDuration caddy.Duration    `json:"try_duration"`
-						RetryMatch  []json.RawMessage `json:"retry_match"`
-					} `json:"load_balancing"`
-				}
-				if json.Unmarshal(raw, &h) != nil {
-					continue
-				}
-				var sub [][]json.RawMessage
-				switch h.Handler {
-				case "sangho_dedup":
-					after, dedup = true, true
-					continue
-				case "reverse_proxy":
-					lb := h.LoadBalancing
-					if after && h.RequestBuffers != 0 && lb != nil && len(lb.RetryMatch) > 0 && (lb.Retries > 0 || lb.TryDuration > 0) {
-						return true, dedup
-					}
-					continue
-				case "invoke":
-					if r, ok := srv.NamedRoutes[h.Name]; ok && r != nil {
-						sub = [][]json.RawMessage{r.HandlersRaw}
-					}
-				}
-				for _, r := range h.Routes {
-					sub = append(sub, r.Handle)
-				}
-				f, d := walk(sub, after, depth+1)
+		carry, group := after, "" // after a route that held sangho_dedup: carry, unless of its group
+		for _, r := range routes {
+			if group != "" && r.group == group {
+				f, d := walkHandlers(r.handlers, after, depth) // exclusive with it: reached only without it
 				if f {
-					return true, dedup || d
+					return true, true
 				}
-				after, dedup = after || d, dedup || d
+				dedup = dedup || d
+				continue
+			}
+			f, d := walkHandlers(r.handlers, carry, depth)
+			if f {
+				return true, true
+			}
+			dedup = dedup || d
+			if d {
+				if r.terminal {
+					carry, group = after, "" // nothing after it runs for that request
+				} else {
+					carry, group = true, r.group
+				}
 			}
 		}
 		return false, dedup
 	}
-	routes := make([][]json.RawMessage, 0, len(srv.Routes))
+	var routes []resendRoute
 	for _, r := range srv.Routes {
-		routes = append(routes, r.HandlersRaw)
+		routes = append(routes, resendRoute{group: r.Group, terminal: r.Terminal, handlers: r.HandlersRaw})
 	}
-	found, _ := walk(routes, false, 0)
-	return found
+	if f, _ := walkRoutes(routes, false, 0); f {
+		return true
+	}
+	for _, r := range srv.NamedRoutes {
+		if r != nil {
+			if f, _ := walkRoutes([]resendRoute{{handlers: r.HandlersRaw}}, false, 1); f {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// resendRoute is a route as resendingProxy reads it.
+type resendRoute struct {
+	group    string
+	terminal bool
+	handlers []json.RawMessage
+}
+
+// resendHandler is a handler as resendingProxy reads it.
+type resendHandler struct {
+	guardRawHandler
+	RequestBuffers int64 `json:"request_buffers"`
+	Transport      *struct {
+		Protocol string `json:"protocol"`
+	} `json:"transport"`
+	LoadBalancing *struct {
+		Retries     int               `json:"retries"`
+		TryDuration caddy.Duration    `json:"try_duration"`
+		RetryMatch  []json.RawMessage `json:"retry_match"`
+	} `json:"load_balancing"`
+}
+
+// resends reports whether the reverse_proxy h can send a request again
+// after it reached an upstream: a buffered body (the fastcgi transport
+// buffers one of up to 4 KiB by itself), and retries that lb_retry_match
+// allows after transport errors or responses.
+func (h resendHandler) resends() bool {
+	buffered := h.RequestBuffers != 0 || h.Transport != nil && h.Transport.Protocol == "fastcgi"
+	lb := h.LoadBalancing
+	return buffered && lb != nil && len(lb.RetryMatch) > 0 && (lb.Retries > 0 || lb.TryDuration > 0)
 }
 
 // errorRoutesProxy reports whether error routes that can get a

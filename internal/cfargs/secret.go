@@ -78,27 +78,7 @@ func WithoutValue(option, file string, line int) string {
 // when no such variable is on option's line (line, 1-based, of file),
 // or the line cannot be read again (a Caddyfile adapted from memory).
 func InsideEmpty(option, file string, line int) string {
-	text, ok := optionLine(file, line, option)
-	if !ok {
-		return ""
-	}
-	var vars []string
-	for _, field := range fields(text)[1:] {
-		spans, rest := envSpans(field)
-		value := rest
-		for _, span := range spans {
-			value += envValue(span)
-		}
-		if value == "" {
-			continue // the whole value vanished: no value, checked as such
-		}
-		for _, span := range spans {
-			name, _, _ := strings.Cut(span, ":")
-			if envValue(span) == "" && !slices.Contains(vars, name) {
-				vars = append(vars, name)
-			}
-		}
-	}
+	vars := InsideEmptyVars(option, file, line)
 	if len(vars) == 0 {
 		return ""
 	}
@@ -128,7 +108,7 @@ func Dropped(option, file string, line int) []string {
 		for _, span := range spans {
 			value += envValue(span)
 		}
-		if value != "" {
+		if !blank(value) {
 			continue
 		}
 		for _, span := range spans {
@@ -150,6 +130,39 @@ func DroppedError(option string, vars []string, hint string) string {
 	return fmt.Sprintf("%s: {$%s} %s unset or empty in the environment of the caddy command that read the Caddyfile (caddy run, reload or adapt replaces {$VAR} as it reads it), "+
 		"so its value is missing from the line, which would mean something else; %s", option, strings.Join(vars, "}, {$"), verb, hint)
 }
+
+// InsideEmptyVars returns the {$VAR}s inside a value of option's line
+// (with more text in the same token) that are unset, empty or white
+// space: Caddy left the text around them, another value than the one
+// meant. It is nil when there are none, or the line cannot be read again.
+func InsideEmptyVars(option, file string, line int) []string {
+	text, ok := optionLine(file, line, option)
+	if !ok {
+		return nil
+	}
+	var vars []string
+	for _, field := range fields(text)[1:] {
+		spans, rest := envSpans(field)
+		value := rest
+		for _, span := range spans {
+			value += envValue(span)
+		}
+		if blank(value) {
+			continue // the whole value vanished: see Dropped
+		}
+		for _, span := range spans {
+			name, _, _ := strings.Cut(span, ":")
+			if blank(envValue(span)) && !slices.Contains(vars, name) {
+				vars = append(vars, name)
+			}
+		}
+	}
+	return vars
+}
+
+// blank reports whether v is empty or white space only, which Caddy's
+// lexer reads as no token.
+func blank(v string) bool { return strings.TrimSpace(v) == "" }
 
 // fields splits a Caddyfile line into its tokens as written: at spaces
 // and tabs outside double quotes or backticks, the quotes dropped, an

@@ -268,6 +268,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if vars := cfargs.Dropped("store", d.File(), d.Line()); len(vars) > 0 {
 		return d.Err(cfargs.DroppedError("store file", vars, "set it, or write the path itself"))
 	}
+	if vars := cfargs.InsideEmptyVars("store", d.File(), d.Line()); len(vars) > 0 {
+		return d.Err(insideThePath("store file", vars))
+	}
 	if d.NextArg() {
 		s.Path = d.Val()
 		if s.Path == "" {
@@ -283,6 +286,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if s.Path != "" {
 				return d.Err("file store: path given more than once")
 			}
+			if vars := cfargs.InsideEmptyVars("path", d.File(), d.Line()); len(vars) > 0 {
+				return d.Err(insideThePath("path", vars))
+			}
 			if err := cfargs.One(d, &s.Path); err != nil {
 				return err
 			}
@@ -291,6 +297,14 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
+}
+
+// insideThePath explains a {$VAR} inside the store's path that is unset
+// or empty: store file {$DATA}/dedup.db would be /dedup.db, another
+// database (every event processed again).
+func insideThePath(option string, vars []string) string {
+	return fmt.Sprintf("%s: {$%s} inside the path is unset or empty in the environment of the caddy command that read the Caddyfile: the path would be the text around it, another store; set it, or write the path itself",
+		option, strings.Join(vars, "}, {$"))
 }
 
 // errStoreNotOpen is what a store that was only validated, or not
