@@ -64,9 +64,27 @@ func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}()
 	err := next.ServeHTTP(&d.sw, r)
 	finished = true
+	if err == nil && d.sw.status.Load() == 0 && unhandled(r) {
+		// Caddy's chain ended after this handler without an answer: no
+		// handler processed the event (Caddy would answer 200, empty).
+		d.h.logger.Error("no handler after sangho_dedup", zap.String("event_id", d.id),
+			zap.String("fix", "put the backend's handler (reverse_proxy, php_fastcgi, ...) after sangho_dedup in the same route; a Caddyfile named route &(name) keeps only its first directive: wrap them in route { }"))
+		err = caddyhttp.Error(http.StatusInternalServerError, errNothingAfter)
+	}
 	d.lease.stop()
 	d.settle(err)
 	return err
+}
+
+// errNothingAfter is the error of a delivery that no handler after
+// sangho_dedup answered (see unhandled): released, answered 500.
+var errNothingAfter = errors.New("no handler after sangho_dedup answered the delivery")
+
+// unhandled reports whether Caddy's handler chain ran to its end for r:
+// its last, implicit handler sets the variable "unhandled".
+func unhandled(r *http.Request) bool {
+	v, _ := caddyhttp.GetVar(r.Context(), "unhandled").(bool)
+	return v
 }
 
 var errPanic = errors.New("the next handler panicked")
@@ -165,9 +183,12 @@ func (d *delivery) sentEarlier() bool {
 }
 
 // neverForwarded reports whether err shows that the request did not
-// reach the backend: reverse_proxy's (and php_fastcgi's) dial errors and
-// its "no upstreams available".
+// reach the backend: reverse_proxy's (and php_fastcgi's) dial errors, its
+// "no upstreams available", and no handler after this one at all.
 func neverForwarded(err error) bool {
+	if errors.Is(err, errNothingAfter) {
+		return true
+	}
 	var de reverseproxy.DialError
 	if errors.As(err, &de) {
 		return true

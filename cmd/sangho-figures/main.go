@@ -32,12 +32,31 @@ type runs struct {
 }
 
 func main() {
+	if code, msg := usage(os.Args[1:]); code >= 0 {
+		fmt.Fprint(os.Stderr, msg)
+		os.Exit(code)
+	}
 	out, err := table(os.Stdin)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sangho-figures:", err)
 		os.Exit(1)
 	}
 	fmt.Print(out)
+}
+
+// usage answers the command's arguments: it takes none, it reads stdin.
+// code is the exit code (0 for -h and --help, 2 for anything else), -1
+// without arguments: go on.
+func usage(args []string) (code int, msg string) {
+	if len(args) == 0 {
+		return -1, ""
+	}
+	msg = "usage: go test -count=10 -v -run 'TestSentinelFailover' ./reliability | go run ./cmd/sangho-figures\n" +
+		"sangho-figures reads the FIGURES lines of the reliability suite on stdin and prints a table; it takes no arguments\n"
+	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help" || args[0] == "-help") {
+		return 0, msg
+	}
+	return 2, msg
 }
 
 // table reads FIGURES lines and renders the Markdown table.

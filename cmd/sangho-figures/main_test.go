@@ -29,3 +29,20 @@ FIGURES kill: events 100, deliveries 9; processed once 100, processed twice or m
 		t.Error("no error without FIGURES lines")
 	}
 }
+
+// TestArguments: sangho-figures reads stdin only; --help prints its usage
+// (exit 0), any other argument is refused with it (exit 2), instead of
+// being ignored while it waits on a terminal. (Found by review.)
+func TestArguments(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		code int
+	}{{[]string{"--help"}, 0}, {[]string{"-h"}, 0}, {[]string{"figures.txt"}, 2}} {
+		if code, msg := usage(c.args); code != c.code || !strings.Contains(msg, "go test") || !strings.Contains(msg, "| go run ./cmd/sangho-figures") {
+			t.Errorf("%v: exit %d, %q; want exit %d and the usage", c.args, code, msg, c.code)
+		}
+	}
+	if code, _ := usage(nil); code != -1 {
+		t.Errorf("no argument: exit %d, want to go on (-1)", code)
+	}
+}
