@@ -64,7 +64,7 @@ func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhtt
 	}()
 	err := next.ServeHTTP(&d.sw, r)
 	finished = true
-	if err == nil && d.sw.status.Load() == 0 && unhandled(r) {
+	if err == nil && d.sw.status.Load() == 0 && unhandled(r) && !proxied(d.repl) {
 		// Caddy's chain ended after this handler without an answer: no
 		// handler processed the event (Caddy would answer 200, empty).
 		d.h.logger.Error("no handler after sangho_dedup", zap.String("event_id", d.id),
@@ -85,6 +85,18 @@ var errNothingAfter = errors.New("no handler after sangho_dedup answered the del
 func unhandled(r *http.Request) bool {
 	v, _ := caddyhttp.GetVar(r.Context(), "unhandled").(bool)
 	return v
+}
+
+// proxied reports whether a reverse_proxy (php_fastcgi is one) got an
+// upstream's answer for this request: its handle_response routes run with
+// the handlers after it as their next, and routes that write nothing reach
+// the chain's end too, after the backend answered. (One before
+// sangho_dedup, forward_auth say, counts as well: then a route with
+// nothing after sangho_dedup is taken for a processed event, as it was
+// before the chain's end was checked.)
+func proxied(repl *caddy.Replacer) bool {
+	_, ok := repl.Get("http.reverse_proxy.status_code")
+	return ok
 }
 
 var errPanic = errors.New("the next handler panicked")

@@ -54,3 +54,22 @@ func TestNamedRouteKeepsOnlyItsFirstDirective(t *testing.T) {
 		t.Fatalf("wrapped in route { }, the named route lost its reverse_proxy:\n%s", cfg)
 	}
 }
+
+// TestHandleResponseFallingThroughIsTheBackendsAnswer: reverse_proxy's
+// handle_response routes run with the handlers after reverse_proxy as
+// their next; routes that write nothing (a header set on a 2xx) end in
+// Caddy's chain end, as no handler at all would. But the backend answered:
+// its 2xx is the verdict, the event processed once, its retry a duplicate.
+func TestHandleResponseFallingThroughIsTheBackendsAnswer(t *testing.T) {
+	l := ledger.New(t)
+	s := startCaddy(t, "\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t}\n\treverse_proxy "+l.Addr+" {\n\t\t@ok status 2xx\n\t\thandle_response @ok {\n\t\t\theader X-Seen yes\n\t\t}\n\t}\n")
+	if a := send(t, s.url, eventBody("evt_hr"), "evt_hr"); a.status != http.StatusOK {
+		t.Errorf("first delivery: %d %q, want 200", a.status, a.body)
+	}
+	if a := send(t, s.url, eventBody("evt_hr"), "evt_hr"); a.status != http.StatusOK || a.dedup != "duplicate" {
+		t.Errorf("retry: %d %q (Sangho-Dedup %q), want 200 duplicate", a.status, a.body, a.dedup)
+	}
+	if _, done := l.Counts("evt_hr"); done != 1 {
+		t.Errorf("the backend processed the event %d times, want 1", done)
+	}
+}
