@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -155,16 +154,12 @@ func TestResendingProxyWarning(t *testing.T) {
 		{"php_fastcgi, dial errors only", "php_fastcgi:\t\tlb_retries 2\n", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ownDataDir(t)
-			logFile := filepath.Join(t.TempDir(), "caddy.log")
 			proxy, opts := "reverse_proxy", c.proxy
 			if rest, ok := strings.CutPrefix(opts, "php_fastcgi:"); ok {
 				proxy, opts = "php_fastcgi", rest
 			}
 			site := "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t}\n\t" + proxy + " 127.0.0.1:1 127.0.0.1:2 {\n" + opts + "\t}\n"
-			cfg := strings.Replace(serverCaddyfile(freePort(t), site), "output discard", "output file "+logFile, 1)
-			adapted, _ := adaptCaddyfile(t, cfg)
-			got, data := loadWarnings(t, adapted, logFile, "reverse_proxy may send a delivery twice")
+			got, data := siteWarnings(t, site, "", "reverse_proxy may send a delivery twice")
 			if want := map[bool]int{true: 1, false: 0}[c.want]; got != want {
 				t.Errorf("%d warnings, want %d:\n%s", got, want, data)
 			}
@@ -188,15 +183,8 @@ func TestResendingProxyWarning(t *testing.T) {
 		{"after a route that holds it", "\troute {\n\t" + dedup + "\t}\n\t" + resending, "", 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ownDataDir(t)
-			logFile := filepath.Join(t.TempDir(), "caddy.log")
-			cfg := strings.Replace(serverCaddyfile(freePort(t), c.site), "output discard", "output file "+logFile, 1)
-			if c.snippet != "" {
-				cfg = strings.Replace(cfg, "\nhttp://", "\n"+c.snippet+"http://", 1)
-			}
-			adapted, _ := adaptCaddyfile(t, cfg)
-			if got, data := loadWarnings(t, adapted, logFile, "reverse_proxy may send a delivery twice"); got != c.want {
-				t.Errorf("%d warnings, want %d:\n%s\n%s", got, c.want, cfg, data)
+			if got, data := siteWarnings(t, c.site, c.snippet, "reverse_proxy may send a delivery twice"); got != c.want {
+				t.Errorf("%d warnings, want %d:\n%s%s\n%s", got, c.want, c.snippet, c.site, data)
 			}
 		})
 	}

@@ -228,6 +228,21 @@ func errorRouteWarnings(t *testing.T, cfg, logFile string) (int, string) {
 	return loadWarnings(t, cfg, logFile, "error routes get no event body")
 }
 
+// siteWarnings runs site (with snippet, a named route or a snippet,
+// before it) in a Caddy of its own whose log goes to a file, and counts
+// sangho_dedup's warnings msg at load, which it returns with the log.
+func siteWarnings(t *testing.T, site, snippet, msg string) (int, string) {
+	t.Helper()
+	ownDataDir(t)
+	logFile := filepath.Join(t.TempDir(), "caddy.log")
+	cfg := strings.Replace(serverCaddyfile(freePort(t), site), "output discard", "output file "+logFile, 1)
+	if snippet != "" {
+		cfg = strings.Replace(cfg, "\nhttp://", "\n"+snippet+"http://", 1)
+	}
+	adapted, _ := adaptCaddyfile(t, cfg)
+	return loadWarnings(t, adapted, logFile, msg)
+}
+
 // loadWarnings loads cfg (JSON) whose log goes to logFile, stops Caddy,
 // and counts sangho_dedup's warnings msg in the log, which it returns
 // too.
@@ -262,14 +277,11 @@ func TestErrorRouteProxyWarning(t *testing.T) {
 		{"no handle_errors", "", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ownDataDir(t)
-			logFile := filepath.Join(t.TempDir(), "caddy.log")
-			cfg := strings.Replace(serverCaddyfile(freePort(t), site+c.errors), "output discard", "output file "+logFile, 1)
+			snippet := ""
 			if strings.Contains(c.errors, "invoke fallback") {
-				cfg = strings.Replace(cfg, "\nhttp://", "\n&(fallback) {\n\treverse_proxy 127.0.0.1:2\n}\nhttp://", 1)
+				snippet = "&(fallback) {\n\treverse_proxy 127.0.0.1:2\n}\n"
 			}
-			adapted, _ := adaptCaddyfile(t, cfg)
-			got, data := errorRouteWarnings(t, adapted, logFile)
+			got, data := siteWarnings(t, site+c.errors, snippet, "error routes get no event body")
 			if want := map[bool]int{true: 1, false: 0}[c.want]; got != want {
 				t.Errorf("%d warnings, want %d:\n%s", got, want, data)
 			}
