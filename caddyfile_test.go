@@ -413,6 +413,12 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 		{"secret", "secret {$" + set + "} {$SANGHO_DEDUP_TEST_SPACE}", "SANGHO_DEDUP_TEST_SPACE"},
 		{"store file", "secret s\n\t\tstore file {$" + unset + "}/dedup.db", unset},
 		{"path", "secret s\n\t\tstore file {\n\t\t\tpath {$" + unset + "}/dedup.db\n\t\t}", unset},
+		// Inside a Redis address or url, or a PostgreSQL DSN: the text
+		// around it is another server, another dedup state (found by
+		// review: redis://:6379/0, the local Redis).
+		{"address", "secret s\n\t\tstore redis {\n\t\t\taddress {$" + unset + "}:6379\n\t\t}", unset},
+		{"url", "secret s\n\t\tstore redis {\n\t\t\turl redis://{$" + unset + "}:6379/0\n\t\t}", unset},
+		{"dsn", "secret s\n\t\tstore postgres {\n\t\t\tdsn postgres://u:p@{$" + unset + "}/db\n\t\t}", unset},
 	} {
 		err := adapt(site(c.line), true)
 		if err == nil || !strings.Contains(err.Error(), c.option) || !strings.Contains(err.Error(), "{$"+c.name+"}") {

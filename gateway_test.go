@@ -181,6 +181,10 @@ func TestResendingProxyWarning(t *testing.T) {
 		{"in a named route", "\tinvoke hooks\n", "&(hooks) {\n\troute {\n\t" + dedup + "\t" + resending + "\t}\n}\n", 1},
 		{"in another handle block", "\thandle /webhook {\n\t" + dedup + "\treverse_proxy 127.0.0.1:3\n\t}\n\thandle {\n\t" + resending + "\t}\n", "", 0},
 		{"after a route that holds it", "\troute {\n\t" + dedup + "\t}\n\t" + resending, "", 1},
+		// The handle block's own proxy answers: nothing after it runs for
+		// a delivery (found by review: warned about).
+		{"after a handle block whose proxy answers", "\thandle /webhook {\n\t" + dedup + "\treverse_proxy 127.0.0.1:3\n\t}\n\t" + resending, "", 0},
+		{"after a handle block that responds", "\thandle /webhook {\n\t" + dedup + "\trespond 204\n\t}\n\t" + resending, "", 0},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if got, data := siteWarnings(t, c.site, c.snippet, "reverse_proxy may send a delivery twice"); got != c.want {

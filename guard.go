@@ -284,12 +284,20 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 //
 // A route of the same group as the one that held sangho_dedup (handle
 // blocks) is never reached after it, nor is anything after a terminal
-// one (a site): neither counts. Named routes are walked too, each from
-// its start; one already provisioned has no raw JSON left and is not.
+// one (a site) or after a handler that answers (reverse_proxy without
+// handle_response, respond, error, file_server without pass_thru):
+// none counts. Named routes are walked too, each from its start. What
+// Caddy provisioned already has no raw JSON left and is not seen: the
+// server's routes, when the first sangho_dedup is in a named route
+// (Caddy provisions those last), so a proxy that follows an invoke of
+// it there goes unseen.
 func resendingProxy(srv *caddyhttp.Server) bool {
-	var walkRoutes func(routes []resendRoute, after bool, depth int) (found, dedup bool)
-	// walkHandlers walks one route's handlers, in order.
-	walkHandlers := func(handlers []json.RawMessage, after bool, depth int) (found, dedup bool) {
+	// walkRoutes and walkHandlers report whether a resending proxy is
+	// reached after sangho_dedup (after: a delivery that passed one
+	// enters), and open: whether such a delivery may go on past their
+	// end (a handler that answers ends it).
+	var walkRoutes func(routes []resendRoute, after bool, depth int) (found, open bool)
+	walkHandlers := func(handlers []json.RawMessage, after bool, depth int) (found, open bool) {
 		for _, raw := range handlers {
 			var h resendHandler
 			if json.Unmarshal(raw, &h) != nil {
@@ -298,68 +306,82 @@ func resendingProxy(srv *caddyhttp.Server) bool {
 			var sub []resendRoute
 			switch h.Handler {
 			case "sangho_dedup":
-				after, dedup = true, true
+				after = true
 				continue
 			case "reverse_proxy":
 				if after && h.resends() {
-					return true, dedup
+					return true, true
+				}
+				if len(h.HandleResponse) == 0 { // it answers; handle_response routes may go on
+					after = false
+				}
+				continue
+			case "static_response", "error":
+				after = false
+				continue
+			case "file_server":
+				if !h.PassThru {
+					after = false
 				}
 				continue
 			case "invoke":
 				if r, ok := srv.NamedRoutes[h.Name]; ok && r != nil {
-					sub = []resendRoute{{handlers: r.HandlersRaw}}
+					sub = []resendRoute{{matchAll: true, handlers: r.HandlersRaw}}
 				}
 			}
 			for _, r := range h.Routes {
-				sub = append(sub, resendRoute{group: r.Group, terminal: r.Terminal, handlers: r.Handle})
+				sub = append(sub, resendRoute{group: r.Group, terminal: r.Terminal, matchAll: len(r.Match) == 0, handlers: r.Handle})
 			}
-			f, d := walkRoutes(sub, after, depth+1)
+			if len(sub) == 0 {
+				continue
+			}
+			f, o := walkRoutes(sub, after, depth+1)
 			if f {
 				return true, true
 			}
-			after, dedup = after || d, dedup || d
+			after = o
 		}
-		return false, dedup
+		return false, after
 	}
-	walkRoutes = func(routes []resendRoute, after bool, depth int) (found, dedup bool) {
+	walkRoutes = func(routes []resendRoute, after bool, depth int) (found, open bool) {
 		if depth > 8 { // a named route that invokes itself
 			return false, false
 		}
-		carry, group := after, "" // after a route that held sangho_dedup: carry, unless of its group
+		carry, group := after, "" // group: of the route that let a delivery past sangho_dedup
 		for _, r := range routes {
+			in := carry
 			if group != "" && r.group == group {
-				f, d := walkHandlers(r.handlers, after, depth) // exclusive with it: reached only without it
-				if f {
-					return true, true
-				}
-				dedup = dedup || d
-				continue
+				in = after // exclusive with that route: reached only by deliveries that did not run it
 			}
-			f, d := walkHandlers(r.handlers, carry, depth)
+			f, o := walkHandlers(r.handlers, in, depth)
 			if f {
 				return true, true
 			}
-			dedup = dedup || d
-			if d {
-				if r.terminal {
-					carry, group = after, "" // nothing after it runs for that request
-				} else {
-					carry, group = true, r.group
-				}
+			switch {
+			case r.matchAll && r.terminal:
+				carry = false // nothing after it runs
+			case r.matchAll:
+				carry = o
+			case o && !r.terminal:
+				carry = true // a delivery it matched goes on, as one it did not
+			}
+			if o && !in {
+				group = r.group
 			}
 		}
-		return false, dedup
+		return false, carry
 	}
 	var routes []resendRoute
 	for _, r := range srv.Routes {
-		routes = append(routes, resendRoute{group: r.Group, terminal: r.Terminal, handlers: r.HandlersRaw})
+		routes = append(routes, resendRoute{group: r.Group, terminal: r.Terminal,
+			matchAll: len(r.MatcherSets) == 0 && len(r.MatcherSetsRaw) == 0, handlers: r.HandlersRaw})
 	}
 	if f, _ := walkRoutes(routes, false, 0); f {
 		return true
 	}
 	for _, r := range srv.NamedRoutes {
 		if r != nil {
-			if f, _ := walkRoutes([]resendRoute{{handlers: r.HandlersRaw}}, false, 1); f {
+			if f, _ := walkRoutes([]resendRoute{{matchAll: true, handlers: r.HandlersRaw}}, false, 1); f {
 				return true
 			}
 		}
@@ -371,13 +393,16 @@ func resendingProxy(srv *caddyhttp.Server) bool {
 type resendRoute struct {
 	group    string
 	terminal bool
+	matchAll bool // no matcher: every request runs it
 	handlers []json.RawMessage
 }
 
 // resendHandler is a handler as resendingProxy reads it.
 type resendHandler struct {
 	guardRawHandler
-	RequestBuffers int64 `json:"request_buffers"`
+	RequestBuffers int64             `json:"request_buffers"`
+	HandleResponse []json.RawMessage `json:"handle_response"`
+	PassThru       bool              `json:"pass_thru"` // file_server
 	Transport      *struct {
 		Protocol string `json:"protocol"`
 	} `json:"transport"`

@@ -160,6 +160,19 @@ func InsideEmptyVars(option, file string, line int) []string {
 	return vars
 }
 
+// InsideEmptyValue explains a value of option's line with a {$VAR}
+// inside it that is unset or empty (a Redis address or url, a DSN): the
+// text around it names another server, another dedup state. "" when
+// there is none. The value is not quoted: it may hold a password.
+func InsideEmptyValue(option, file string, line int) string {
+	vars := InsideEmptyVars(option, file, line)
+	if len(vars) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%s: {$%s} inside the value is unset or empty in the environment of the caddy command that read the Caddyfile: the value would be the text around it, another server; "+
+		"set it, or give the whole value in one variable, {env.%s}, read when Caddy starts and refused if empty", option, strings.Join(vars, "}, {$"), vars[0])
+}
+
 // blank reports whether v is empty or white space only, which Caddy's
 // lexer reads as no token.
 func blank(v string) bool { return strings.TrimSpace(v) == "" }

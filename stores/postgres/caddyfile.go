@@ -33,6 +33,9 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "dsn":
+			if msg := cfargs.InsideEmptyValue("dsn", d.File(), d.Line()); msg != "" {
+				return d.Err(msg)
+			}
 			err = cfargs.Secret(d, &s.DSN)
 		case "table":
 			if err = cfargs.One(d, &s.Table); err == nil {

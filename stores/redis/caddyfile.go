@@ -51,12 +51,18 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if vars := cfargs.Dropped("address", d.File(), d.Line()); len(vars) > 0 {
 				return d.Err(cfargs.DroppedError("address", vars, "set it, or take it off the line"))
 			}
+			if msg := cfargs.InsideEmptyValue("address", d.File(), d.Line()); msg != "" {
+				return d.Err(msg)
+			}
 			args := d.RemainingArgs()
 			if len(args) == 0 {
 				return d.ArgErr()
 			}
 			s.Address = append(s.Address, args...)
 		case "url":
+			if msg := cfargs.InsideEmptyValue("url", d.File(), d.Line()); msg != "" {
+				return d.Err(msg)
+			}
 			if err := cfargs.Secret(d, &s.URL); err != nil {
 				return err
 			}
