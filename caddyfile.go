@@ -81,11 +81,12 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if len(args) == 0 || slices.Contains(args, "") {
 				return d.Err(cfargs.WithoutValue("secret", file, line))
 			}
-			if msg := cfargs.InsideEmpty("secret", file, line); msg != "" {
-				return d.Err(msg)
+			dropped, inside := cfargs.EmptyVars("secret", file, line)
+			if len(inside) > 0 {
+				return d.Err(cfargs.InsideError("secret", inside, "a shorter secret than meant", cfargs.WholeValueHint(inside[0])))
 			}
-			if vars := cfargs.Dropped("secret", file, line); len(vars) > 0 {
-				return d.Err(cfargs.DroppedError("secret", vars, "set it, or take it off the line; {env."+vars[0]+"} is read when Caddy starts instead, and refused if empty"))
+			if len(dropped) > 0 {
+				return d.Err(cfargs.DroppedError("secret", dropped, "set it, or take it off the line; {env."+dropped[0]+"} is read when Caddy starts instead, and refused if empty"))
 			}
 			m.Secrets = append(m.Secrets, args...)
 		case "tolerance":

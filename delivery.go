@@ -167,7 +167,7 @@ func judge(status int, err error, clientGone, sentEarlier bool) verdict {
 		return toCommit
 	case status == statusClientClosedRequest && clientGone:
 		return toHold
-	case status == http.StatusBadGateway || status == http.StatusGatewayTimeout:
+	case gatewayStatus(status):
 		return toHold
 	case status != 0 && sentEarlier:
 		return toHold
@@ -177,6 +177,13 @@ func judge(status int, err error, clientGone, sentEarlier bool) verdict {
 		return toRelease
 	}
 	return toHold
+}
+
+// gatewayStatus reports whether status is one a gateway between Caddy
+// and the application answers when the application's connection broke
+// or its answer came late (see judge).
+func gatewayStatus(status int) bool {
+	return status == http.StatusBadGateway || status == http.StatusGatewayTimeout
 }
 
 // sentEarlier reports whether an attempt before the next handler's last
@@ -224,7 +231,7 @@ func (d *delivery) settle(err error) {
 		switch {
 		case status == statusClientClosedRequest && gone:
 			err = errClientGone
-		case status == http.StatusBadGateway || status == http.StatusGatewayTimeout:
+		case gatewayStatus(status):
 			err = errGatewayStatus
 		case status != 0:
 			err = errRetriedAfterSent

@@ -72,52 +72,44 @@ func WithoutValue(option, file string, line int) string {
 		"set it, or write {env.%s}, read when Caddy starts, which keeps the secret out of the adapted JSON", option, named, verb, vars[0])
 }
 
-// InsideEmpty explains a value of option with a {$VAR} inside it (more
-// text in the same token: whsec_{$VAR}) that is unset or empty: Caddy
-// left the text around it, a shorter secret than the one meant. It is ""
-// when no such variable is on option's line (line, 1-based, of file),
+// EmptyVars reads option's line (line, 1-based, of file) again and
+// returns its {$VAR}s that are unset, empty or white space. Caddy
+// replaces {$VAR} in the text before any directive sees a token, so the
+// line means something else without a word: dropped are those that were
+// a whole token, which Caddy drops (a secret missing from a rotation
+// list, the default store in place of the file named); inside are those
+// with more text in their token (whsec_{$X}, {$HOST}:6379), which leave
+// the text around them, another value. Both are nil when there are none,
 // or the line cannot be read again (a Caddyfile adapted from memory).
-func InsideEmpty(option, file string, line int) string {
-	vars := InsideEmptyVars(option, file, line)
-	if len(vars) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("%s: {$%s} inside the value is unset or empty in the environment of the caddy command that read the Caddyfile: the value would be the text around it, a shorter secret than meant; "+
-		"set it, or give the whole value in one variable, {env.%s}, read when Caddy starts and refused if empty", option, strings.Join(vars, "}, {$"), vars[0])
-}
-
-// Dropped returns the {$VAR}s of option's line (line, 1-based, of file)
-// that were a whole token, unset or empty: Caddy replaces {$VAR} in the
-// text before any directive sees a token, and drops a token left empty,
-// so the line means something else without a word (a secret missing
-// from a rotation list, the default store in place of the file named).
-// It is nil when there are none, or the line cannot be read again (a
-// Caddyfile adapted from memory). DroppedError explains them.
-func Dropped(option, file string, line int) []string {
+// DroppedError and InsideError explain them.
+func EmptyVars(option, file string, line int) (dropped, inside []string) {
 	text, ok := optionLine(file, line, option)
 	if !ok {
-		return nil
+		return nil, nil
 	}
-	var vars []string
+	add := func(vars []string, span string) []string {
+		if name, _, _ := strings.Cut(span, ":"); !slices.Contains(vars, name) {
+			return append(vars, name)
+		}
+		return vars
+	}
 	for _, field := range fields(text)[1:] {
 		spans, rest := envSpans(field)
-		if len(spans) == 0 || rest != "" {
-			continue
-		}
-		value := ""
+		value := rest
 		for _, span := range spans {
 			value += envValue(span)
 		}
-		if !blank(value) {
-			continue
-		}
 		for _, span := range spans {
-			if name, _, _ := strings.Cut(span, ":"); !slices.Contains(vars, name) {
-				vars = append(vars, name)
+			switch {
+			case blank(value) && rest == "":
+				dropped = add(dropped, span) // the whole token vanished
+			case blank(value): // quoted white space around it: a token of its own
+			case blank(envValue(span)):
+				inside = add(inside, span)
 			}
 		}
 	}
-	return vars
+	return dropped, inside
 }
 
 // DroppedError explains the vars Dropped found on option's line; hint
@@ -131,46 +123,19 @@ func DroppedError(option string, vars []string, hint string) string {
 		"so its value is missing from the line, which would mean something else; %s", option, strings.Join(vars, "}, {$"), verb, hint)
 }
 
-// InsideEmptyVars returns the {$VAR}s inside a value of option's line
-// (with more text in the same token) that are unset, empty or white
-// space: Caddy left the text around them, another value than the one
-// meant. It is nil when there are none, or the line cannot be read again.
-func InsideEmptyVars(option, file string, line int) []string {
-	text, ok := optionLine(file, line, option)
-	if !ok {
-		return nil
-	}
-	var vars []string
-	for _, field := range fields(text)[1:] {
-		spans, rest := envSpans(field)
-		value := rest
-		for _, span := range spans {
-			value += envValue(span)
-		}
-		if blank(value) {
-			continue // the whole value vanished: see Dropped
-		}
-		for _, span := range spans {
-			name, _, _ := strings.Cut(span, ":")
-			if blank(envValue(span)) && !slices.Contains(vars, name) {
-				vars = append(vars, name)
-			}
-		}
-	}
-	return vars
+// InsideError explains the inside vars EmptyVars found on option's
+// line: the value would be the text around them, becomes (a shorter
+// secret, another server); hint says what to write instead. The value
+// is not quoted: it may hold a password.
+func InsideError(option string, vars []string, becomes, hint string) string {
+	return fmt.Sprintf("%s: {$%s} inside the value is unset or empty in the environment of the caddy command that read the Caddyfile: the value would be the text around it, %s; %s",
+		option, strings.Join(vars, "}, {$"), becomes, hint)
 }
 
-// InsideEmptyValue explains a value of option's line with a {$VAR}
-// inside it that is unset or empty (a Redis address or url, a DSN): the
-// text around it names another server, another dedup state. "" when
-// there is none. The value is not quoted: it may hold a password.
-func InsideEmptyValue(option, file string, line int) string {
-	vars := InsideEmptyVars(option, file, line)
-	if len(vars) == 0 {
-		return ""
-	}
-	return fmt.Sprintf("%s: {$%s} inside the value is unset or empty in the environment of the caddy command that read the Caddyfile: the value would be the text around it, another server; "+
-		"set it, or give the whole value in one variable, {env.%s}, read when Caddy starts and refused if empty", option, strings.Join(vars, "}, {$"), vars[0])
+// WholeValueHint is the hint of an option whose value may hold a secret:
+// give it whole in {env.X}, which Caddy reads when it starts.
+func WholeValueHint(name string) string {
+	return "set it, or give the whole value in one variable, {env." + name + "}, read when Caddy starts and refused if empty"
 }
 
 // blank reports whether v is empty or white space only, which Caddy's

@@ -265,11 +265,12 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // store type
 	// store file {$DB}, DB unset, reads as store file: the default
 	// store, another database (every event processed again).
-	if vars := cfargs.Dropped("store", d.File(), d.Line()); len(vars) > 0 {
-		return d.Err(cfargs.DroppedError("store file", vars, "set it, or write the path itself"))
+	dropped, inside := cfargs.EmptyVars("store", d.File(), d.Line())
+	if len(dropped) > 0 {
+		return d.Err(cfargs.DroppedError("store file", dropped, "set it, or write the path itself"))
 	}
-	if vars := cfargs.InsideEmptyVars("store", d.File(), d.Line()); len(vars) > 0 {
-		return d.Err(insideThePath("store file", vars))
+	if len(inside) > 0 {
+		return d.Err(cfargs.InsideError("store file", inside, "another store", "set it, or write the path itself"))
 	}
 	if d.NextArg() {
 		s.Path = d.Val()
@@ -286,8 +287,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if s.Path != "" {
 				return d.Err("file store: path given more than once")
 			}
-			if vars := cfargs.InsideEmptyVars("path", d.File(), d.Line()); len(vars) > 0 {
-				return d.Err(insideThePath("path", vars))
+			if _, inside := cfargs.EmptyVars("path", d.File(), d.Line()); len(inside) > 0 {
+				return d.Err(cfargs.InsideError("path", inside, "another store", "set it, or write the path itself"))
 			}
 			if err := cfargs.One(d, &s.Path); err != nil {
 				return err
@@ -297,14 +298,6 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 	}
 	return nil
-}
-
-// insideThePath explains a {$VAR} inside the store's path that is unset
-// or empty: store file {$DATA}/dedup.db would be /dedup.db, another
-// database (every event processed again).
-func insideThePath(option string, vars []string) string {
-	return fmt.Sprintf("%s: {$%s} inside the path is unset or empty in the environment of the caddy command that read the Caddyfile: the path would be the text around it, another store; set it, or write the path itself",
-		option, strings.Join(vars, "}, {$"))
 }
 
 // errStoreNotOpen is what a store that was only validated, or not

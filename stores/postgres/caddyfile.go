@@ -33,8 +33,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		var err error
 		switch opt {
 		case "dsn":
-			if msg := cfargs.InsideEmptyValue("dsn", d.File(), d.Line()); msg != "" {
-				return d.Err(msg)
+			if _, inside := cfargs.EmptyVars("dsn", d.File(), d.Line()); len(inside) > 0 {
+				return d.Err(cfargs.InsideError("dsn", inside, "another server", cfargs.WholeValueHint(inside[0])))
 			}
 			err = cfargs.Secret(d, &s.DSN)
 		case "table":

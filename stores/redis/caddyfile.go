@@ -48,11 +48,12 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		switch opt {
 		case "address":
-			if vars := cfargs.Dropped("address", d.File(), d.Line()); len(vars) > 0 {
-				return d.Err(cfargs.DroppedError("address", vars, "set it, or take it off the line"))
+			dropped, inside := cfargs.EmptyVars("address", d.File(), d.Line())
+			if len(dropped) > 0 {
+				return d.Err(cfargs.DroppedError("address", dropped, "set it, or take it off the line"))
 			}
-			if msg := cfargs.InsideEmptyValue("address", d.File(), d.Line()); msg != "" {
-				return d.Err(msg)
+			if len(inside) > 0 {
+				return d.Err(cfargs.InsideError("address", inside, "another server", cfargs.WholeValueHint(inside[0])))
 			}
 			args := d.RemainingArgs()
 			if len(args) == 0 {
@@ -60,8 +61,8 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			s.Address = append(s.Address, args...)
 		case "url":
-			if msg := cfargs.InsideEmptyValue("url", d.File(), d.Line()); msg != "" {
-				return d.Err(msg)
+			if _, inside := cfargs.EmptyVars("url", d.File(), d.Line()); len(inside) > 0 {
+				return d.Err(cfargs.InsideError("url", inside, "another server", cfargs.WholeValueHint(inside[0])))
 			}
 			if err := cfargs.Secret(d, &s.URL); err != nil {
 				return err
