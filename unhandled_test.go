@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
 
@@ -96,5 +97,31 @@ func TestNothingAfterTheHandlerBehindForwardAuth(t *testing.T) {
 	}
 	if _, done := l.Counts("evt_fwd"); done != 1 {
 		t.Errorf("the backend processed the event %d times, want 1", done)
+	}
+}
+
+// TestSetAsideProxyStatus: the status of a reverse_proxy before
+// sangho_dedup is hidden from the handlers after it, and put back unless
+// one of them set its own (the access log then shows the later one).
+func TestSetAsideProxyStatus(t *testing.T) {
+	repl := caddy.NewReplacer()
+	setAsideProxyStatus(repl)() // none before: none after
+	if v, ok := repl.Get(proxyStatusVar); ok {
+		t.Errorf("no status before: %v after", v)
+	}
+	repl.Set(proxyStatusVar, 200)
+	restore := setAsideProxyStatus(repl)
+	if proxied(repl) {
+		t.Error("forward_auth's status still read as the next handlers' answer")
+	}
+	restore()
+	if v, _ := repl.Get(proxyStatusVar); v != 200 {
+		t.Errorf("status put back: %v, want 200", v)
+	}
+	restore = setAsideProxyStatus(repl)
+	repl.Set(proxyStatusVar, 503)
+	restore()
+	if v, _ := repl.Get(proxyStatusVar); v != 503 {
+		t.Errorf("the backend's status after restore: %v, want 503", v)
 	}
 }
