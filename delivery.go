@@ -52,6 +52,7 @@ func (d *delivery) process(w http.ResponseWriter, r *http.Request, next caddyhtt
 	d.reqCtx = r.Context()
 	d.startLease()
 	d.sw.ResponseWriter, d.sw.d = w, d
+	defer setAsideProxyStatus(d.repl)() // put back once settled
 	finished := false
 	defer func() {
 		if finished {
@@ -87,16 +88,38 @@ func unhandled(r *http.Request) bool {
 	return v
 }
 
-// proxied reports whether a reverse_proxy (php_fastcgi is one) got an
-// upstream's answer for this request: its handle_response routes run with
-// the handlers after it as their next, and routes that write nothing reach
-// the chain's end too, after the backend answered. (One before
-// sangho_dedup, forward_auth say, counts as well: then a route with
-// nothing after sangho_dedup is taken for a processed event, as it was
-// before the chain's end was checked.)
+// proxied reports whether a reverse_proxy (php_fastcgi is one) after
+// this handler got an upstream's answer for this request: its
+// handle_response routes run with the handlers after it as their next,
+// and routes that write nothing reach the chain's end too, after the
+// backend answered. (One before sangho_dedup, forward_auth say, is set
+// aside while the next handler runs: setAsideProxyStatus.)
 func proxied(repl *caddy.Replacer) bool {
-	_, ok := repl.Get("http.reverse_proxy.status_code")
+	_, ok := repl.Get(proxyStatusVar)
 	return ok
+}
+
+// proxyStatusVar is the variable reverse_proxy sets to its upstream's
+// status.
+const proxyStatusVar = "http.reverse_proxy.status_code"
+
+// setAsideProxyStatus removes the status a reverse_proxy before this
+// handler (forward_auth, say) set, which proxied would read as the next
+// handlers', and returns the function that puts it back unless a handler
+// after this one set it again (for the access log and the error routes).
+// Without it, a route with nothing after sangho_dedup behind forward_auth
+// was taken for a processed event: the event lost.
+func setAsideProxyStatus(repl *caddy.Replacer) (restore func()) {
+	status, had := repl.Get(proxyStatusVar)
+	if !had {
+		return func() {}
+	}
+	repl.Delete(proxyStatusVar)
+	return func() {
+		if _, set := repl.Get(proxyStatusVar); !set {
+			repl.Set(proxyStatusVar, status)
+		}
+	}
 }
 
 var errPanic = errors.New("the next handler panicked")

@@ -2,9 +2,11 @@ package sanghodedup
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
 
@@ -71,5 +73,55 @@ func TestHandleResponseFallingThroughIsTheBackendsAnswer(t *testing.T) {
 	}
 	if _, done := l.Counts("evt_hr"); done != 1 {
 		t.Errorf("the backend processed the event %d times, want 1", done)
+	}
+}
+
+// TestNothingAfterTheHandlerBehindForwardAuth: a forward_auth before
+// sangho_dedup is a reverse_proxy too, and sets the placeholder that
+// tells an upstream answered; the route's end after sangho_dedup is still
+// no handler's answer: 500, released, nothing lost. (It was committed as
+// processed, answered 200: the event lost.)
+func TestNothingAfterTheHandlerBehindForwardAuth(t *testing.T) {
+	auth := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(auth.Close)
+	addr := strings.TrimPrefix(auth.URL, "http://")
+	s := startCaddy(t, "\tforward_auth "+addr+" {\n\t\turi /auth\n\t}\n\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t}\n")
+	if a := send(t, s.url, eventBody("evt_fwd"), "evt_fwd"); a.status != http.StatusInternalServerError || a.dedup != "" {
+		t.Errorf("delivery with no handler after sangho_dedup, behind forward_auth: %d %q (Sangho-Dedup %q), want 500", a.status, a.body, a.dedup)
+	}
+	// Fixed, the event is processed: it was released, never recorded.
+	l := ledger.New(t)
+	s.load(t, "\tforward_auth "+addr+" {\n\t\turi /auth\n\t}\n"+dedupSite(l.Addr, ""))
+	if a := send(t, s.url, eventBody("evt_fwd"), "evt_fwd"); a.status != http.StatusOK || a.dedup != "" {
+		t.Errorf("after the fix: %d %q (Sangho-Dedup %q), want the backend's 200", a.status, a.body, a.dedup)
+	}
+	if _, done := l.Counts("evt_fwd"); done != 1 {
+		t.Errorf("the backend processed the event %d times, want 1", done)
+	}
+}
+
+// TestSetAsideProxyStatus: the status of a reverse_proxy before
+// sangho_dedup is hidden from the handlers after it, and put back unless
+// one of them set its own (the access log then shows the later one).
+func TestSetAsideProxyStatus(t *testing.T) {
+	repl := caddy.NewReplacer()
+	setAsideProxyStatus(repl)() // none before: none after
+	if v, ok := repl.Get(proxyStatusVar); ok {
+		t.Errorf("no status before: %v after", v)
+	}
+	repl.Set(proxyStatusVar, 200)
+	restore := setAsideProxyStatus(repl)
+	if proxied(repl) {
+		t.Error("forward_auth's status still read as the next handlers' answer")
+	}
+	restore()
+	if v, _ := repl.Get(proxyStatusVar); v != 200 {
+		t.Errorf("status put back: %v, want 200", v)
+	}
+	restore = setAsideProxyStatus(repl)
+	repl.Set(proxyStatusVar, 503)
+	restore()
+	if v, _ := repl.Get(proxyStatusVar); v != 503 {
+		t.Errorf("the backend's status after restore: %v, want 503", v)
 	}
 }
