@@ -152,6 +152,11 @@ func TestResendingProxyWarning(t *testing.T) {
 		// sets request_buffers at load), and replays them (found by review).
 		{"php_fastcgi with lb_retry_match", "php_fastcgi:\t\tlb_retries 2\n\t\tlb_retry_match {\n\t\t\tmethod POST\n\t\t}\n", true},
 		{"php_fastcgi, dial errors only", "php_fastcgi:\t\tlb_retries 2\n", false},
+		// A retry match whose method matcher leaves POST out never
+		// retries a delivery (left undone last session: it warned).
+		{"lb_retry_match for GET and PUT only", "\t\tlb_retries 2\n\t\trequest_buffers 1MiB\n\t\tlb_retry_match {\n\t\t\tmethod GET PUT\n\t\t}\n", false},
+		{"lb_retry_match, a second set for POST", "\t\tlb_retries 2\n\t\trequest_buffers 1MiB\n\t\tlb_retry_match {\n\t\t\tmethod GET\n\t\t}\n\t\tlb_retry_match {\n\t\t\tmethod post\n\t\t}\n", true},
+		{"lb_retry_match, a path and GET", "\t\tlb_retries 2\n\t\trequest_buffers 1MiB\n\t\tlb_retry_match {\n\t\t\tpath /hooks/*\n\t\t\tmethod GET\n\t\t}\n", false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			proxy, opts := "reverse_proxy", c.proxy

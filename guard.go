@@ -420,7 +420,20 @@ type resendHandler struct {
 func (h resendHandler) resends() bool {
 	buffered := h.RequestBuffers != 0 || h.Transport != nil && h.Transport.Protocol == "fastcgi"
 	lb := h.LoadBalancing
-	return buffered && lb != nil && len(lb.RetryMatch) > 0 && (lb.Retries > 0 || lb.TryDuration > 0)
+	return buffered && lb != nil && slices.ContainsFunc(lb.RetryMatch, matchesPost) && (lb.Retries > 0 || lb.TryDuration > 0)
+}
+
+// matchesPost reports whether the lb_retry_match matcher set may match a
+// delivery, a POST: any set but one whose method matcher leaves POST out
+// (the other matchers are not evaluated: they may match).
+func matchesPost(set json.RawMessage) bool {
+	var m struct {
+		Method []string `json:"method"`
+	}
+	if json.Unmarshal(set, &m) != nil || m.Method == nil {
+		return true
+	}
+	return slices.ContainsFunc(m.Method, func(v string) bool { return strings.EqualFold(v, http.MethodPost) })
 }
 
 // errorRoutesProxy reports whether error routes that can get a
