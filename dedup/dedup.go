@@ -56,7 +56,10 @@ type Store interface {
 	// Release deletes key if it still holds the in-flight lease of
 	// token, and reports whether it did. A released lease leaves no mark;
 	// a store may delete the token's own lease whose time ran out too
-	// (the Redis and PostgreSQL stores do: its fate is known now).
+	// (the Redis and PostgreSQL stores do: its fate is known now). A store
+	// may report a key already absent as released, nothing holding it (the
+	// Redis store does: its client sends a release whose reply was lost
+	// again, and that finds the key deleted).
 	Release(ctx context.Context, key, token string) (bool, error)
 
 	// Get returns what key holds, for operators; a zero Entry if absent.
