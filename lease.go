@@ -58,7 +58,22 @@ func (d *delivery) renew() {
 		h.logger.Warn("lease lost", zap.String("event_id", d.id), zap.String("during", "renewal"))
 		return
 	}
-	l.timer.Reset(h.renewEvery)
+	l.timer.Reset(nextRenewal(h.renewEvery, err != nil, time.Until(l.expires)))
+}
+
+// minRenewRetry is the least wait before a failed renewal is tried again.
+const minRenewRetry = 10 * time.Millisecond
+
+// nextRenewal is the wait before the next renewal: every lock_ttl/3, but
+// after a failed one at half the time the lease has left, if sooner: a
+// renewal that failed after waiting its whole timeout ends at two thirds
+// of the lease, and the next one, lock_ttl/3 later, would come as the
+// lease runs out, which the store refuses.
+func nextRenewal(every time.Duration, failed bool, left time.Duration) time.Duration {
+	if failed && left > 0 && left/2 < every {
+		return max(left/2, minRenewRetry)
+	}
+	return every
 }
 
 // stop ends renewals and waits for one under way to finish, so that no

@@ -280,3 +280,55 @@ func TestClaimsAlwaysLateAreAStoreError(t *testing.T) {
 		t.Fatalf("the key after the store error: %v %v; want it released", res, err)
 	}
 }
+
+// stallFirstRenew makes the first Renew wait until its context ends (a
+// store that hangs once), then lets the others through.
+type stallFirstRenew struct {
+	dedup.Store
+	calls atomic.Int32
+}
+
+func (s *stallFirstRenew) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	if s.calls.Add(1) == 1 {
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return s.Store.Renew(ctx, key, token, ttl)
+}
+
+// TestRenewalRetriedBeforeTheLeaseRunsOut: a renewal that waited its
+// whole timeout (lock_ttl/3) ends at two thirds of the lease; the next,
+// lock_ttl/3 later, came as the lease ran out, and was refused: one slow
+// answer of the store lost the lease, and a redelivery went on beside the
+// backend still at work (found by review). It is tried again before the
+// lease runs out, and the lease is kept.
+func TestRenewalRetriedBeforeTheLeaseRunsOut(t *testing.T) {
+	const ttl = 1200 * time.Millisecond // renewals every 400ms
+	h, logs := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+	st := &stallFirstRenew{Store: h.store}
+	h.store = st
+	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() {
+		serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			close(entered)
+			<-release
+			return nil
+		}))
+		close(done)
+	}()
+	<-entered
+	time.Sleep(ttl + ttl/3) // the stalled renewal ended at 800ms; the lease from the claim ran out at 1200ms
+	next := &countingNext{}
+	w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
+	close(release)
+	<-done
+	if w.Code != http.StatusConflict || next.calls.Load() != 0 {
+		t.Errorf("a redelivery while the backend works, after one stalled renewal: %d %q (backend reached %d times), want 409", w.Code, outcomeOf(repl), next.calls.Load())
+	}
+	if n := logs.FilterMessage("lease lost").Len(); n != 0 {
+		t.Errorf("%d lease lost lines after one stalled renewal, want 0", n)
+	}
+	if n := logs.FilterMessage("renewal failed").Len(); n != 1 {
+		t.Errorf("%d renewal failed lines, want 1", n)
+	}
+}
