@@ -1,6 +1,7 @@
 package sanghodedup
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
@@ -239,5 +243,28 @@ func TestServerUpstreamsAnswerIsTheVerdict(t *testing.T) {
 	}
 	if _, done := l.Counts("evt_up"); done != 1 {
 		t.Errorf("the application processed the event %d times, want 1", done)
+	}
+}
+
+// TestHeldLogNamesTheUpstreamsStatus: a gateway's 502 turned 500 on its
+// way out is held, and the "event held" line gives both: the status the
+// sender got, and the upstream's, which decided.
+func TestHeldLogNamesTheUpstreamsStatus(t *testing.T) {
+	h, logs := newTestHandler(t, nil)
+	w, repl, _ := serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Set(proxyStatusVar, http.StatusBadGateway) // as reverse_proxy does
+		w.WriteHeader(http.StatusInternalServerError)                                                        // as intercept does
+		return nil
+	}))
+	if w.Code != http.StatusInternalServerError || outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("%d %q, want 500 held", w.Code, outcomeOf(repl))
+	}
+	held := logs.FilterMessage("event held").AllUntimed()
+	if len(held) != 1 {
+		t.Fatalf("%d event held lines, want 1", len(held))
+	}
+	f := held[0].ContextMap()
+	if f["status"] != int64(500) || f["upstream_status"] != int64(502) || !strings.Contains(fmt.Sprint(f["cause"]), "gateway") {
+		t.Errorf("event held: %v, want status 500, upstream_status 502, a gateway's cause", f)
 	}
 }
