@@ -99,6 +99,15 @@ func proxied(repl *caddy.Replacer) bool {
 	return ok
 }
 
+// upstreamStatus is the status of the upstream's answer that a
+// reverse_proxy after this handler got, 0 if none (see
+// setAsideProxyStatus).
+func upstreamStatus(repl *caddy.Replacer) int {
+	v, _ := repl.Get(proxyStatusVar)
+	n, _ := v.(int)
+	return n
+}
+
 // proxyStatusVar is the variable reverse_proxy sets to its upstream's
 // status.
 const proxyStatusVar = "http.reverse_proxy.status_code"
@@ -254,7 +263,7 @@ func (d *delivery) settle(err error) {
 		switch {
 		case status == statusClientClosedRequest && gone:
 			err = errClientGone
-		case gatewayStatus(status):
+		case gatewayStatus(status) || gatewayStatus(upstreamStatus(d.repl)):
 			err = errGatewayStatus
 		case status != 0:
 			err = errRetriedAfterSent
@@ -318,7 +327,11 @@ func (d *delivery) settle(err error) {
 	case toHold:
 		h.outcome(d.repl, d.outcomeOf(v))
 		spanEvent(d.ctx, spanEventHeld, status, err, time.Duration(h.LockTTL))
-		h.logger.Warn("event held", zap.String("event_id", d.id), zap.Int("status", status), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err))
+		fields := []zap.Field{zap.String("event_id", d.id), zap.Int("status", status), zap.Duration("lock_ttl", time.Duration(h.LockTTL)), zap.NamedError("cause", err)}
+		if u := upstreamStatus(d.repl); u != 0 && u != status {
+			fields = append(fields, zap.Int("upstream_status", u)) // rewritten on its way out (see verdictOf)
+		}
+		h.logger.Warn("event held", fields...)
 	}
 }
 
@@ -330,6 +343,18 @@ func (d *delivery) settle(err error) {
 // and the next delivery after it is marked.
 func (d *delivery) verdictOf(status int, err error, clientGone, sentEarlier bool) (v verdict, keptMarked bool) {
 	v = judge(status, err, clientGone, sentEarlier)
+	if v != toCommit {
+		// A handler between this one and the proxy (intercept, the
+		// proxy's replace_status or handle_response) may have turned the
+		// upstream's answer into another: its 2xx is the work done, its
+		// 502 or 504 a gateway's, whatever the sender is told.
+		switch u := upstreamStatus(d.repl); {
+		case u >= 200 && u <= 299:
+			v = toCommit
+		case gatewayStatus(u):
+			v = toHold
+		}
+	}
 	if v == toRelease && d.marked {
 		return toHold, true
 	}

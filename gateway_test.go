@@ -1,16 +1,19 @@
 package sanghodedup
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
@@ -29,9 +32,30 @@ import (
 // backend that checks its records does not process it twice. (Found by
 // review: released, the retry reached the application unmarked and was
 // processed again.)
+//
+// A handler between sangho_dedup and the proxy may turn the gateway's
+// answer into another (intercept, which Caddy orders after sangho_dedup,
+// or the proxy's own replace_status or handle_response): the upstream's
+// status ({http.reverse_proxy.status_code}) is held all the same. (Found
+// by review: a 502 turned 500 was released, the event processed twice.)
 func TestServerGatewayStatusIsHeld(t *testing.T) {
-	for _, status := range []int{http.StatusBadGateway, http.StatusGatewayTimeout} {
-		t.Run(strconv.Itoa(status), func(t *testing.T) {
+	intercept := "\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\trespond \"Something went wrong\" 500\n\t\t}\n\t}\n"
+	for _, c := range []struct {
+		name            string
+		status, written int
+		site            func(gateway string) string
+	}{
+		{"502", http.StatusBadGateway, http.StatusBadGateway, nil},
+		{"504", http.StatusGatewayTimeout, http.StatusGatewayTimeout, nil},
+		{"502 turned 500 by intercept", http.StatusBadGateway, http.StatusInternalServerError, func(gw string) string {
+			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n" + intercept + "\treverse_proxy " + gw + "\n"
+		}},
+		{"504 turned 500 by replace_status", http.StatusGatewayTimeout, http.StatusInternalServerError, func(gw string) string {
+			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n\treverse_proxy " + gw + " {\n\t\t@5xx status 5xx\n\t\treplace_status @5xx 500\n\t}\n"
+		}},
+	} {
+		status := c.status
+		t.Run(c.name, func(t *testing.T) {
 			app := ledger.New(t)
 			app.Behave(func(id string, n int) ledger.Action {
 				if n == 1 { // slower than the gateway waits; it finishes all the same
@@ -45,10 +69,14 @@ func TestServerGatewayStatusIsHeld(t *testing.T) {
 			gw.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) { w.WriteHeader(status) }
 			gateway := httptest.NewServer(gw)
 			defer gateway.Close()
-			s := startCaddy(t, dedupSite(strings.TrimPrefix(gateway.URL, "http://"), "lock_ttl 1500ms"))
+			site := dedupSite(strings.TrimPrefix(gateway.URL, "http://"), "lock_ttl 1500ms")
+			if c.site != nil {
+				site = c.site(strings.TrimPrefix(gateway.URL, "http://"))
+			}
+			s := startCaddy(t, site)
 
-			if a := send(t, s.url, eventBody("evt_gw"), "evt_gw"); a.status != status {
-				t.Fatalf("first delivery: %d %q, want the gateway's %d", a.status, a.body, status)
+			if a := send(t, s.url, eventBody("evt_gw"), "evt_gw"); a.status != c.written {
+				t.Fatalf("first delivery: %d %q, want %d", a.status, a.body, c.written)
 			}
 			if a := send(t, s.url, eventBody("evt_gw"), "evt_gw"); a.status != http.StatusConflict || a.dedup != "in_flight" {
 				t.Errorf("retry right after the gateway's %d: %d %q (Sangho-Dedup %q), want 409 in_flight", status, a.status, a.body, a.dedup)
@@ -196,5 +224,47 @@ func TestResendingProxyWarning(t *testing.T) {
 				t.Errorf("%d warnings, want %d:\n%s%s\n%s", got, c.want, c.snippet, c.site, data)
 			}
 		})
+	}
+}
+
+// TestServerUpstreamsAnswerIsTheVerdict: the application answered 2xx,
+// and a handler between sangho_dedup and the proxy turned it into a
+// failure for the sender (here replace_status; a template that fails
+// does the same): the application did the work, so the event is done,
+// and the sender's retry is answered as a duplicate, not processed again.
+func TestServerUpstreamsAnswerIsTheVerdict(t *testing.T) {
+	l := ledger.New(t)
+	s := startCaddy(t, "\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t}\n\treverse_proxy "+l.Addr+" {\n\t\t@ok status 2xx\n\t\treplace_status @ok 500\n\t}\n")
+	if a := send(t, s.url, eventBody("evt_up"), "evt_up"); a.status != http.StatusInternalServerError {
+		t.Fatalf("first delivery: %d %q, want the rewritten 500", a.status, a.body)
+	}
+	if a := send(t, s.url, eventBody("evt_up"), "evt_up"); a.status != http.StatusOK || a.dedup != "duplicate" {
+		t.Errorf("retry: %d %q (Sangho-Dedup %q), want 200 duplicate", a.status, a.body, a.dedup)
+	}
+	if _, done := l.Counts("evt_up"); done != 1 {
+		t.Errorf("the application processed the event %d times, want 1", done)
+	}
+}
+
+// TestHeldLogNamesTheUpstreamsStatus: a gateway's 502 turned 500 on its
+// way out is held, and the "event held" line gives both: the status the
+// sender got, and the upstream's, which decided.
+func TestHeldLogNamesTheUpstreamsStatus(t *testing.T) {
+	h, logs := newTestHandler(t, nil)
+	w, repl, _ := serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Set(proxyStatusVar, http.StatusBadGateway) // as reverse_proxy does
+		w.WriteHeader(http.StatusInternalServerError)                                                        // as intercept does
+		return nil
+	}))
+	if w.Code != http.StatusInternalServerError || outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("%d %q, want 500 held", w.Code, outcomeOf(repl))
+	}
+	held := logs.FilterMessage("event held").AllUntimed()
+	if len(held) != 1 {
+		t.Fatalf("%d event held lines, want 1", len(held))
+	}
+	f := held[0].ContextMap()
+	if f["status"] != int64(500) || f["upstream_status"] != int64(502) || !strings.Contains(fmt.Sprint(f["cause"]), "gateway") {
+		t.Errorf("event held: %v, want status 500, upstream_status 502, a gateway's cause", f)
 	}
 }
