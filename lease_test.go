@@ -15,13 +15,13 @@ import (
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
 
-// TestLeaseRenewal: a backend slower than lock_ttl keeps its lease, and
-// a duplicate meanwhile gets 409.
-func TestLeaseRenewal(t *testing.T) {
-	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
+// atTheBackend sends body to h and returns once its backend works on it;
+// the backend answers 200 when finish is called, which returns once the
+// delivery is settled.
+func atTheBackend(h *Handler, body string) (finish func()) {
 	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
 	go func() {
-		serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		serve(h, signedRequest(body, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 			close(entered)
 			<-release
 			return nil
@@ -29,6 +29,17 @@ func TestLeaseRenewal(t *testing.T) {
 		close(done)
 	}()
 	<-entered
+	return func() {
+		close(release)
+		<-done
+	}
+}
+
+// TestLeaseRenewal: a backend slower than lock_ttl keeps its lease, and
+// a duplicate meanwhile gets 409.
+func TestLeaseRenewal(t *testing.T) {
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
+	finish := atTheBackend(h, bodyA)
 	next := &countingNext{}
 	for i := 0; i < 6; i++ { // 6 × 200ms: four times lock_ttl
 		time.Sleep(200 * time.Millisecond)
@@ -36,8 +47,7 @@ func TestLeaseRenewal(t *testing.T) {
 			t.Fatalf("after %dms in flight: %d, want 409", (i+1)*200, w.Code)
 		}
 	}
-	close(release)
-	<-done
+	finish()
 	if next.calls.Load() != 0 {
 		t.Fatal("a duplicate reached the backend while the first was in flight")
 	}
@@ -307,21 +317,11 @@ func TestRenewalRetriedBeforeTheLeaseRunsOut(t *testing.T) {
 	h, logs := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
 	st := &stallFirstRenew{Store: h.store}
 	h.store = st
-	entered, release, done := make(chan struct{}), make(chan struct{}), make(chan struct{})
-	go func() {
-		serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-			close(entered)
-			<-release
-			return nil
-		}))
-		close(done)
-	}()
-	<-entered
+	finish := atTheBackend(h, bodyA)
 	time.Sleep(ttl + ttl/3) // the stalled renewal ended at 800ms; the lease from the claim ran out at 1200ms
 	next := &countingNext{}
 	w, repl, _ := serve(h, signedRequest(bodyA, ""), next)
-	close(release)
-	<-done
+	finish()
 	if w.Code != http.StatusConflict || next.calls.Load() != 0 {
 		t.Errorf("a redelivery while the backend works, after one stalled renewal: %d %q (backend reached %d times), want 409", w.Code, outcomeOf(repl), next.calls.Load())
 	}
