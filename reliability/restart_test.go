@@ -17,6 +17,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
@@ -316,5 +317,88 @@ func TestReloadThenExitServesRequestOnTheWay(t *testing.T) {
 	p.restart(t)
 	if status, dedup := deliverOnce(client, p.url, id); status != 200 || dedup != "duplicate" {
 		t.Errorf("the event again on the old config's store: %d %q, want 200 duplicate", status, dedup)
+	}
+}
+
+// TestLateRequestAfterTheLingerIsRefused: a delivery held in forward_auth
+// before sangho_dedup across a reload that keeps the store (the same
+// file), and past the old config's linger (10 s), reaches the old
+// config's sangho_dedup, whose use of the store was released: the new
+// config holds the file, but counts no use for this delivery, and a
+// reload to another file closes it under the delivery. It is refused
+// (503), and the sender's retry is processed once on the config running.
+// (Found by review: it was served, its commit failed on the closed
+// store, and after a reload back the retry was processed again.)
+func TestLateRequestAfterTheLingerIsRefused(t *testing.T) {
+	l := ledger.New(t)
+	l.Behave(func(id string, n int) ledger.Action {
+		if n == 1 { // longer than the linger of the reload that closes the file
+			return ledger.Action{Delay: 14 * time.Second}
+		}
+		return ledger.Action{}
+	})
+	var authCalls atomic.Int64
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if authCalls.Add(1) == 1 {
+			<-release
+		}
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = auth.Serve(ln) }()
+	defer auth.Close()
+	dir := t.TempDir()
+	site := func(path, ttl string) string {
+		return "\troute {\n\t\tforward_auth " + ln.Addr().String() + " {\n\t\t\turi /check\n\t\t}\n" +
+			siteConfigTimeout("store file "+dir+"/"+path, l.Addr, "lock_ttl "+ttl, 30*time.Second) + "\n\t}"
+	}
+	p := startCaddy(t, site("a.db", "2s"))
+	client := &http.Client{Timeout: 60 * time.Second}
+	const id = "evt_late_use"
+	got := make(chan [2]any, 1)
+	go func() { s, d := deliverOnce(client, p.url, id); got <- [2]any{s, d} }()
+	poll.Until(t, 10*time.Second, "the delivery to reach forward_auth", func() bool { return authCalls.Load() == 1 })
+	if err := p.reload(site("a.db", "3s")); err != nil { // the same file: the new config shares it
+		t.Fatal(err)
+	}
+	time.Sleep(storepool.DefaultReloadLinger + time.Second) // the old config's linger is over
+	open()
+	var first [2]any
+	poll.Until(t, 10*time.Second, "the delivery to reach the backend or be answered", func() bool {
+		if r, _ := l.Counts(id); r == 1 {
+			return true
+		}
+		select {
+		case first = <-got:
+			return true
+		default:
+			return false
+		}
+	})
+	if err := p.reload(site("b.db", "3s")); err != nil { // a.db no longer used: closed after this reload's linger
+		t.Fatal(err)
+	}
+	if first == [2]any{} {
+		first = <-got
+	}
+	if first[0] != http.StatusServiceUnavailable {
+		t.Errorf("the delivery that reached the old config after its linger: %v, want 503", first)
+	}
+	if err := p.reload(site("a.db", "2s")); err != nil { // back to a.db
+		t.Fatal(err)
+	}
+	var status int
+	poll.Until(t, 30*time.Second, "the retry to be answered other than 409", func() bool {
+		status, _ = deliverOnce(client, p.url, id)
+		return status != http.StatusConflict
+	})
+	if _, done := l.Counts(id); done != 1 {
+		t.Errorf("the event was processed %d times, want 1 (first answer %v, the retry's %d): %+v", done, first, status, l.Deliveries(id))
 	}
 }

@@ -75,9 +75,7 @@ type Users struct {
 	// the resource up: at once if it found none, else once the last use
 	// left (or at the deadline).
 	n  atomic.Int64
-	mu sync.Mutex // held from setting releasedAtOnce until closed is known
-	// closed: that Release closed the resource (no other config shared it).
-	closed bool
+	mu sync.Mutex // orders the Releases
 	// releasing: a Release waits in the background for the uses to leave.
 	releasing bool
 }
@@ -100,18 +98,16 @@ func (u *Users) Leave() {
 	}
 }
 
-// Closed reports whether Release closed the resource before the use
-// that asks entered: one that enters before Release keeps the resource
-// open, one that enters after it (a request that reached the handler
-// after Caddy cleaned its config up) must not claim an event on it,
-// since its commit could not land. Call it after Enter.
+// Closed reports whether Release gave the resource up before the use
+// that asks entered: one that enters before keeps the resource open, one
+// that enters after it (a request that reached the handler after Caddy
+// cleaned its config up, and after the linger) must not claim an event
+// on it, since its commit could not land. That holds also where another
+// config still holds the resource: it counts no use for this one, and
+// its own Release would close the resource under it. Call it after
+// Enter.
 func (u *Users) Closed() bool {
-	if u == nil || u.n.Load()&releasedAtOnce == 0 {
-		return false
-	}
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.closed
+	return u != nil && u.n.Load()&releasedAtOnce != 0
 }
 
 // DefaultReloadLinger is how long a resource is kept after a reload
@@ -183,8 +179,7 @@ func (u *Users) Release(key string, logger *zap.Logger) error {
 	}
 	if !linger && u.n.CompareAndSwap(0, releasedAtOnce) {
 		defer u.mu.Unlock()
-		deleted, err := Pool.Delete(key)
-		u.closed = deleted
+		_, err := Pool.Delete(key)
 		return err
 	}
 	u.releasing = true
@@ -226,8 +221,7 @@ func (u *Users) Release(key string, logger *zap.Logger) error {
 			u.mu.Unlock()
 			time.Sleep(50 * time.Millisecond)
 		}
-		deleted, err := Pool.Delete(key)
-		u.closed = deleted
+		_, err := Pool.Delete(key)
 		u.mu.Unlock()
 		if err != nil && logger != nil {
 			logger.Error("shared store close failed", zap.String("resource", key), zap.Error(err))

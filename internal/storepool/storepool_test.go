@@ -23,8 +23,10 @@ func take(t *testing.T, key string, r *resource) {
 // A use that enters after Release closed the resource is told so (a
 // store then refuses the claim: its commit could not land); one that
 // enters before keeps the resource open until it leaves; one that
-// enters after a Release that left the resource to another config may
-// go on.
+// enters after a Release that left the resource to another config is
+// told so too: it is counted in no config that still holds the resource,
+// whose own Release would close it under the use (found by review: the
+// event's commit failed, and its retry was processed again).
 func TestUsersClosed(t *testing.T) {
 	t.Run("closed at once", func(t *testing.T) {
 		key, r, u := t.Name(), new(resource), new(Users)
@@ -77,8 +79,11 @@ func TestUsersClosed(t *testing.T) {
 		}
 		u.Enter()
 		defer u.Leave()
-		if r.closed.Load() || u.Closed() {
-			t.Error("Closed: true while another config still holds the resource")
+		if r.closed.Load() {
+			t.Error("closed while another config still holds the resource")
+		}
+		if !u.Closed() {
+			t.Error("Closed: false for a use that entered after its config released the resource: nothing keeps it open for the use")
 		}
 		if n, _ := Pool.References(key); n != 1 {
 			t.Errorf("the other config's reference: %d references left, want 1", n)

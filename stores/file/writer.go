@@ -29,7 +29,7 @@ type fileOp struct {
 
 var fileOpPool = sync.Pool{New: func() any { return &fileOp{done: make(chan struct{}, 1)} }}
 
-var errFileClosed = errors.New("file store: the store is closed (Caddy is stopping)")
+var errFileClosed = errors.New("file store: the store is closed (Caddy is stopping, or a reload unloaded its config)")
 
 // isClosed reports whether Destruct has begun.
 func (st *shared) isClosed() bool {
