@@ -2,6 +2,7 @@ package sanghodedup
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"sync/atomic"
 	"testing"
@@ -330,5 +331,112 @@ func TestRenewalRetriedBeforeTheLeaseRunsOut(t *testing.T) {
 	}
 	if n := logs.FilterMessage("renewal failed").Len(); n != 1 {
 		t.Errorf("%d renewal failed lines, want 1", n)
+	}
+}
+
+// slowFirstRenew counts renewals and signals the first, which takes a
+// while (a slow store), so that the delivery is settled while it runs.
+type slowFirstRenew struct {
+	dedup.Store
+	entered chan struct{}
+	renews  atomic.Int32
+}
+
+func (s *slowFirstRenew) Renew(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	if s.renews.Add(1) == 1 {
+		close(s.entered)
+		time.Sleep(100 * time.Millisecond)
+	}
+	return s.Store.Renew(ctx, key, token, ttl)
+}
+
+// TestRenewalUnderWayAtSettleIsTheLast: a renewal under way when the
+// next handler returns finishes (stop waits for it), and its timer,
+// set again, renews no more. A held event's lease then runs out at
+// lock_ttl, and the next delivery is processed, marked; renewals that
+// went on would hold the event, answered 409, for as long as Caddy runs.
+func TestRenewalUnderWayAtSettleIsTheLast(t *testing.T) {
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(300 * time.Millisecond) })
+	st := &slowFirstRenew{Store: h.store, entered: make(chan struct{})}
+	h.store = st
+	timeout := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+		<-st.entered // a renewal is under way
+		return caddyhttp.Error(504, errors.New("net/http: timeout awaiting response headers"))
+	})
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), timeout); outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("first attempt: %q, want held", outcomeOf(repl))
+	}
+	renewed := st.renews.Load()
+	time.Sleep(500 * time.Millisecond) // past lock_ttl from the last renewal
+	if n := st.renews.Load(); n != renewed {
+		t.Fatalf("%d renewals after the delivery was settled", n-renewed)
+	}
+	next := &countingNext{}
+	if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked {
+		t.Fatalf("after lock_ttl: %d %q, want 200 processed_marked", w.Code, outcomeOf(repl))
+	}
+}
+
+// gatewayTimeout is a next handler whose backend's fate is unknown
+// (held until lock_ttl).
+var gatewayTimeout = caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+	return caddyhttp.Error(504, errors.New("net/http: timeout awaiting response headers"))
+})
+
+// TestLateClaimAgainOverAMarkIsMarked: a claim answered late is made
+// again; if meanwhile another delivery took the event over and was held
+// (its fate unknown) and its lease ran out, the claim made again takes
+// over that mark: the late delivery must reach the backend marked, as
+// any delivery that takes over a mark does.
+func TestLateClaimAgainOverAMarkIsMarked(t *testing.T) {
+	const ttl = 100 * time.Millisecond
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+	st := &lateClaim{Store: h.store, landed: make(chan struct{}), release: make(chan struct{})}
+	h.store = st
+	var got []string
+	next := priorAttemptBackend(&got)
+	late := make(chan string, 1)
+	go func() {
+		_, repl, _ := serve(h, signedRequest(bodyA, ""), next)
+		late <- outcomeOf(repl)
+	}()
+	<-st.landed
+	time.Sleep(2 * ttl) // the late claim's lease ran out: a redelivery takes it over, and is held
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), gatewayTimeout); outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("the redelivery: %q, want held", outcomeOf(repl))
+	}
+	time.Sleep(2 * ttl) // its lease ran out too: a mark
+	close(st.release)
+	if o := <-late; o != outcomeProcessedMarked || len(got) != 1 || got[0] != "unknown" {
+		t.Fatalf("the late delivery: %q, the backend saw Sangho-Dedup-Prior-Attempt %q; want processed_marked, unknown", o, got)
+	}
+}
+
+// TestClaimsAlwaysLateOverAMarkKeepIt: a delivery that took over a
+// mark, whose claims then all answer late (a store error, 503), keeps
+// its lease until lock_ttl rather than release it, so that it lapses
+// into a mark again: the earlier attempt's fate is still unknown, and
+// the next delivery must still be marked.
+func TestClaimsAlwaysLateOverAMarkKeepIt(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	h, _ := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
+	store := h.store
+	if _, repl, _ := serve(h, signedRequest(bodyA, ""), gatewayTimeout); outcomeOf(repl) != outcomeHeld {
+		t.Fatalf("first attempt: %q, want held", outcomeOf(repl))
+	}
+	time.Sleep(ttl + 50*time.Millisecond) // a mark
+	h.store = &slowClaims{Store: store, delay: ttl/3 + 20*time.Millisecond}
+	next := &countingNext{}
+	if w, repl, _ := serve(h, signedRequest(bodyA, ""), next); w.Code != http.StatusServiceUnavailable || outcomeOf(repl) != outcomeStoreError {
+		t.Fatalf("claims always late: %d %q, want 503 store_error", w.Code, outcomeOf(repl))
+	}
+	h.store = store
+	time.Sleep(ttl + 50*time.Millisecond)
+	var got []string
+	if w, repl, _ := serve(h, signedRequest(bodyA, ""), priorAttemptBackend(&got)); w.Code != 200 || outcomeOf(repl) != outcomeProcessedMarked || len(got) != 1 || got[0] != "unknown" {
+		t.Fatalf("the next delivery: %d %q, Sangho-Dedup-Prior-Attempt %q; want processed_marked, unknown", w.Code, outcomeOf(repl), got)
+	}
+	if next.calls.Load() != 0 {
+		t.Fatal("a delivery whose claims all answered late reached the backend")
 	}
 }
