@@ -343,17 +343,14 @@ func (d *delivery) settle(err error) {
 // and the next delivery after it is marked.
 func (d *delivery) verdictOf(status int, err error, clientGone, sentEarlier bool) (v verdict, keptMarked bool) {
 	v = judge(status, err, clientGone, sentEarlier)
-	if v != toCommit {
+	if v == toRelease && gatewayStatus(upstreamStatus(d.repl)) {
 		// A handler between this one and the proxy (intercept, the
-		// proxy's replace_status or handle_response) may have turned the
-		// upstream's answer into another: its 2xx is the work done, its
-		// 502 or 504 a gateway's, whatever the sender is told.
-		switch u := upstreamStatus(d.repl); {
-		case u >= 200 && u <= 299:
-			v = toCommit
-		case gatewayStatus(u):
-			v = toHold
-		}
+		// proxy's replace_status or handle_response) may have turned a
+		// gateway's 502 or 504 into another status: held all the same.
+		// (Only to hold more: the variable is the last upstream's, maybe
+		// another proxy's than the backend's, so its 2xx is no proof
+		// that the backend did the work.)
+		v = toHold
 	}
 	if v == toRelease && d.marked {
 		return toHold, true

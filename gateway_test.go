@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -227,23 +228,58 @@ func TestResendingProxyWarning(t *testing.T) {
 	}
 }
 
-// TestServerUpstreamsAnswerIsTheVerdict: the application answered 2xx,
-// and a handler between sangho_dedup and the proxy turned it into a
-// failure for the sender (here replace_status; a template that fails
-// does the same): the application did the work, so the event is done,
-// and the sender's retry is answered as a duplicate, not processed again.
-func TestServerUpstreamsAnswerIsTheVerdict(t *testing.T) {
-	l := ledger.New(t)
-	s := startCaddy(t, "\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t}\n\treverse_proxy "+l.Addr+" {\n\t\t@ok status 2xx\n\t\treplace_status @ok 500\n\t}\n")
-	if a := send(t, s.url, eventBody("evt_up"), "evt_up"); a.status != http.StatusInternalServerError {
-		t.Fatalf("first delivery: %d %q, want the rewritten 500", a.status, a.body)
-	}
-	if a := send(t, s.url, eventBody("evt_up"), "evt_up"); a.status != http.StatusOK || a.dedup != "duplicate" {
-		t.Errorf("retry: %d %q (Sangho-Dedup %q), want 200 duplicate", a.status, a.body, a.dedup)
-	}
-	if _, done := l.Counts("evt_up"); done != 1 {
-		t.Errorf("the application processed the event %d times, want 1", done)
-	}
+// TestServerAnotherUpstreamsTwoHundredIsNotTheBackends: the status
+// variable a reverse_proxy sets is the last upstream's, whichever it
+// was: an error page served by another proxy in intercept, after the
+// backend's 500, or a forward_auth after sangho_dedup, before a backend
+// that is down. Its 2xx is not the backend's answer: the event is
+// released, and the retry processed once. (Found by review of a change
+// that committed on the variable's 2xx: both events were lost.)
+func TestServerAnotherUpstreamsTwoHundredIsNotTheBackends(t *testing.T) {
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("<h1>oops</h1>")) }))
+	t.Cleanup(other.Close)
+	otherAddr := strings.TrimPrefix(other.URL, "http://")
+	dedup := "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t}\n"
+	t.Run("an error page from another upstream in intercept", func(t *testing.T) {
+		l := ledger.New(t)
+		var fail atomic.Bool
+		fail.Store(true)
+		l.Behave(func(id string, n int) ledger.Action {
+			if fail.Load() {
+				return ledger.Action{Status: http.StatusInternalServerError}
+			}
+			return ledger.Action{}
+		})
+		s := startCaddy(t, dedup+"\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\theader -Content-Length\n\t\t\tmethod GET\n\t\t\trequest_body {\n\t\t\t\tset page\n\t\t\t}\n"+
+			"\t\t\treverse_proxy "+otherAddr+" {\n\t\t\t\treplace_status 500\n\t\t\t}\n\t\t}\n\t}\n\treverse_proxy "+l.Addr+"\n")
+		if a := send(t, s.url, eventBody("evt_page"), "evt_page"); a.status != http.StatusInternalServerError {
+			t.Fatalf("first delivery, the backend failing: %d %q, want the error page's 500", a.status, a.body)
+		}
+		fail.Store(false)
+		if a := send(t, s.url, eventBody("evt_page"), "evt_page"); a.status != http.StatusOK || a.dedup != "" {
+			t.Errorf("retry, the backend healthy: %d %q (Sangho-Dedup %q), want the backend's 200", a.status, a.body, a.dedup)
+		}
+		if _, done := l.Counts("evt_page"); done != 1 {
+			t.Errorf("the backend processed the event %d times, want 1", done)
+		}
+	})
+	t.Run("forward_auth after sangho_dedup, the backend down", func(t *testing.T) {
+		site := func(backend string) string {
+			return "\troute {\n\t" + dedup + "\t\tforward_auth " + otherAddr + " {\n\t\t\turi /auth\n\t\t}\n\t\treverse_proxy " + backend + "\n\t}\n"
+		}
+		s := startCaddy(t, site("127.0.0.1:"+strconv.Itoa(freePort(t))))
+		if a := send(t, s.url, eventBody("evt_fa"), "evt_fa"); a.status != http.StatusBadGateway {
+			t.Fatalf("first delivery, the backend down: %d %q, want 502", a.status, a.body)
+		}
+		l := ledger.New(t)
+		s.load(t, site(l.Addr))
+		if a := send(t, s.url, eventBody("evt_fa"), "evt_fa"); a.status != http.StatusOK || a.dedup != "" {
+			t.Errorf("retry, the backend up: %d %q (Sangho-Dedup %q), want the backend's 200", a.status, a.body, a.dedup)
+		}
+		if _, done := l.Counts("evt_fa"); done != 1 {
+			t.Errorf("the backend processed the event %d times, want 1", done)
+		}
+	})
 }
 
 // TestHeldLogNamesTheUpstreamsStatus: a gateway's 502 turned 500 on its

@@ -390,6 +390,9 @@ func TestLateRequestAfterTheLingerIsRefused(t *testing.T) {
 	if first[0] != http.StatusServiceUnavailable {
 		t.Errorf("the delivery that reached the old config after its linger: %v, want 503", first)
 	}
+	if b, _ := os.ReadFile(p.log); !bytes.Contains(b, []byte(storepool.ErrUnloaded.Error())) {
+		t.Errorf("the log does not say why the delivery was refused (%q)", storepool.ErrUnloaded)
+	}
 	if err := p.reload(site("a.db", "2s")); err != nil { // back to a.db
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ package storepool
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -97,6 +98,10 @@ func (u *Users) Leave() {
 		u.n.Add(-1)
 	}
 }
+
+// ErrUnloaded is the error of a claim refused because Closed: the
+// delivery reached a config that a reload had unloaded (see Closed).
+var ErrUnloaded = errors.New("the delivery reached a config a reload had unloaded, after its linger: claim refused (the sender's retry reaches the running config)")
 
 // Closed reports whether Release gave the resource up before the use
 // that asks entered: one that enters before keeps the resource open, one

@@ -27,6 +27,7 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/testclock"
 )
 
@@ -1321,8 +1322,8 @@ func TestFileStoreRefusesALateClaim(t *testing.T) {
 	}
 	s.Enter()
 	defer s.Leave()
-	if res, _, err := s.Claim(ctx, "k", "t", time.Minute); !errors.Is(err, errFileClosed) {
-		t.Fatalf("late claim = %v, %v; want %v", res, err, errFileClosed)
+	if res, _, err := s.Claim(ctx, "k", "t", time.Minute); !errors.Is(err, storepool.ErrUnloaded) {
+		t.Fatalf("late claim = %v, %v; want %v", res, err, storepool.ErrUnloaded)
 	}
 }
 

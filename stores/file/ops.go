@@ -2,9 +2,11 @@ package file
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
 
 // Claim implements Store. The database holds done records; leases are
@@ -12,9 +14,9 @@ import (
 // Claim returns (see shared).
 func (s *Store) Claim(_ context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	if s.users.Closed() {
-		// A delivery that reached a config already cleaned up, whose
-		// store was closed: its commit could not land (see Users.Closed).
-		return 0, "", errFileClosed
+		// A delivery that reached a config already cleaned up: its
+		// commit could not land (see Users.Closed).
+		return 0, "", fmt.Errorf("file store: %w", storepool.ErrUnloaded)
 	}
 	st, err := s.st()
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
 
 // statements are the store's SQL for one table. Every expiry counts
@@ -247,9 +248,9 @@ const maxClaimTries = 5
 // Claim implements dedup.Store.
 func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	if s.users.Closed() {
-		// A delivery that reached a config already cleaned up, whose
-		// pool was closed: its commit could not land (see Users.Closed).
-		return 0, "", errPoolClosed
+		// A delivery that reached a config already cleaned up: its
+		// commit could not land (see Users.Closed).
+		return 0, "", fmt.Errorf("postgres store: %w", storepool.ErrUnloaded)
 	}
 	var res dedup.ClaimResult
 	var found string

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 )
 
@@ -476,5 +477,26 @@ func TestRetriedClaimWhoseLeaseWentMeanwhile(t *testing.T) {
 		if want := tc.holder + " true"; live != want {
 			t.Errorf("%s: the row holds %q; want %q (the holder's live lease)", tc.name, live, want)
 		}
+	}
+}
+
+// TestPostgresRefusesALateClaimOnASharedPool: as the Redis store's
+// TestRedisRefusesALateClaimOnASharedClient, for the pool.
+func TestPostgresRefusesALateClaimOnASharedPool(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	old, _ := provision(t, storeJSON(srv.DSN, table))
+	cur, _ := provision(t, storeJSON(srv.DSN, table))
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	old.Enter()
+	defer old.Leave()
+	if res, _, err := old.Claim(ctx, "late", "t", time.Minute); !errors.Is(err, storepool.ErrUnloaded) {
+		t.Fatalf("late claim = %v, %v; want %v", res, err, storepool.ErrUnloaded)
+	}
+	if res, _, err := cur.Claim(ctx, "late", "t", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("the running config's claim = %v, %v; want claimed", res, err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 )
 
 var (
@@ -58,9 +59,9 @@ func (s *Store) failed(err error) error {
 // them first and fails without claiming if one is missing.
 func (s *Store) Claim(ctx context.Context, key, token string, ttl time.Duration) (dedup.ClaimResult, string, error) {
 	if s.users.Closed() {
-		// A delivery that reached a config already cleaned up, whose
-		// client was closed: its commit could not land (see Users.Closed).
-		return 0, "", errPipeClosed
+		// A delivery that reached a config already cleaned up: its
+		// commit could not land (see Users.Closed).
+		return 0, "", fmt.Errorf("redis store: %w", storepool.ErrUnloaded)
 	}
 	if s.cache != nil {
 		if val, ok := s.cache.Get(key); ok {

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/dedup/dedupstoretest"
+	"github.com/sangho/caddy-sangho-dedup/internal/storepool"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/redistest"
 )
 
@@ -287,5 +289,28 @@ func TestRedisStoreUnsetPlaceholderRefused(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) || (c.hide != "" && strings.Contains(err.Error(), c.hide)) {
 			t.Errorf("%+v: Provision() = %v, want an error with %q", c.s, err, c.want)
 		}
+	}
+}
+
+// TestRedisRefusesALateClaimOnASharedClient: a delivery that enters a
+// config after its Cleanup released the client is refused, also where
+// another config (the same settings) still holds the client: that one
+// counts no use for the delivery, and its own release would close the
+// client under the delivery's commit. The other config's claims go on.
+func TestRedisRefusesALateClaimOnASharedClient(t *testing.T) {
+	srv := startRedis(t)
+	old := provisionRedisStore(t, &Store{Address: []string{srv.Addr}})
+	cur := provisionRedisStore(t, &Store{Address: []string{srv.Addr}})
+	if err := old.Cleanup(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	old.Enter()
+	defer old.Leave()
+	if res, _, err := old.Claim(ctx, "late", "t", time.Minute); !errors.Is(err, storepool.ErrUnloaded) {
+		t.Fatalf("late claim = %v, %v; want %v", res, err, storepool.ErrUnloaded)
+	}
+	if res, _, err := cur.Claim(ctx, "late", "t", time.Minute); err != nil || res != dedup.Claimed {
+		t.Fatalf("the running config's claim = %v, %v; want claimed", res, err)
 	}
 }
