@@ -41,6 +41,13 @@ import (
 // by review: a 502 turned 500 was released, the event processed twice.)
 func TestServerGatewayStatusIsHeld(t *testing.T) {
 	intercept := "\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\trespond \"Something went wrong\" 500\n\t\t}\n\t}\n"
+	// An error page served by another proxy: the status variable is then
+	// the page server's 200, not the gateway's 502 (found by review: the
+	// 500 written was released, the event processed twice).
+	pages := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("<h1>oops</h1>")) }))
+	defer pages.Close()
+	errorPage := "\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\theader -Content-Length\n\t\t\tmethod GET\n\t\t\trequest_body {\n\t\t\t\tset page\n\t\t\t}\n" +
+		"\t\t\treverse_proxy " + strings.TrimPrefix(pages.URL, "http://") + " {\n\t\t\t\treplace_status 500\n\t\t\t}\n\t\t}\n\t}\n"
 	for _, c := range []struct {
 		name            string
 		status, written int
@@ -50,6 +57,9 @@ func TestServerGatewayStatusIsHeld(t *testing.T) {
 		{"504", http.StatusGatewayTimeout, http.StatusGatewayTimeout, nil},
 		{"502 turned 500 by intercept", http.StatusBadGateway, http.StatusInternalServerError, func(gw string) string {
 			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n" + intercept + "\treverse_proxy " + gw + "\n"
+		}},
+		{"502 turned into an error page from another proxy", http.StatusBadGateway, http.StatusInternalServerError, func(gw string) string {
+			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n" + errorPage + "\treverse_proxy " + gw + "\n"
 		}},
 		{"504 turned 500 by replace_status", http.StatusGatewayTimeout, http.StatusInternalServerError, func(gw string) string {
 			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n\treverse_proxy " + gw + " {\n\t\t@5xx status 5xx\n\t\treplace_status @5xx 500\n\t}\n"
