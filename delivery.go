@@ -258,12 +258,17 @@ func (d *delivery) settle(err error) {
 	if status != 0 {
 		gone = d.goneAtStatus.Load() // as the status line was judged (statusKnown)
 	}
-	v, keptMarked := d.verdictOf(status, err, gone, d.sentEarlier())
-	if v == toHold && !keptMarked && err == nil {
+	v, keptMarked, upstream := d.verdictOf(status, err, gone, d.sentEarlier())
+	switch {
+	case upstream != nil && err != nil:
+		err = fmt.Errorf("%w: %w", upstream, err)
+	case upstream != nil:
+		err = upstream
+	case v == toHold && !keptMarked && err == nil:
 		switch {
 		case status == statusClientClosedRequest && gone:
 			err = errClientGone
-		case gatewayStatus(status) || gatewayStatus(upstreamStatus(d.repl)):
+		case gatewayStatus(status):
 			err = errGatewayStatus
 		case status != 0:
 			err = errRetriedAfterSent
@@ -341,21 +346,44 @@ func (d *delivery) settle(err error) {
 // before it checked its records). Released, the next delivery would go
 // on unmarked; held, the lease lapses into a mark again at lock_ttl,
 // and the next delivery after it is marked.
-func (d *delivery) verdictOf(status int, err error, clientGone, sentEarlier bool) (v verdict, keptMarked bool) {
+//
+// A release is held instead when the status variable of the last
+// reverse_proxy says the answer may not be the backend's own word
+// (upstream, the cause).
+func (d *delivery) verdictOf(status int, err error, clientGone, sentEarlier bool) (v verdict, keptMarked bool, upstream error) {
 	v = judge(status, err, clientGone, sentEarlier)
-	if v == toRelease && gatewayStatus(upstreamStatus(d.repl)) {
-		// A handler between this one and the proxy (intercept, the
-		// proxy's replace_status or handle_response) may have turned a
-		// gateway's 502 or 504 into another status: held all the same.
-		// (Only to hold more: the variable is the last upstream's, maybe
-		// another proxy's than the backend's, so its 2xx is no proof
-		// that the backend did the work.)
-		v = toHold
+	if v == toRelease {
+		if upstream = d.upstreamHold(status); upstream != nil {
+			return toHold, false, upstream
+		}
 	}
 	if v == toRelease && d.marked {
-		return toHold, true
+		return toHold, true, nil
 	}
-	return v, false
+	return v, false, nil
+}
+
+// errRewrittenStatus is the cause of a non-2xx answer held because it
+// is not the last upstream's status (see upstreamHold).
+var errRewrittenStatus = errors.New("the status written is not the last upstream's (intercept, replace_status or handle_response rewrote it, or the page came from another proxy): the backend's own answer is unknown")
+
+// upstreamHold tells why a delivery that judge releases is held for the
+// status variable of the last reverse_proxy (setAsideProxyStatus), or
+// nil: a gateway's 502 or 504; or a non-2xx status written that is not
+// that variable's, which a handler between this one and the proxy
+// (intercept, the proxy's replace_status or handle_response) wrote in
+// place of the upstream's answer. The variable is the last upstream's,
+// maybe another proxy's than the backend's (an error page, forward_auth),
+// so it can only make the handler hold more: its 2xx proves nothing.
+func (d *delivery) upstreamHold(status int) error {
+	u := upstreamStatus(d.repl)
+	switch {
+	case gatewayStatus(u):
+		return errGatewayStatus
+	case status != 0 && u != 0 && u != status:
+		return errRewrittenStatus
+	}
+	return nil
 }
 
 // outcomeOf names the outcome of verdict v.
@@ -382,7 +410,7 @@ func (d *delivery) statusKnown(status int) {
 	// a client that leaves after the line does not change what it was.
 	gone := errors.Is(d.reqCtx.Err(), context.Canceled)
 	d.goneAtStatus.Store(gone)
-	v, _ := d.verdictOf(status, nil, gone, false)
+	v, _, _ := d.verdictOf(status, nil, gone, false)
 	d.repl.Set("http.sangho_dedup.outcome", d.outcomeOf(v))
 }
 

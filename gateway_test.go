@@ -41,6 +41,13 @@ import (
 // by review: a 502 turned 500 was released, the event processed twice.)
 func TestServerGatewayStatusIsHeld(t *testing.T) {
 	intercept := "\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\trespond \"Something went wrong\" 500\n\t\t}\n\t}\n"
+	// An error page served by another proxy: the status variable is then
+	// the page server's 200, not the gateway's 502 (found by review: the
+	// 500 written was released, the event processed twice).
+	pages := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("<h1>oops</h1>")) }))
+	defer pages.Close()
+	errorPage := "\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\theader -Content-Length\n\t\t\tmethod GET\n\t\t\trequest_body {\n\t\t\t\tset page\n\t\t\t}\n" +
+		"\t\t\treverse_proxy " + strings.TrimPrefix(pages.URL, "http://") + " {\n\t\t\t\treplace_status 500\n\t\t\t}\n\t\t}\n\t}\n"
 	for _, c := range []struct {
 		name            string
 		status, written int
@@ -50,6 +57,9 @@ func TestServerGatewayStatusIsHeld(t *testing.T) {
 		{"504", http.StatusGatewayTimeout, http.StatusGatewayTimeout, nil},
 		{"502 turned 500 by intercept", http.StatusBadGateway, http.StatusInternalServerError, func(gw string) string {
 			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n" + intercept + "\treverse_proxy " + gw + "\n"
+		}},
+		{"502 turned into an error page from another proxy", http.StatusBadGateway, http.StatusInternalServerError, func(gw string) string {
+			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n" + errorPage + "\treverse_proxy " + gw + "\n"
 		}},
 		{"504 turned 500 by replace_status", http.StatusGatewayTimeout, http.StatusInternalServerError, func(gw string) string {
 			return "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tlock_ttl 1500ms\n\t}\n\treverse_proxy " + gw + " {\n\t\t@5xx status 5xx\n\t\treplace_status @5xx 500\n\t}\n"
@@ -232,9 +242,12 @@ func TestResendingProxyWarning(t *testing.T) {
 // variable a reverse_proxy sets is the last upstream's, whichever it
 // was: an error page served by another proxy in intercept, after the
 // backend's 500, or a forward_auth after sangho_dedup, before a backend
-// that is down. Its 2xx is not the backend's answer: the event is
-// released, and the retry processed once. (Found by review of a change
-// that committed on the variable's 2xx: both events were lost.)
+// that is down. Its 2xx is not the backend's answer: the event is not
+// committed, and processed once. (Found by review of a change that
+// committed on the variable's 2xx: both events were lost.) The error
+// page's 500 is not the page server's status: which answer the backend
+// gave is unknown, so that event is held, and its retry after lock_ttl
+// goes on marked; the dial error is released.
 func TestServerAnotherUpstreamsTwoHundredIsNotTheBackends(t *testing.T) {
 	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("<h1>oops</h1>")) }))
 	t.Cleanup(other.Close)
@@ -250,17 +263,25 @@ func TestServerAnotherUpstreamsTwoHundredIsNotTheBackends(t *testing.T) {
 			}
 			return ledger.Action{}
 		})
-		s := startCaddy(t, dedup+"\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\theader -Content-Length\n\t\t\tmethod GET\n\t\t\trequest_body {\n\t\t\t\tset page\n\t\t\t}\n"+
+		s := startCaddy(t, "\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t\tlock_ttl 1s\n\t}\n"+"\tintercept {\n\t\t@5xx status 5xx\n\t\thandle_response @5xx {\n\t\t\theader -Content-Length\n\t\t\tmethod GET\n\t\t\trequest_body {\n\t\t\t\tset page\n\t\t\t}\n"+
 			"\t\t\treverse_proxy "+otherAddr+" {\n\t\t\t\treplace_status 500\n\t\t\t}\n\t\t}\n\t}\n\treverse_proxy "+l.Addr+"\n")
 		if a := send(t, s.url, eventBody("evt_page"), "evt_page"); a.status != http.StatusInternalServerError {
 			t.Fatalf("first delivery, the backend failing: %d %q, want the error page's 500", a.status, a.body)
 		}
 		fail.Store(false)
-		if a := send(t, s.url, eventBody("evt_page"), "evt_page"); a.status != http.StatusOK || a.dedup != "" {
-			t.Errorf("retry, the backend healthy: %d %q (Sangho-Dedup %q), want the backend's 200", a.status, a.body, a.dedup)
+		var a answer
+		poll.Until(t, 5*time.Second, "the retry after lock_ttl going on", func() bool {
+			a = send(t, s.url, eventBody("evt_page"), "evt_page")
+			return a.status != http.StatusConflict
+		})
+		if a.status != http.StatusOK || a.dedup != "" {
+			t.Errorf("retry after lock_ttl, the backend healthy: %d %q (Sangho-Dedup %q), want the backend's 200", a.status, a.body, a.dedup)
 		}
 		if _, done := l.Counts("evt_page"); done != 1 {
 			t.Errorf("the backend processed the event %d times, want 1", done)
+		}
+		if ds := l.Deliveries("evt_page"); !ds[len(ds)-1].Marked {
+			t.Errorf("the retry after lock_ttl reached the backend unmarked: %+v", ds)
 		}
 	})
 	t.Run("forward_auth after sangho_dedup, the backend down", func(t *testing.T) {
@@ -282,25 +303,37 @@ func TestServerAnotherUpstreamsTwoHundredIsNotTheBackends(t *testing.T) {
 	})
 }
 
-// TestHeldLogNamesTheUpstreamsStatus: a gateway's 502 turned 500 on its
-// way out is held, and the "event held" line gives both: the status the
-// sender got, and the upstream's, which decided.
+// TestHeldLogNamesTheUpstreamsStatus: a non-2xx answer that is not the
+// last upstream's status is held, and the "event held" line gives both:
+// the status the sender got, and the upstream's. A gateway's 502 turned
+// 500 (intercept) is held as a gateway's; a 200 behind a 500 (a page
+// from another proxy, or the backend's 2xx rewritten) is held as a
+// rewrite: whose answer the 500 replaced is unknown.
 func TestHeldLogNamesTheUpstreamsStatus(t *testing.T) {
-	h, logs := newTestHandler(t, nil)
-	w, repl, _ := serve(h, signedRequest(bodyA, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Set(proxyStatusVar, http.StatusBadGateway) // as reverse_proxy does
-		w.WriteHeader(http.StatusInternalServerError)                                                        // as intercept does
-		return nil
-	}))
-	if w.Code != http.StatusInternalServerError || outcomeOf(repl) != outcomeHeld {
-		t.Fatalf("%d %q, want 500 held", w.Code, outcomeOf(repl))
-	}
-	held := logs.FilterMessage("event held").AllUntimed()
-	if len(held) != 1 {
-		t.Fatalf("%d event held lines, want 1", len(held))
-	}
-	f := held[0].ContextMap()
-	if f["status"] != int64(500) || f["upstream_status"] != int64(502) || !strings.Contains(fmt.Sprint(f["cause"]), "gateway") {
-		t.Errorf("event held: %v, want status 500, upstream_status 502, a gateway's cause", f)
+	for _, c := range []struct {
+		upstream int
+		cause    string
+	}{
+		{http.StatusBadGateway, "a gateway's answer"},
+		{http.StatusOK, "not the last upstream's"},
+	} {
+		h, logs := newTestHandler(t, nil)
+		body := eventBody("evt_held_" + strconv.Itoa(c.upstream))
+		w, repl, _ := serve(h, signedRequest(body, ""), caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer).Set(proxyStatusVar, c.upstream) // as reverse_proxy does
+			w.WriteHeader(http.StatusInternalServerError)                                             // as intercept does
+			return nil
+		}))
+		if w.Code != http.StatusInternalServerError || outcomeOf(repl) != outcomeHeld {
+			t.Fatalf("upstream %d: %d %q, want 500 held", c.upstream, w.Code, outcomeOf(repl))
+		}
+		held := logs.FilterMessage("event held").AllUntimed()
+		if len(held) != 1 {
+			t.Fatalf("upstream %d: %d event held lines, want 1", c.upstream, len(held))
+		}
+		f := held[0].ContextMap()
+		if f["status"] != int64(500) || f["upstream_status"] != int64(c.upstream) || !strings.Contains(fmt.Sprint(f["cause"]), c.cause) {
+			t.Errorf("event held: %v, want status 500, upstream_status %d, cause %q", f, c.upstream, c.cause)
+		}
 	}
 }
