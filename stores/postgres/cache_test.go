@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/pgtest"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/poll"
@@ -157,5 +159,44 @@ func TestLocalCacheDroppedByAFailedForget(t *testing.T) {
 	}
 	if _, ok := c.Get(cacheKey("evt_1")); ok {
 		t.Fatal("the cache still serves a record whose forget failed")
+	}
+}
+
+// invalidateAfterClaimRead is a pgx tracer that, when the claim
+// statement's row has been read, invalidates key in the cache: a
+// forget's notification arriving between the claim's read and its Put.
+type invalidateAfterClaimRead struct {
+	s   *Store
+	key string
+}
+
+func (tr invalidateAfterClaimRead) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	return context.WithValue(ctx, tr, d.SQL == tr.s.db.sql.claim)
+}
+
+func (tr invalidateAfterClaimRead) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if claim, _ := ctx.Value(tr).(bool); claim {
+		invalidate(tr.s.db.cache, cacheKey(tr.key))
+	}
+}
+
+// TestLocalCacheRefusesAReadOlderThanAForget: a done record read before
+// a forget's notification reached this instance is not cached (the
+// claim puts it with the cache generation of before its read): else the
+// forgotten event's next delivery is answered "done" from the cache and
+// never processed.
+func TestLocalCacheRefusesAReadOlderThanAForget(t *testing.T) {
+	srv := pgtest.Start(t)
+	s, _ := provision(t, storeJSON(srv.DSN, uniqueTable(), "local_cache", "100"))
+	c := s.db.cache
+	waitFor(t, "cache live", c.Live)
+	processed(t, s, "evt_f")
+	s.db.opts.config.ConnConfig.Tracer = invalidateAfterClaimRead{s: s, key: "evt_f"}
+	s.db.pool.Reset() // new connections take the tracer
+	if res := claimResult(t, s, "evt_f"); res != dedup.AlreadyDone {
+		t.Fatalf("claim of a processed event = %v", res)
+	}
+	if c.Has(cacheKey("evt_f")) {
+		t.Fatal("a done record read before an invalidation was cached")
 	}
 }

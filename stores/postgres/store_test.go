@@ -500,3 +500,25 @@ func TestPostgresRefusesALateClaimOnASharedPool(t *testing.T) {
 		t.Fatalf("the running config's claim = %v, %v; want claimed", res, err)
 	}
 }
+
+// TestPostgresMarkOutlived: a lease whose time ran out longer ago than
+// dedup.MarkFor, its row not swept yet, is no mark any more: Get says
+// absent, and a claim over it is Claimed with nothing found, not
+// Reclaimed (as on Redis, whose key has expired by then).
+func TestPostgresMarkOutlived(t *testing.T) {
+	srv := pgtest.Start(t)
+	table := uniqueTable()
+	s, _ := provision(t, storeJSON(srv.DSN, table))
+	ctx := context.Background()
+	if _, _, err := s.Claim(ctx, "first", "tok", time.Hour); err != nil { // creates the table
+		t.Fatal(err)
+	}
+	srv.Psql(t, `INSERT INTO `+table+` (event_id, lease_token, expires_at) VALUES ('stale', 'oldtok', now() - interval '8 days')`)
+	if e, err := s.Get(ctx, "stale"); err != nil || e.Value != "" {
+		t.Fatalf("get of a lease past its mark's time = %+v, %v; want absent", e, err)
+	}
+	res, found, err := s.Claim(ctx, "stale", "tok2", time.Minute)
+	if err != nil || res != dedup.Claimed || found != "" {
+		t.Fatalf("claim over a lease past its mark's time = %v, %q, %v; want claimed, nothing found", res, found, err)
+	}
+}

@@ -227,3 +227,26 @@ func TestRedisClaimScriptAfterScriptFlush(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisClaimScriptFindsADoneRecord: the claim script runs after the
+// plain claim found a marked lease; a commit may land in between. The
+// script must then answer done with the record (not in flight), and
+// change nothing.
+func TestRedisClaimScriptFindsADoneRecord(t *testing.T) {
+	srv := startRedis(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	for _, noPipe := range []bool{false, true} {
+		s := provisionRedisStore(t, &Store{Address: []string{srv.Addr}, DisablePipeline: noPipe})
+		key := testKeyPrefix + "evt_turned_done_" + strconv.FormatBool(noPipe)
+		rec := dedup.DoneRecord{ProcessedAt: time.Now(), EventType: "t", Fingerprint: "x0123456789abcdef"}.EncodeCompact()
+		must(t, c.Set(ctx, key, rec, time.Hour).Err())
+		res, found, err := s.claimMarked(ctx, key, "tok2", time.Minute)
+		if err != nil || res != dedup.AlreadyDone || found != rec {
+			t.Fatalf("pipeline off %v: claim script over a done record = %v, %q, %v; want done, the record", noPipe, res, found, err)
+		}
+		if v := c.Get(ctx, key).Val(); v != rec {
+			t.Fatalf("pipeline off %v: the claim script changed the done record to %q", noPipe, v)
+		}
+	}
+}
