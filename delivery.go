@@ -94,10 +94,7 @@ func unhandled(r *http.Request) bool {
 // and routes that write nothing reach the chain's end too, after the
 // backend answered. (One before sangho_dedup, forward_auth say, is set
 // aside while the next handler runs: setAsideProxyStatus.)
-func proxied(repl *caddy.Replacer) bool {
-	_, ok := repl.Get(proxyStatusVar)
-	return ok
-}
+func proxied(repl *caddy.Replacer) bool { return upstreamStatus(repl) != 0 }
 
 // upstreamStatus is the status of the upstream's answer that a
 // reverse_proxy after this handler got, 0 if none (see

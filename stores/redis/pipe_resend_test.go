@@ -89,12 +89,7 @@ func TestRedisPipeLeavesARetiredMaster(t *testing.T) {
 	if _, _, err := s.Claim(ctx, testKeyPrefix+"evt_r0", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	current := func() *pipeConn {
-		s.pipe.mu.Lock()
-		defer s.pipe.mu.Unlock()
-		return s.pipe.conn
-	}
-	conn := current()
+	conn := currentConn(s)
 	host, port, _ := strings.Cut(master.Addr, ":")
 	must(t, admin.Do(ctx, "REPLICAOF", host, port).Err())
 	if _, _, err := s.Claim(ctx, testKeyPrefix+"evt_r1", "tok", time.Minute); err == nil || !strings.HasPrefix(err.Error(), "READONLY") {
@@ -104,7 +99,7 @@ func TestRedisPipeLeavesARetiredMaster(t *testing.T) {
 	if res, _, err := s.Claim(ctx, testKeyPrefix+"evt_r2", "tok", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim after the promotion: %v %v", res, err)
 	}
-	if current() == conn {
+	if currentConn(s) == conn {
 		t.Fatal("the connection that answered READONLY is still in use")
 	}
 }

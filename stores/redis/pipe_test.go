@@ -132,12 +132,7 @@ func TestRedisPipeErrorReply(t *testing.T) {
 	if _, _, err := s.Claim(ctx, testKeyPrefix+"evt_e0", "tok", time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	current := func() *pipeConn {
-		s.pipe.mu.Lock()
-		defer s.pipe.mu.Unlock()
-		return s.pipe.conn
-	}
-	conn := current()
+	conn := currentConn(s)
 	res, _, err := s.Claim(ctx, bad, "tok", time.Minute)
 	var re goredis.Error
 	if err == nil || !errors.As(err, &re) || !strings.HasPrefix(err.Error(), "WRONGTYPE") {
@@ -146,7 +141,7 @@ func TestRedisPipeErrorReply(t *testing.T) {
 	if res, _, err := s.Claim(ctx, testKeyPrefix+"evt_e1", "tok", time.Minute); err != nil || res != dedup.Claimed {
 		t.Fatalf("claim after an error reply: %v %v", res, err)
 	}
-	if current() != conn {
+	if currentConn(s) != conn {
 		t.Fatal("an error reply cost the connection")
 	}
 }
@@ -275,4 +270,11 @@ func TestRedisPipeRepliesReachTheirCallers(t *testing.T) {
 		t.Fatalf("kills %d, answered %d: the test did not exercise both", kills, answered)
 	}
 	t.Logf("%d answered, %d failed with an error, %d connections killed", answered, failed, kills)
+}
+
+// currentConn is the connection the store's pipe sends on now.
+func currentConn(s *Store) *pipeConn {
+	s.pipe.mu.Lock()
+	defer s.pipe.mu.Unlock()
+	return s.pipe.conn
 }
