@@ -208,3 +208,32 @@ func TestBenchSitesAcceptBodies(t *testing.T) {
 		}
 	}
 }
+
+// A run starts the store servers of its targets only: --only memory (or
+// file) needs no redis-server and no PostgreSQL on the machine. (Noticed
+// by several sessions' notes: it asked for redis-server whatever --only
+// said.)
+func TestOnlyStartsItsServers(t *testing.T) {
+	for _, c := range []struct {
+		only            string
+		redis, postgres bool
+	}{
+		{"", true, true},
+		{"memory", false, false},
+		{"file,memory", false, false},
+		{"redis", true, false},
+		{"postgres", false, true},
+		{"memory,redis,postgres", true, true},
+	} {
+		redis, postgres := storeServers(c.only)
+		if redis != c.redis || postgres != c.postgres {
+			t.Errorf("--only %q starts redis %v, postgres %v; want %v, %v", c.only, redis, postgres, c.redis, c.postgres)
+		}
+	}
+	// A target that needs redis-server still says so when it is missing.
+	t.Setenv("PATH", t.TempDir())
+	err := run(os.Args[0], "", "", time.Second, 1, 1, 1, "memory,redis", "", "", false, 0)
+	if err == nil || !strings.Contains(err.Error(), "redis-server not found") {
+		t.Errorf("--only memory,redis without redis-server: %v", err)
+	}
+}

@@ -118,7 +118,7 @@ func main() {
 	pgOpts := flag.String("postgres-options", "", "extra lines for the PostgreSQL store block, e.g. \"max_conns 16\"")
 	flag.StringVar(&bodies, "bodies", "", "comma-separated bodies to run: "+strings.Join(bodyNames, ", ")+" (64KiB is one long string, the ID scanner's best case; 64KiB-nested a push of many small commits, its worst; the latency runs are 1KiB); default all")
 	latencyOnly := flag.Bool("latency-only", false, "run only the fixed-rate latency scenarios")
-	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,hmacfloor,memory,file,redis,postgres; the baselines reverse_proxy and respond always run); default all")
+	only := flag.String("only", "", "comma-separated targets to run (direct,respond,reverse_proxy,hmacfloor,memory,file,redis,postgres; the baselines reverse_proxy and respond always run; redis-server and PostgreSQL start only for redis and postgres); default all")
 	flag.BoolVar(&baselineNew, "baseline-new-events", false, "wrk sends reverse_proxy and hmacfloor new events, each once, as it sends the stores' new events (default: 1,024 signed events in turn; wrk builds every request before the run, so both cost it about the same: see the report's wrk CPU column)")
 	flag.StringVar(&fileStorePath, "file-store", "", "path of the file store for the request-level runs (default: a new, empty store in the run's temporary folder); a store filled by -filescale fill measures the site on a full store (the run writes to it: copy it first to keep it as filled)")
 	growth := flag.Int("file-growth-events", 300000, "events for the file store's size measurement (0: skip)")
@@ -260,8 +260,22 @@ func memKB(pid int) (rss, peak int) {
 	return rss, peak
 }
 
-// redisCalls sums the calls of every command but the ones this tool sends.
+// storeServers reports whether a run of the targets only (comma
+// separated, "" for all) needs redis-server and PostgreSQL.
+func storeServers(only string) (needRedis, needPostgres bool) {
+	if only == "" {
+		return true, true
+	}
+	targets := strings.Split(only, ",")
+	return slices.Contains(targets, "redis"), slices.Contains(targets, "postgres")
+}
+
+// redisCalls sums the calls of every command but the ones this tool
+// sends (0 with no Redis: c nil).
 func redisCalls(c *redis.Client) (int64, map[string]int64) {
+	if c == nil {
+		return 0, nil
+	}
 	info, err := c.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		return 0, nil
@@ -374,9 +388,13 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	if _, err := os.Stat(caddyBin); err != nil {
 		return fmt.Errorf("no Caddy binary at %s: build it with go build -o %s ./cmd/caddy", caddyBin, caddyBin)
 	}
-	redisBin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return fmt.Errorf("redis-server not found: apt-get install redis-server")
+	wantRedis, wantPostgres := storeServers(only)
+	var redisBin string
+	if wantRedis {
+		var err error
+		if redisBin, err = exec.LookPath("redis-server"); err != nil {
+			return fmt.Errorf("redis-server not found: apt-get install redis-server")
+		}
 	}
 	tmp, err := os.MkdirTemp("", "sangho-bench")
 	if err != nil {
@@ -402,11 +420,15 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 		return cmd, nil
 	}
 
+	// Without redis-server, the Redis site's store is provisioned on a
+	// port nothing listens on, and never sent to.
 	redisPort, backendPort := freePort(), freePort()
 	ports := [6]int{freePort(), freePort(), freePort(), freePort(), freePort(), freePort()}
-	rs, err := start(redisBin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp)
-	if err != nil {
-		return err
+	var rs *exec.Cmd
+	if wantRedis {
+		if rs, err = start(redisBin, "--port", strconv.Itoa(redisPort), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp); err != nil {
+			return err
+		}
 	}
 	self, _ := os.Executable()
 	if _, err := start(self, "--sink", "127.0.0.1:"+strconv.Itoa(backendPort)); err != nil {
@@ -415,18 +437,24 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	backend := "127.0.0.1:" + strconv.Itoa(backendPort)
 	var pg *pgServer
 	pgDSN := ""
-	if only == "" || slices.Contains(strings.Split(only, ","), "postgres") {
+	if wantPostgres {
 		if pg, err = startPostgres(tmp); err != nil {
 			return err
 		}
 		defer pg.stop()
 		pgDSN = pg.dsn()
 	}
-	pgTicks := func() float64 {
-		if pg == nil {
-			return 0
+	// The CPU of the store's server: redis-server's and PostgreSQL's
+	// (only the target's is busy during its scenario).
+	storeTicks := func() float64 {
+		var n float64
+		if rs != nil {
+			n += cpuTicks(rs.Process.Pid)
 		}
-		return pg.cpuTicks()
+		if pg != nil {
+			n += pg.cpuTicks()
+		}
+		return n
 	}
 	if profileDir != "" {
 		if err := os.MkdirAll(profileDir, 0o755); err != nil {
@@ -451,7 +479,10 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 	if err != nil {
 		return err
 	}
-	addrs := []string{backend, "127.0.0.1:" + strconv.Itoa(redisPort)}
+	addrs := []string{backend}
+	if rs != nil {
+		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(redisPort))
+	}
 	for _, p := range ports[:5] {
 		addrs = append(addrs, "127.0.0.1:"+strconv.Itoa(p))
 	}
@@ -467,8 +498,11 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 			return fmt.Errorf("%v\n%s", err, log)
 		}
 	}
-	rc := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(redisPort)})
-	defer rc.Close()
+	var rc *redis.Client
+	if rs != nil {
+		rc = redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + strconv.Itoa(redisPort)})
+		defer rc.Close()
+	}
 
 	urls := map[string]string{
 		"direct":        "http://" + backend + "/",
@@ -542,7 +576,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 			// (a while for 64 KiB ones), while the store's background work
 			// (a sweep, compactions) goes on.
 			loadStarts = func() {
-				c0, r0 = cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
+				c0, r0 = cpuTicks(cd.Process.Pid), storeTicks()
 				k0, _ = redisCalls(rc)
 				if profileDir != "" && r == 0 && !s.latency {
 					profiled = profile(s, dur)
@@ -561,7 +595,7 @@ func run(caddyBin, out, wrk string, dur time.Duration, rounds, conc int, rate fl
 			if err != nil {
 				return fmt.Errorf("%s: %w", s.name(), err)
 			}
-			c1, r1 := cpuTicks(cd.Process.Pid), cpuTicks(rs.Process.Pid)+pgTicks()
+			c1, r1 := cpuTicks(cd.Process.Pid), storeTicks()
 			if profiled != nil {
 				<-profiled
 			}
