@@ -490,6 +490,27 @@ func TestCaddyfileMultiLineEnvValueNotQuoted(t *testing.T) {
 			t.Errorf("%s: %v, want the unknown option refused without quoting it", c.where, err)
 		}
 	}
+	// Secrets in lower case look like option names (letters, digits and
+	// _): a Standard Webhooks or Stripe secret with a lower-case key, a
+	// hex GitHub secret, a passphrase. None is quoted, as a line of its
+	// own where an option goes nor in a block that takes none (found by
+	// review: each was printed).
+	for _, lower := range []string{"whsec_9a8b7c6d5e4f3a2b", "3f9c2e7a1b0d4c6e8f2a9b7c5d3e1f0a2b4c6d8e", "correcthorsebatterystaple", "hunter"} {
+		t.Setenv("SANGHO_DEDUP_TEST_ML", "whsec_first\n"+lower)
+		for _, block := range []string{
+			"secret {$SANGHO_DEDUP_TEST_ML}",
+			"secret s\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$SANGHO_DEDUP_TEST_ML}\n\t\t}",
+			"secret s\n\t\tprovider hmac {\n\t\t\theader {$SANGHO_DEDUP_TEST_ML}\n\t\t\tid_header X-Id\n\t\t}",
+			"secret s\n\t\tprovider stripe {\n\t\t\t" + lower + "\n\t\t}",
+			"secret s\n\t\tstore memory {\n\t\t\t" + lower + "\n\t\t}",
+		} {
+			src := ":8080 {\n\tsangho_dedup {\n\t\t" + block + "\n\t}\n\trespond 200\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+			if err == nil || strings.Contains(err.Error(), lower) {
+				t.Errorf("%s: %v, want it refused without quoting %s", block, err, lower)
+			}
+		}
+	}
 }
 
 // TestCaddyfileExtraValueNotQuoted: a value on a line that takes none
