@@ -200,7 +200,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.StoreRaw = caddyconfig.JSONModuleObject(mod, "type", name, nil)
 		default:
-			return cfargs.Unknown(d, "sangho_dedup subdirective")
+			return cfargs.Unknown(d, "sangho_dedup subdirective", m)
 		}
 	}
 	if len(m.Secrets) == 0 {

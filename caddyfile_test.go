@@ -172,12 +172,16 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 // TestCaddyfileErrorsNameTheProblem checks a few messages in full.
 func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 	for in, want := range map[string]string{
-		"sangho_dedup {\nsecret s\nfrobnicate 1\n}":             `unrecognized sangho_dedup subdirective "frobnicate"`,
-		"sangho_dedup {\nsecret s\nlock_ttl 1s\nlock_ttl 2s\n}": "lock_ttl given more than once",
+		"sangho_dedup {\nsecret s\nfrobnicate 1\n}":                        `unrecognized sangho_dedup subdirective (not shown: it is no option's name nor close to one`,
+		"sangho_dedup {\nsecret s\nretenton 72h\n}":                        `unrecognized sangho_dedup subdirective "retenton" (did you mean retention?)`,
+		"sangho_dedup {\nsecret s\nlock_tll 1m\n}":                         `unrecognized sangho_dedup subdirective "lock_tll" (did you mean lock_ttl?)`,
+		"sangho_dedup {\nsecret s\nlock_ttl 1s\nlock_ttl 2s\n}":            "lock_ttl given more than once",
 		"sangho_dedup {\n}":                                                "at least one secret is required",
 		"sangho_dedup {\nsecret s\ntolerance soon\n}":                      `tolerance: invalid duration "soon"`,
 		"sangho_dedup {\nsecret s\non_store_error maybe\n}":                `on_store_error: must be reject or pass, not "maybe"`,
-		"sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}":            `unrecognized redis store option "host"`,
+		"sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}":            `unrecognized redis store option (not shown`,
+		"sangho_dedup {\nsecret s\nstore redis {\nadress x\n}\n}":          `unrecognized redis store option "adress" (did you mean address?)`,
+		"sangho_dedup {\nsecret s\nstore redis {\nretention 1h\n}\n}":      `unrecognized redis store option "retention"`,
 		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}":            `db: "one" is not a non-negative whole number`,
 		"sangho_dedup {\nsecret s\nstore redis {\npipeline off\n}\n}":      "pipeline: the option is now disable_pipeline",
 		"sangho_dedup {\nsecret s\nstore redis {\nurl url x\n}\n}":         "url: takes one value, got more",
@@ -488,6 +492,27 @@ func TestCaddyfileMultiLineEnvValueNotQuoted(t *testing.T) {
 		}
 		if strings.Contains(err.Error(), tail) || !strings.Contains(err.Error(), "unrecognized") {
 			t.Errorf("%s: %v, want the unknown option refused without quoting it", c.where, err)
+		}
+	}
+	// Secrets in lower case look like option names (letters, digits and
+	// _): a Standard Webhooks or Stripe secret with a lower-case key, a
+	// hex GitHub secret, a passphrase. None is quoted, as a line of its
+	// own where an option goes nor in a block that takes none (found by
+	// review: each was printed).
+	for _, lower := range []string{"whsec_9a8b7c6d5e4f3a2b", "3f9c2e7a1b0d4c6e8f2a9b7c5d3e1f0a2b4c6d8e", "correcthorsebatterystaple", "hunter"} {
+		t.Setenv("SANGHO_DEDUP_TEST_ML", "whsec_first\n"+lower)
+		for _, block := range []string{
+			"secret {$SANGHO_DEDUP_TEST_ML}",
+			"secret s\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$SANGHO_DEDUP_TEST_ML}\n\t\t}",
+			"secret s\n\t\tprovider hmac {\n\t\t\theader {$SANGHO_DEDUP_TEST_ML}\n\t\t\tid_header X-Id\n\t\t}",
+			"secret s\n\t\tprovider stripe {\n\t\t\t" + lower + "\n\t\t}",
+			"secret s\n\t\tstore memory {\n\t\t\t" + lower + "\n\t\t}",
+		} {
+			src := ":8080 {\n\tsangho_dedup {\n\t\t" + block + "\n\t}\n\trespond 200\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+			if err == nil || strings.Contains(err.Error(), lower) {
+				t.Errorf("%s: %v, want it refused without quoting %s", block, err, lower)
+			}
 		}
 	}
 }

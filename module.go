@@ -39,6 +39,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(Handler{})
+	cfargs.Options(Handler{})
 }
 
 // Defaults.

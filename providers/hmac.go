@@ -26,6 +26,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(HMAC{})
+	cfargs.Options(HMAC{})
 }
 
 // HMAC is a generic provider for senders that sign with an HMAC in
@@ -257,7 +258,7 @@ func (s *HMAC) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "id_field":
 			dst = &s.IDField
 		default:
-			return cfargs.Unknown(d, "option")
+			return cfargs.Unknown(d, "option", s)
 		}
 		if err := cfargs.One(d, dst); err != nil { // never ""
 			return err

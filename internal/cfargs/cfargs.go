@@ -8,39 +8,142 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 )
 
-// optionName is what an option's name looks like.
-var optionName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}$`)
+// Options registers the options of a module's Caddyfile block: the
+// JSON names of the fields of its struct (the Caddyfile's options are
+// its fields' names). Unknown and NoBlock quote only a token close to
+// one of the options of any block (a typo, an option in the wrong
+// block), never another: a secret can look like an option's name.
+func Options(module any) {
+	known.Lock()
+	defer known.Unlock()
+	for _, name := range fieldNames(module) {
+		if !slices.Contains(known.names, name) {
+			known.names = append(known.names, name)
+		}
+	}
+}
+
+var known struct {
+	sync.Mutex
+	names []string
+}
+
+// nearOption returns the option closest to tok among own (the block's
+// options, first) and all registered ones, if tok is one of them or a
+// typo of it: within one edit (two for a token of six characters or
+// more); "" if none is. A secret is never that close to an option's
+// name.
+func nearOption(tok string, own []string) string {
+	limit := 1
+	if len(tok) >= 6 {
+		limit = 2
+	}
+	known.Lock()
+	all := append(append([]string(nil), own...), known.names...)
+	known.Unlock()
+	best, bestDist := "", limit+1
+	for _, name := range all {
+		if d := editDistance(tok, name, limit); d < bestDist {
+			best, bestDist = name, d
+		}
+	}
+	return best
+}
+
+// editDistance is the number of single-character insertions, deletions,
+// substitutions and swaps of neighbours that turn a into b (the optimal
+// string alignment distance: "dns" is one edit from "dsn"), or limit+1
+// once it is known to be over limit.
+func editDistance(a, b string, limit int) int {
+	if d := len(a) - len(b); d > limit || -d > limit {
+		return limit + 1
+	}
+	// rows[i][j]: the distance between a[:i] and b[:j].
+	rows := make([][]int, len(a)+1)
+	for i := range rows {
+		rows[i] = make([]int, len(b)+1)
+		rows[i][0] = i
+	}
+	for j := range rows[0] {
+		rows[0][j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			d := min(rows[i-1][j]+1, rows[i][j-1]+1, rows[i-1][j-1]+cost)
+			if i > 1 && j > 1 && a[i-1] == b[j-2] && a[i-2] == b[j-1] {
+				d = min(d, rows[i-2][j-2]+1)
+			}
+			rows[i][j] = d
+		}
+	}
+	if d := rows[len(a)][len(b)]; d <= limit {
+		return d
+	}
+	return limit + 1
+}
+
+// fieldNames is the JSON names of module's fields (see Options).
+func fieldNames(module any) []string {
+	if module == nil {
+		return nil
+	}
+	t := reflect.TypeOf(module)
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var names []string
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" && name != "-" {
+			names = append(names, name)
+		}
+	}
+	return names
+}
 
 // Unknown refuses the option in d.Val(), which what (e.g. "redis store
-// option") does not know. It quotes the token only if it looks like an
-// option's name: Caddy replaces {$VAR} in the text before it splits it
-// into lines, so the second line of a value with a line break (a secret,
-// a DSN) comes where an option's name goes.
-func Unknown(d *caddyfile.Dispenser, what string) error {
-	if opt := d.Val(); optionName.MatchString(opt) {
+// option") does not know; module is the block's (see Options). It quotes
+// the token only if it is an option's name or a typo of one (see
+// nearOption), and then names the block's option it is closest to.
+// Anything else may be a secret: Caddy replaces {$VAR} in the text
+// before it splits it into lines, so the second line of a value with a
+// line break (a secret, a DSN) comes where an option's name goes, and a
+// secret in lower case looks like an option's name.
+func Unknown(d *caddyfile.Dispenser, what string, module any) error {
+	opt := d.Val()
+	own := fieldNames(module)
+	switch near := nearOption(opt, own); {
+	case near == "":
+		return d.Errf("unrecognized %s (not shown: it is no option's name nor close to one, and may be a secret, e.g. the next line of a {$VAR}'s value)", what)
+	case near != opt && slices.Contains(own, near):
+		return d.Errf("unrecognized %s %q (did you mean %s?)", what, opt, near)
+	default:
 		return d.Errf("unrecognized %s %q", what, opt)
 	}
-	return d.Errf("unrecognized %s (not shown: it is no option's name, and may be the next line of a {$VAR}'s value, a secret)", what)
 }
 
 // NoBlock refuses a block after a module's line, for a module that takes
-// no options. The first token is quoted only if it looks like an
+// no options. The first token is quoted only if it is close to an
 // option's name (see Unknown): a secret put in the wrong block is not.
 func NoBlock(d *caddyfile.Dispenser) error {
 	if nesting := d.Nesting(); d.NextBlock(nesting) {
-		if opt := d.Val(); optionName.MatchString(opt) {
+		if opt := d.Val(); nearOption(opt, nil) != "" {
 			return d.Errf("takes no options, found %q", opt)
 		}
-		return d.Err("takes no options (found a token not shown: it is no option's name, and may be a secret)")
+		return d.Err("takes no options (found a token not shown: it is no option's name nor close to one, and may be a secret)")
 	}
 	return nil
 }

@@ -74,3 +74,29 @@ func TestWithoutValueNamesTheLinesVariables(t *testing.T) {
 		t.Errorf("a quoted value's variables: %s", msg)
 	}
 }
+
+// A token is an option's typo within one edit (two from six
+// characters), a swap of neighbours counting one; a secret is not.
+func TestNearOption(t *testing.T) {
+	own := []string{"dsn", "table", "max_conns", "retention"}
+	for tok, want := range map[string]string{
+		"dsn": "dsn", "dns": "dsn", "tabel": "table", "max_con": "max_conns", "retenton": "retention",
+		"rettention": "retention", "x": "", "nope": "", "whsec_9a8b7c6d5e4f3a2b": "", "retentionxyz": "",
+	} {
+		if got := nearOption(tok, own); got != want {
+			t.Errorf("nearOption(%q) = %q, want %q", tok, got, want)
+		}
+	}
+	for _, c := range []struct {
+		a, b  string
+		limit int
+		want  int
+	}{
+		{"abc", "abc", 2, 0}, {"abc", "acb", 2, 1}, {"abc", "abd", 2, 1}, {"abc", "ab", 2, 1},
+		{"abc", "xyz", 2, 3}, {"abc", "abcdef", 2, 3}, {"ca", "abc", 3, 3}, {"", "ab", 2, 2},
+	} {
+		if got := editDistance(c.a, c.b, c.limit); got != c.want {
+			t.Errorf("editDistance(%q, %q, %d) = %d, want %d", c.a, c.b, c.limit, got, c.want)
+		}
+	}
+}

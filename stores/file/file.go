@@ -32,6 +32,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(Store{})
+	cfargs.Options(Store{})
 }
 
 // Store keeps dedup state on this machine's disk, in an embedded
@@ -294,7 +295,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		default:
-			return cfargs.Unknown(d, "file store option")
+			return cfargs.Unknown(d, "file store option", s)
 		}
 	}
 	return nil

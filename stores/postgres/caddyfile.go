@@ -71,7 +71,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				}
 			}
 		default:
-			return cfargs.Unknown(d, "postgres store subdirective")
+			return cfargs.Unknown(d, "postgres store subdirective", s)
 		}
 		if err != nil {
 			return err

@@ -35,6 +35,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(Store{})
+	cfargs.Options(Store{})
 }
 
 // Defaults.

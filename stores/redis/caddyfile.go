@@ -162,7 +162,7 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			// The former Caddyfile name: refused with a pointer to the one name.
 			return d.Err("pipeline: the option is now disable_pipeline (no argument), as in JSON; pipelining is on unless it is given")
 		default:
-			return cfargs.Unknown(d, "redis store option")
+			return cfargs.Unknown(d, "redis store option", s)
 		}
 	}
 	return nil

@@ -29,6 +29,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(Store{})
+	cfargs.Options(Store{})
 }
 
 // Store keeps dedup state in Redis (7.0 or later, or Valkey), so
