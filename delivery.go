@@ -234,7 +234,7 @@ func (d *delivery) sentEarlier() bool {
 // reach the backend: reverse_proxy's (and php_fastcgi's) dial errors, its
 // "no upstreams available", and no handler after this one at all.
 func neverForwarded(err error) bool {
-	if errors.Is(err, errNothingAfter) {
+	if errors.Is(err, errNothingAfter) || errors.Is(err, errNested) {
 		return true
 	}
 	var de reverseproxy.DialError

@@ -92,6 +92,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return err
 }
 
+// servedVar is the request's variable a sangho_dedup sets, to its
+// name, when it starts on the request (see serve).
+const servedVar = "sangho_dedup.name"
+
+// errNested is the error of a request refused by a sangho_dedup that
+// another one handles already (see serve).
+var errNested = errors.New("sangho_dedup twice on one request")
+
 // withholdBody leaves r without a body, for the error routes (see
 // ServeHTTP). The pooled body's buffer goes back to the pool once its
 // reader, if any, is done with it.
@@ -112,6 +120,17 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 		defer h.annotateSpan(span, repl) // see tracing.go
 	}
+	// A request that reached a sangho_dedup already (nested handlers: a
+	// snippet imported at the site's level and in a handle, overlapping
+	// matchers) is refused: this one would find the other's own lease
+	// (409 for ever) or check its signature against other secrets.
+	// The other one releases it (see neverForwarded).
+	if outer, nested := caddyhttp.GetVar(r.Context(), servedVar).(string); nested {
+		h.logger.Error("sangho_dedup twice on one request", zap.String("outer_name", outer), zap.String("name", h.Name),
+			zap.String("fix", "let one sangho_dedup handle each request: not at the site's level and again in a handle or route, nor with overlapping matchers"))
+		return caddyhttp.Error(http.StatusInternalServerError, errNested)
+	}
+	caddyhttp.SetVar(r.Context(), servedVar, h.Name)
 	repl.Set("http.sangho_dedup.prior_attempt", "") // known, and empty unless marked
 
 	// Only the handler says whether an earlier attempt's fate is unknown,

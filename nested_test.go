@@ -1,0 +1,55 @@
+package sanghodedup
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
+)
+
+// TestNestedHandlersLoseNothing: a request that passes through two
+// sangho_dedup handlers (a snippet imported at the site's level and
+// again in a handle, overlapping matchers) cannot be processed right:
+// the inner one saw the outer one's own lease and answered 409 for ever,
+// nothing logged, until the sender gave up (found by the configuration
+// review). Now the inner one refuses it, 500 and an error line that says
+// what to fix, and the outer one releases the event, so that the
+// sender's retry is processed once the config is fixed: once.
+func TestNestedHandlersLoseNothing(t *testing.T) {
+	l := ledger.New(t)
+	dedup := "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tstore memory\n\t}\n"
+	nested := dedup + "\thandle /webhook {\n" + dedup + "\t\treverse_proxy " + l.Addr + "\n\t}\n"
+	s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
+	ownDataDir(t)
+	s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
+	s.load(t, nested)
+	t.Cleanup(func() { _ = caddy.Stop() })
+	for i := range 2 {
+		if a := send(t, s.url, eventBody("evt_nested"), "evt_nested"); a.status != http.StatusInternalServerError {
+			t.Errorf("delivery %d through two sangho_dedup handlers: %d %q (Sangho-Dedup %q), want 500", i+1, a.status, a.body, a.dedup)
+		}
+	}
+	if got, _ := l.Counts("evt_nested"); got != 0 {
+		t.Errorf("the backend got the event %d times through nested handlers, want 0", got)
+	}
+	_, text := logEntries(t, s.logFile)
+	if !strings.Contains(text, "sangho_dedup twice on one request") {
+		t.Errorf("no error line names the nested handlers; log:\n%s", text)
+	}
+	// Fixed, the event is processed, once: it was released, not held.
+	s.load(t, dedup+"\treverse_proxy "+l.Addr+"\n")
+	for i := range 2 {
+		a := send(t, s.url, eventBody("evt_nested"), "evt_nested")
+		if want := []string{"", "duplicate"}[i]; a.status != http.StatusOK || a.dedup != want {
+			t.Errorf("after the fix, delivery %d: %d %q (Sangho-Dedup %q), want 200 %q", i+1, a.status, a.body, a.dedup, want)
+		}
+	}
+	if _, done := l.Counts("evt_nested"); done != 1 {
+		t.Errorf("the backend processed the event %d times, want 1", done)
+	}
+}
