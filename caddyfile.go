@@ -158,6 +158,12 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("require_body_id: must be on or off, not %q", v)
 			}
 		case "key_prefix":
+			// An unset {$VAR} in it would leave another namespace of
+			// event IDs (tenant_ for tenant_{$TENANT}), shared by every
+			// config whose variable is missing.
+			if _, inside := cfargs.EmptyVars("key_prefix", d.File(), d.Line()); len(inside) > 0 {
+				return d.Err(cfargs.InsideError("key_prefix", inside, "another namespace of event IDs", "set it, or write the prefix itself"))
+			}
 			if err := cfargs.One(d, &m.KeyPrefix); err != nil {
 				return err
 			}

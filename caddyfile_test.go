@@ -581,3 +581,39 @@ func mustConfig(t *testing.T, s string) *caddy.Config {
 	}
 	return &cfg
 }
+
+// TestCaddyfileUnsetVarInKeyPrefix: key_prefix {$TENANT}: with TENANT
+// unset or empty would be ":", another namespace of event IDs (shared by
+// every tenant whose variable is missing: each would answer the others'
+// events as duplicates), without a word. Refused, the variable named;
+// set, or with a default ({$TENANT:acme}), it is the prefix as written.
+// (Found by the configuration review: the secret, the store's path, the
+// DSN and the Redis url refuse it; key_prefix did not.)
+func TestCaddyfileUnsetVarInKeyPrefix(t *testing.T) {
+	const unset, empty, set = "SANGHO_DEDUP_TEST_UNSET_TENANT", "SANGHO_DEDUP_TEST_EMPTY_TENANT", "SANGHO_DEDUP_TEST_SET_TENANT"
+	os.Unsetenv(unset)
+	t.Setenv(empty, "")
+	t.Setenv(set, "acme")
+	for line, want := range map[string]string{
+		"key_prefix {$" + unset + "}:":       "{$" + unset + "}",
+		"key_prefix tenant_{$" + empty + "}": "{$" + empty + "}",
+		"key_prefix {$" + set + "}:":         "",
+		"key_prefix {$" + unset + ":acme}:":  "",
+	} {
+		src := ":8080 {\n\tsangho_dedup {\n\t\tsecret s\n\t\t" + line + "\n\t}\n\trespond 200\n}\n"
+		path := filepath.Join(t.TempDir(), "Caddyfile")
+		if err := os.WriteFile(path, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), map[string]any{"filename": path})
+		if want == "" {
+			if err != nil || !strings.Contains(string(cfg), `"key_prefix":"acme:"`) {
+				t.Errorf("%s: %v, want key_prefix acme:", line, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), "key_prefix") || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want an error naming key_prefix and %s", line, err, want)
+		}
+	}
+}
