@@ -90,7 +90,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			m.Secrets = append(m.Secrets, args...)
 		case "tolerance":
-			if err := cfargs.Duration(d, &m.Tolerance, 0, MaxTolerance); err != nil {
+			if err := cfargs.Duration(d, &m.Tolerance, MinWindow, MaxTolerance); err != nil {
 				return err
 			}
 		case "max_body_size":
@@ -127,7 +127,7 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("signature_header: %q is not a valid header name", m.SignatureHeader)
 			}
 		case "retention":
-			if err := cfargs.Duration(d, &m.Retention, 0, MaxRetention); err != nil {
+			if err := cfargs.Duration(d, &m.Retention, MinWindow, MaxRetention); err != nil {
 				return err
 			}
 		case "lock_ttl":

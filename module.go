@@ -72,6 +72,10 @@ const (
 	// minLockTTL keeps renewals (every lock_ttl/3) meaningful.
 	minLockTTL = 30 * time.Millisecond
 
+	// MinWindow is the least tolerance and retention: under a second
+	// no sender's clock or retries fit, and in JSON a bare number is
+	// nanoseconds ("retention": 259200 is 259 µs, not 3 days).
+	MinWindow = time.Second
 	// MaxRetention bounds retention: 10 years (3650d), far beyond any
 	// sender's redeliveries, and far from the year 2262 where Unix
 	// nanoseconds end.
@@ -451,6 +455,15 @@ func resolveSecret(repl *caddy.Replacer, n int, s string) (string, error) {
 	return v, nil
 }
 
+// minIfSet is MinWindow for a tolerance given, 0 for none (a provider
+// without timestamps; Provision sets the default of one with).
+func minIfSet(tolerance caddy.Duration) time.Duration {
+	if tolerance == 0 {
+		return 0
+	}
+	return MinWindow
+}
+
 // Validate checks the configuration.
 func (h *Handler) Validate() error {
 	if err := h.validateProvider(); err != nil {
@@ -460,12 +473,15 @@ func (h *Handler) Validate() error {
 		name        string
 		v, min, max time.Duration
 	}{
-		{"tolerance", time.Duration(h.Tolerance), 0, MaxTolerance},
-		{"retention", time.Duration(h.Retention), 0, MaxRetention},
+		{"tolerance", time.Duration(h.Tolerance), minIfSet(h.Tolerance), MaxTolerance},
+		{"retention", time.Duration(h.Retention), MinWindow, MaxRetention},
 		{"lock_ttl", time.Duration(h.LockTTL), minLockTTL, MaxLockTTL},
 		{"retry_after", time.Duration(h.RetryAfter), 0, MaxRetryAfter},
 	} {
 		if err := cfargs.Bounds(b.name, b.v, b.min, b.max); err != nil {
+			if b.v < b.min {
+				return fmt.Errorf("%w (in JSON a duration given as a number is nanoseconds: write a string such as \"5m\" or \"72h\")", err)
+			}
 			return err
 		}
 	}

@@ -390,3 +390,48 @@ func TestRetentionCoversTheSignatureWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestSubSecondDurationsRefused: in JSON a duration given as a bare
+// number is nanoseconds, so "retention": 259200 (meant as seconds) is
+// 259 µs, and "tolerance": 300 is 300 ns, which refuses every delivery.
+// Both validated (found by the configuration review: github with 259 µs
+// of retention processed every resend again). Under a second, tolerance
+// and retention are refused, naming the option and the JSON rule.
+func TestSubSecondDurationsRefused(t *testing.T) {
+	for _, c := range []struct {
+		provider, field string
+		set             func(*Handler)
+	}{
+		{`{"name":"github"}`, "retention", func(h *Handler) { h.Retention = 259200 }},
+		{`{"name":"shopify"}`, "retention", func(h *Handler) { h.Retention = caddy.Duration(999 * time.Millisecond) }},
+		{`{"name":"stripe"}`, "tolerance", func(h *Handler) { h.Tolerance = 300 }},
+		{`{"name":"sangho"}`, "tolerance", func(h *Handler) { h.Tolerance = caddy.Duration(500 * time.Millisecond) }},
+	} {
+		h := &Handler{Secrets: []string{secret1}, ProviderRaw: json.RawMessage(c.provider), StoreRaw: json.RawMessage(`{"type":"memory"}`),
+			KeyPrefix: testPrefix(t) + ":"}
+		c.set(h)
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		if err := h.Provision(ctx); err != nil {
+			cancel()
+			t.Fatalf("%s: provision: %v", c.provider, err)
+		}
+		err := h.Validate()
+		_ = h.Cleanup()
+		cancel()
+		if err == nil || !strings.HasPrefix(err.Error(), c.field+":") || !strings.Contains(err.Error(), "under the minimum of 1s") || !strings.Contains(err.Error(), "nanoseconds") {
+			t.Errorf("%s %s: %v, want it refused, naming %s, the minimum and JSON's nanoseconds", c.provider, c.field, err, c.field)
+		}
+	}
+	// A second is accepted (github has no signature window).
+	h := &Handler{Secrets: []string{secret1}, ProviderRaw: json.RawMessage(`{"name":"github"}`), StoreRaw: json.RawMessage(`{"type":"memory"}`),
+		KeyPrefix: testPrefix(t) + ":", Retention: caddy.Duration(time.Second)}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	defer cancel()
+	if err := h.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer h.Cleanup()
+	if err := h.Validate(); err != nil {
+		t.Errorf("github, retention 1s: %v", err)
+	}
+}
