@@ -88,6 +88,18 @@ const (
 	MaxRetryAfter = 24 * time.Hour
 )
 
+// redeliveryWindows is how long after its first attempt each sender may
+// deliver an event again, by its retries or a redelivery its dashboard
+// offers; a retention under it warns at load. (hmac's sender is not
+// known.)
+var redeliveryWindows = map[string]time.Duration{
+	"sangho":            RedeliveryWindow,
+	"stripe":            72 * time.Hour, // retries for up to 3 days (live mode)
+	"github":            72 * time.Hour, // no retries; redeliveries of the last 3 days, from its UI or API
+	"shopify":           4 * time.Hour,  // 8 retries over 4 hours (since 2024-09)
+	"standard_webhooks": 28 * time.Hour, // Svix's schedule: its last attempt 27 h 35 m after the first
+}
+
 // Values of on_store_error and on_payload_mismatch.
 const (
 	storeErrorReject = "reject" // on_store_error: answer 503
@@ -388,8 +400,9 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 			h.OnPayloadMismatch = mismatchReject
 		}
 	}
-	if r := time.Duration(h.Retention); name == "sangho" && r > 0 && r < RedeliveryWindow {
-		h.logger.Warn("retention shorter than redelivery window", zap.Duration("retention", r), zap.Duration("redelivery_window", RedeliveryWindow))
+	if r, window := time.Duration(h.Retention), redeliveryWindows[name]; r > 0 && r < window {
+		h.logger.Warn("retention shorter than redelivery window", zap.String("provider", name),
+			zap.Duration("retention", r), zap.Duration("redelivery_window", window))
 	}
 
 	if h.StoreRaw == nil {

@@ -1,0 +1,53 @@
+package sanghodedup
+
+import (
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// TestRetentionUnderTheSendersWindowWarns: a retention shorter than the
+// time a sender may still deliver an event again (its retries, or a
+// redelivery its dashboard offers) gives up the promise for those late
+// deliveries. It warned for sangho only (found by the configuration
+// review: shopify with 1 s, stripe with 10 m, no word). Each sender whose
+// window is known warns, with its window; hmac, whose sender is unknown,
+// does not, nor does any at the default retention.
+func TestRetentionUnderTheSendersWindowWarns(t *testing.T) {
+	ownDataDir(t)
+	for _, c := range []struct {
+		provider, secret, retention string
+		window                      time.Duration // 0: no warning
+	}{
+		{"sangho", secret1, "24h", 48 * time.Hour},
+		{"stripe", secret1, "48h", 72 * time.Hour},
+		{"github", secret1, "24h", 72 * time.Hour},
+		{"shopify", secret1, "1h", 4 * time.Hour},
+		{"standard_webhooks", swSecret1, "12h", 28 * time.Hour},
+		{"stripe", secret1, "72h", 0},
+		{"shopify", secret1, "4h", 0},
+		{"hmac {\n\t\t\theader X-Sig\n\t\t\tid_header X-Id\n\t\t}", secret1, "10m", 0},
+	} {
+		s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
+		s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
+		s.load(t, fmt.Sprintf("\tsangho_dedup {\n\t\tsecret %s\n\t\tprovider %s\n\t\tretention %s\n\t\tstore memory\n\t}\n\trespond 200\n", c.secret, c.provider, c.retention))
+		_ = caddy.Stop()
+		entries, text := logEntries(t, s.logFile)
+		var warned []map[string]any
+		for _, e := range entries {
+			if e["msg"] == "retention shorter than redelivery window" {
+				warned = append(warned, e)
+			}
+		}
+		switch {
+		case c.window == 0 && len(warned) > 0:
+			t.Errorf("%s, retention %s: warned %v", c.provider, c.retention, warned)
+		case c.window != 0 && (len(warned) != 1 || warned[0]["level"] != "warn" || warned[0]["redelivery_window"] != c.window.Seconds()):
+			t.Errorf("%s, retention %s: want one warning with redelivery_window %v; log:\n%s", c.provider, c.retention, c.window, text)
+		}
+	}
+}
