@@ -126,7 +126,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, next caddyhttp.H
 	// (409 for ever) or check its signature against other secrets.
 	// The other one releases it (see neverForwarded).
 	if outer, nested := caddyhttp.GetVar(r.Context(), servedVar).(string); nested {
-		h.logger.Error("sangho_dedup twice on one request", zap.String("outer_name", outer), zap.String("name", h.Name),
+		h.logger.Error("sangho_dedup twice on one request", zap.String("outer_name", outer),
 			zap.String("fix", "let one sangho_dedup handle each request: not at the site's level and again in a handle or route, nor with overlapping matchers"))
 		return caddyhttp.Error(http.StatusInternalServerError, errNested)
 	}

@@ -342,6 +342,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := checkKeyPrefix(h.KeyPrefix); err != nil { // before the default name, a metric label, is made from it
 		return err
 	}
+	if h.Name == "" {
+		h.Name = defaultName(h.KeyPrefix)
+	}
+	// Every line says which endpoint it is about.
+	h.logger = h.logger.With(zap.String("name", h.Name))
 	h.pass = h.OnStoreError == storeErrorPass
 	h.renewEvery = time.Duration(h.LockTTL) / 3
 	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
@@ -419,9 +424,6 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.store, h.storeData = store, dataOf(store)
 	noteExitParker(store)
 	onExitOnce.Do(func() { caddy.OnExit(drainCommitRetries) })
-	if h.Name == "" {
-		h.Name = defaultName(h.KeyPrefix)
-	}
 	if err := h.registerEndpoint(ctx, secrets); err != nil {
 		return err
 	}
