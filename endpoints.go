@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
@@ -101,6 +102,14 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	}
 	if prev, ok := cfg.uses[where]; ok && prev.secrets != use.secrets {
 		return h.sharedStateError(prev, use, where)
+	} else if ok && prev.name != use.name {
+		// The same secret is taken for one endpoint on several routes;
+		// named apart, they may feed different backends, and one event
+		// sent to both (one Shopify app's secret signs every
+		// subscription) would reach the first one's only.
+		h.logger.Warn("endpoints share their event IDs", zap.String("other", prev.name), zap.String("other_handler", prev.handler),
+			zap.String("handler", use.handler), zap.String("store", where),
+			zap.String("fix", "an event sent to both is processed by the first to get it, and answered as its duplicate at the other: if they feed different backends, give each its own key_prefix (the one that ran before keeps its own); if they are one endpoint, give them one name"))
 	} else if !ok {
 		for _, other := range cfg.prefixes[h.storeData] {
 			if prefixesOverlap(other.prefix, h.KeyPrefix) {
