@@ -408,6 +408,9 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 				t.Errorf("%s: the error lacks %q: %v", c.store, want, err)
 			}
 		}
+		if strings.Contains(err.Error(), "store file: store file:") {
+			t.Errorf("%s: the store's prefix is doubled: %v", c.store, err)
+		}
 	}
 	// A variable set to white space only is dropped by Caddy's lexer as an
 	// unset one is; one unset inside the store's path leaves the text
@@ -427,6 +430,9 @@ func TestCaddyfileUnsetEnvSecret(t *testing.T) {
 		err := adapt(site(c.line), true)
 		if err == nil || !strings.Contains(err.Error(), c.option) || !strings.Contains(err.Error(), "{$"+c.name+"}") {
 			t.Errorf("%s: %v, want an error naming %s and {$%s}", c.line, err, c.option, c.name)
+		}
+		if err != nil && strings.Contains(err.Error(), "store file: store file:") {
+			t.Errorf("%s: the store's prefix is doubled: %v", c.line, err)
 		}
 	}
 	// Set, or with a default, they are the values written.

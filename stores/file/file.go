@@ -268,10 +268,10 @@ func (s *Store) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	// store, another database (every event processed again).
 	dropped, inside := cfargs.EmptyVars("store", d.File(), d.Line())
 	if len(dropped) > 0 {
-		return d.Err(cfargs.DroppedError("store file", dropped, "set it, or write the path itself"))
+		return d.Err(cfargs.DroppedError("path", dropped, "set it, or write the path itself"))
 	}
 	if len(inside) > 0 {
-		return d.Err(cfargs.InsideError("store file", inside, "another store", "set it, or write the path itself"))
+		return d.Err(cfargs.InsideError("path", inside, "another store", "set it, or write the path itself"))
 	}
 	if d.NextArg() {
 		s.Path = d.Val()
