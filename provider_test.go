@@ -491,3 +491,61 @@ func TestProviderBodySizeDefault(t *testing.T) {
 		}
 	}
 }
+
+// TestUnsignedIDBindingCoversTheTimestamp: where the ID is an unsigned
+// header and the provider signs a timestamp, the signature binding is
+// keyed by the whole signed message (timestamp included), not the body
+// alone: two events with byte-identical bodies, each signed at its own
+// time, are both processed; only the same signed message under another
+// ID is refused.
+func TestUnsignedIDBindingCoversTheTimestamp(t *testing.T) {
+	const body = `{"type":"heartbeat"}`
+	h := providerHandler(t, `{"name":"hmac","header":"X-Sig","timestamp_header":"X-Ts","id_header":"X-Id"}`, []string{secret1}, nil)
+	next := &countingNext{}
+	send := func(id string, at time.Time) (int, string) {
+		ts := strconv.FormatInt(at.Unix(), 10)
+		w, repl, _ := serve(h, post(body, map[string]string{"X-Sig": hmacHex(ts + "." + body), "X-Ts": ts, "X-Id": id}), next)
+		return w.Code, outcomeOf(repl)
+	}
+	for i, c := range []struct {
+		id      string
+		at      time.Time
+		status  int
+		outcome string
+	}{
+		{"ev_1", testNow.Add(-time.Second), 200, outcomeProcessed},
+		{"ev_2", testNow, 200, outcomeProcessed},                   // another event, the same body, signed afresh
+		{"ev_3", testNow, 200, outcomeDuplicate},                   // ev_2's signed message replayed under another ID
+		{"ev_4", testNow.Add(-time.Second), 200, outcomeDuplicate}, // ev_1's
+	} {
+		if code, outcome := send(c.id, c.at); code != c.status || outcome != c.outcome {
+			t.Errorf("step %d (%s): %d %q, want %d %q", i+1, c.id, code, outcome, c.status, c.outcome)
+		}
+	}
+	if n := next.calls.Load(); n != 2 {
+		t.Errorf("the backend was reached %d times, want 2 (ev_1 and ev_2)", n)
+	}
+}
+
+// TestSignatureRecordOutlivesLockTTL: once an event whose ID is not
+// signed is processed, its signature record lasts sigMemory (for GitHub,
+// retention), not lock_ttl: a replay of its signed body under another
+// delivery ID after lock_ttl is still answered as its duplicate and not
+// sent on.
+func TestSignatureRecordOutlivesLockTTL(t *testing.T) {
+	body := `{"zen":"Keep it logically awesome.","hook_id":1}`
+	h := providerHandler(t, `{"name":"github"}`, []string{ghSecret1}, func(h *Handler) { h.LockTTL = caddy.Duration(100 * time.Millisecond) })
+	next := &countingNext{}
+	send := func(id string) (int, string) {
+		r := post(body, map[string]string{"X-Hub-Signature-256": githubSig(body, ghSecret1), "X-GitHub-Delivery": id, "X-GitHub-Event": "ping"})
+		w, repl, _ := serve(h, r, next)
+		return w.Code, outcomeOf(repl)
+	}
+	if code, outcome := send("d-1"); code != 200 || outcome != outcomeProcessed {
+		t.Fatalf("d-1: %d %q, want 200 processed", code, outcome)
+	}
+	time.Sleep(300 * time.Millisecond) // three lock_ttl
+	if code, outcome := send("d-2"); code != 200 || outcome != outcomeDuplicate || next.calls.Load() != 1 {
+		t.Errorf("d-1's body under d-2 after lock_ttl: %d %q, backend reached %d times; want 200 duplicate, once", code, outcome, next.calls.Load())
+	}
+}

@@ -139,3 +139,36 @@ func TestCheckRFC3339Time(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckTimeIsExact: the tolerance of the hmac and standard_webhooks
+// providers is exact, in either direction: the edge is inside, a
+// millisecond beyond it is not, and a tolerance is not cut to whole
+// seconds (as TestToleranceIsExact checks for sangho and stripe).
+func TestCheckTimeIsExact(t *testing.T) {
+	signed := time.Unix(1733140800, 0)
+	for _, c := range []struct {
+		tolerance, off time.Duration // off: this server's clock minus the signed time
+		ok             bool
+	}{
+		{5 * time.Minute, 0, true},
+		{5 * time.Minute, 5 * time.Minute, true},
+		{5 * time.Minute, -5 * time.Minute, true},
+		{5 * time.Minute, 5*time.Minute + time.Millisecond, false},
+		{5 * time.Minute, -5*time.Minute - time.Millisecond, false},
+		{5 * time.Minute, 5*time.Minute + time.Second, false},
+		{500 * time.Millisecond, 500 * time.Millisecond, true},
+		{500 * time.Millisecond, 600 * time.Millisecond, false},
+		{500 * time.Millisecond, -600 * time.Millisecond, false},
+		{1900 * time.Millisecond, 1950 * time.Millisecond, false},
+	} {
+		err := checkTime(signed, signed.Add(c.off), c.tolerance)
+		if c.ok && err != nil || !c.ok && !errors.Is(err, errSigTimestamp) {
+			t.Errorf("tolerance %v, clock t%+v: %v, want ok=%v", c.tolerance, c.off, err, c.ok)
+		}
+	}
+	// Through a provider: a Unix timestamp exactly 5 minutes old is in.
+	ts := strconv.FormatInt(signed.Unix(), 10)
+	if err := checkUnixTime(ts, signed.Add(5*time.Minute), 5*time.Minute); err != nil {
+		t.Errorf("a timestamp at the edge of the window: %v", err)
+	}
+}

@@ -189,7 +189,11 @@ func TestThousandsOfV1(t *testing.T) {
 
 func TestErrorsCarryNoSecretOrSignature(t *testing.T) {
 	ver := newSanghoEngine([]string{secret1}, 5*time.Minute, fixedNow(1733140800))
-	for _, hdr := range []string{"t=1733140800,v1=" + vectors[1].V1, "t=1,v1=" + vectors[0].V1, "t=x,v1=" + vectors[0].V1} {
+	for _, hdr := range []string{"t=1733140800,v1=" + vectors[1].V1, "t=1,v1=" + vectors[0].V1, "t=x,v1=" + vectors[0].V1,
+		// A v1 cut short, one too long, or with a stray character: a
+		// signature value all the same, which must not reach the log.
+		"t=1733140800,v1=" + vectors[0].V1[:63], "t=1733140800,v1=" + vectors[0].V1 + "0", "t=1733140800,v1=" + vectors[0].V1[:63] + "z",
+		"t=1733140800,v1=" + vectors[1].V1 + ",v1=" + vectors[0].V1[:40]} {
 		err := ver.verify(hdr, []byte(bodyA))
 		if err == nil {
 			t.Fatalf("%q verified", hdr)
@@ -197,6 +201,28 @@ func TestErrorsCarryNoSecretOrSignature(t *testing.T) {
 		msg := err.Error()
 		if strings.Contains(msg, secret1) || strings.Contains(msg, vectors[0].V1[:16]) || strings.Contains(msg, vectors[1].V1[:16]) {
 			t.Fatalf("error %q leaks a secret or a signature", msg)
+		}
+	}
+}
+
+// TestEveryByteOfV1IsCompared: a v1 that differs from the right one in
+// its last byte only, or in any one byte, is refused; and a v1 holding
+// a character that is not hex is malformed, not another spelling of a
+// byte.
+func TestEveryByteOfV1IsCompared(t *testing.T) {
+	good := vectors[0].V1
+	ver := newSanghoEngine([]string{secret1}, 5*time.Minute, fixedNow(1733140800))
+	for i := 0; i < len(good); i += 2 {
+		b := []byte(good)
+		b[i+1] = "1032547698badcfe"[strings.IndexByte("0123456789abcdef", b[i+1])] // flip the low bit of byte i/2
+		if err := ver.verify("t=1733140800,v1="+string(b), []byte(bodyA)); !errors.Is(err, errSigMismatch) {
+			t.Errorf("v1 with byte %d changed: %v, want a mismatch", i/2, err)
+		}
+	}
+	for _, c := range []byte("gGxX/:@`") {
+		hdr := "t=1733140800,v1=" + good[:63] + string(c)
+		if err := ver.verify(hdr, []byte(bodyA)); !errors.Is(err, errSigMalformed) {
+			t.Errorf("v1 ending in %q: %v, want malformed", c, err)
 		}
 	}
 }

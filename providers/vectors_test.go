@@ -347,3 +347,261 @@ func TestHMACProviderTemplates(t *testing.T) {
 		t.Errorf("two signature headers: %v", err)
 	}
 }
+
+// flipLastByte returns the signature enc (hex, either case, or padded
+// base64) with the low bit of its last decoded byte flipped.
+func flipLastByte(t *testing.T, enc string, b64 bool) string {
+	t.Helper()
+	var raw []byte
+	var err error
+	if b64 {
+		raw, err = base64.StdEncoding.DecodeString(enc)
+	} else {
+		raw, err = hex.DecodeString(enc)
+	}
+	if err != nil || len(raw) == 0 {
+		t.Fatalf("%q: %v", enc, err)
+	}
+	raw[len(raw)-1] ^= 1
+	if b64 {
+		return base64.StdEncoding.EncodeToString(raw)
+	}
+	return hex.EncodeToString(raw)
+}
+
+// TestWholeSignatureIsCompared: each provider refuses its right
+// signature with only the last byte changed, so every byte of the MAC is
+// compared, not a prefix of it.
+func TestWholeSignatureIsCompared(t *testing.T) {
+	const body = `{"id":"evt_1","type":"t"}`
+	gh := strings.TrimPrefix(githubSig(body, ghSecret1), "sha256=")
+	shop := shopifySig(body, ghSecret1)
+	m := hmac.New(sha512.New, []byte(ghSecret1))
+	m.Write([]byte(body))
+	h512 := hex.EncodeToString(m.Sum(nil))
+	for _, c := range []struct {
+		provider, header, right, wrong string
+	}{
+		{`{"name":"github"}`, "X-Hub-Signature-256", "sha256=" + gh, "sha256=" + flipLastByte(t, gh, false)},
+		{`{"name":"shopify"}`, "X-Shopify-Hmac-Sha256", shop, flipLastByte(t, shop, true)},
+		{`{"name":"hmac","header":"X-Sig","algorithm":"sha512","id_field":"id"}`, "X-Sig", h512, flipLastByte(t, h512, false)},
+	} {
+		p := newProvider(t, c.provider, []string{ghSecret1}, testNow)
+		if _, err := p.Verify(post(body, map[string]string{c.header: c.right}), []byte(body)); err != nil {
+			t.Errorf("%s, the right signature: %v", c.provider, err)
+		}
+		if _, err := p.Verify(post(body, map[string]string{c.header: c.wrong}), []byte(body)); !errors.Is(err, dedup.ErrSignatureMismatch) {
+			t.Errorf("%s, the last byte changed: %v, want a mismatch", c.provider, err)
+		}
+	}
+	// Standard Webhooks: the v1 entry with its last byte changed.
+	hdr := http.Header{}
+	swSign(t, hdr, "msg_1", testNow, body, swSecret1)
+	sig := hdr.Get("webhook-signature")
+	p := newProvider(t, `{"name":"standard_webhooks"}`, []string{swSecret1}, testNow)
+	wrong := "v1," + flipLastByte(t, strings.TrimPrefix(sig, "v1,"), true)
+	if _, err := p.Verify(post(body, map[string]string{"webhook-id": "msg_1", "webhook-timestamp": hdr.Get("webhook-timestamp"), "webhook-signature": wrong}), []byte(body)); !errors.Is(err, dedup.ErrSignatureMismatch) {
+		t.Errorf("standard_webhooks, the last byte changed: %v, want a mismatch", err)
+	}
+}
+
+// TestRotationAnyPosition: during a rotation the matching secret, or the
+// matching signature, may be any of several, first included: the
+// receiver holding old and new accepts a delivery signed with the old
+// (listed first), and a Standard Webhooks header whose right entry comes
+// before a wrong one.
+func TestRotationAnyPosition(t *testing.T) {
+	const body = `{"id":"evt_1","type":"t"}`
+	for _, c := range []struct {
+		provider, header, sig, secret1, secret2 string
+	}{
+		{`{"name":"github"}`, "X-Hub-Signature-256", githubSig(body, ghSecret1), ghSecret1, ghSecret2},
+		{`{"name":"shopify"}`, "X-Shopify-Hmac-Sha256", shopifySig(body, shopSecret1), shopSecret1, ghSecret2},
+		{`{"name":"hmac","header":"X-Sig","prefix":"sha256=","id_field":"id"}`, "X-Sig", githubSig(body, ghSecret1), ghSecret1, ghSecret2},
+	} {
+		p := newProvider(t, c.provider, []string{c.secret1, c.secret2}, testNow)
+		if _, err := p.Verify(post(body, map[string]string{c.header: c.sig}), []byte(body)); err != nil {
+			t.Errorf("%s, signed with the first of two secrets: %v", c.provider, err)
+		}
+	}
+	sw := newProvider(t, `{"name":"standard_webhooks"}`, []string{swSecret1, swSecret2}, testNow)
+	for _, order := range [][]string{{swSecret1}, {swSecret2}, {swSecret1, "whsec_" + base64.StdEncoding.EncodeToString([]byte("not configured"))}} {
+		hdr := http.Header{}
+		swSign(t, hdr, "msg_1", testNow, body, order...)
+		r := post(body, nil)
+		r.Header = hdr
+		if _, err := sw.Verify(r, []byte(body)); err != nil {
+			t.Errorf("standard_webhooks holding two secrets, signed with %d secret(s) %q: %v", len(order), hdr.Get("webhook-signature"), err)
+		}
+	}
+}
+
+// TestMACEncodingExactLength: a MAC is read only at its exact encoded
+// length: the right hex or base64 with a character more, or a long
+// value, is not a signature (and must not panic), whatever its prefix.
+func TestMACEncodingExactLength(t *testing.T) {
+	const body = `{"id":"evt_1","type":"t"}`
+	gh := githubSig(body, ghSecret1)
+	shop := shopifySig(body, ghSecret1)
+	long := strings.Repeat("A", 400)
+	for _, c := range []struct {
+		provider, header, sig string
+	}{
+		{`{"name":"github"}`, "X-Hub-Signature-256", gh + "0"},
+		{`{"name":"github"}`, "X-Hub-Signature-256", gh + "00"},
+		{`{"name":"github"}`, "X-Hub-Signature-256", gh + strings.TrimPrefix(gh, "sha256=")},
+		{`{"name":"shopify"}`, "X-Shopify-Hmac-Sha256", shop + "AAAA"},
+		{`{"name":"shopify"}`, "X-Shopify-Hmac-Sha256", shop + shop},
+		{`{"name":"shopify"}`, "X-Shopify-Hmac-Sha256", long},
+		{`{"name":"hmac","header":"X-Sig","algorithm":"sha512","encoding":"base64","id_field":"id"}`, "X-Sig", long},
+	} {
+		p := newProvider(t, c.provider, []string{ghSecret1}, testNow)
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					t.Errorf("%s, %d-character signature: panic %v", c.provider, len(c.sig), v)
+				}
+			}()
+			_, err := p.Verify(post(body, map[string]string{c.header: c.sig}), []byte(body))
+			if !errors.Is(err, ErrSignatureEncoding) {
+				t.Errorf("%s, %d-character signature: %v, want %v", c.provider, len(c.sig), err, ErrSignatureEncoding)
+			} else if strings.Contains(err.Error(), c.sig[len(c.sig)-16:]) {
+				t.Errorf("%s: the error carries the signature: %v", c.provider, err)
+			}
+		}()
+	}
+}
+
+// TestStandardWebhooksEmptyKeyRefused: a whsec_ secret with nothing
+// after the prefix (a config slip, an unset variable pasted after it) is
+// a config error, not an HMAC key of zero bytes that anyone can sign
+// with.
+func TestStandardWebhooksEmptyKeyRefused(t *testing.T) {
+	for _, secret := range []string{"whsec_", ""} {
+		p := &StandardWebhooks{}
+		err := p.Init(dedup.ProviderConfig{Secrets: []string{swSecret1, secret}, SignatureHeader: swSignature,
+			EventIDHeaders: []string{swID}, Tolerance: DefaultTolerance, Now: func() time.Time { return testNow }})
+		if err == nil || !strings.Contains(err.Error(), "secret #2") {
+			t.Errorf("secret %q: %v, want an error naming secret #2", secret, err)
+			continue
+		}
+	}
+	// Had it been accepted, this is the delivery anyone could forge.
+	m := hmac.New(sha256.New, nil)
+	m.Write([]byte("msg_1." + strconv.FormatInt(testNow.Unix(), 10) + ".{}"))
+	forged := "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+	p := newProvider(t, `{"name":"standard_webhooks"}`, []string{swSecret1}, testNow)
+	r := post("{}", map[string]string{"webhook-id": "msg_1", "webhook-timestamp": strconv.FormatInt(testNow.Unix(), 10), "webhook-signature": forged})
+	if _, err := p.Verify(r, []byte("{}")); !errors.Is(err, dedup.ErrSignatureMismatch) {
+		t.Errorf("a delivery signed with an empty key: %v, want a mismatch", err)
+	}
+}
+
+// TestStandardWebhooksEntryCap: a webhook-signature header with more
+// than maxSWSignatures entries is refused before any is checked (each
+// v1a entry costs an Ed25519 verification per public key), even when
+// one of them is right; 16 are looked at.
+func TestStandardWebhooksEntryCap(t *testing.T) {
+	const body = `{"type":"user.created"}`
+	hdr := http.Header{}
+	swSign(t, hdr, "msg_1", testNow, body, swSecret1)
+	right := hdr.Get("webhook-signature")
+	filler := "v1a," + base64.StdEncoding.EncodeToString(make([]byte, ed25519.SignatureSize))
+	p := newProvider(t, `{"name":"standard_webhooks"}`, []string{swSecret1}, testNow)
+	for _, c := range []struct {
+		fillers int
+		want    error
+	}{
+		{15, nil},
+		{16, ErrTooManySignatures},
+		{5000, ErrTooManySignatures},
+	} {
+		sig := strings.TrimSpace(strings.Repeat(filler+" ", c.fillers) + right)
+		r := post(body, map[string]string{"webhook-id": "msg_1", "webhook-timestamp": hdr.Get("webhook-timestamp"), "webhook-signature": sig})
+		if _, err := p.Verify(r, []byte(body)); !errors.Is(err, c.want) || (c.want == nil) != (err == nil) {
+			t.Errorf("%d other entries and the right one: %v, want %v", c.fillers, err, c.want)
+		}
+	}
+}
+
+// TestStandardWebhooksEntries: every v1a entry is checked (a sender
+// rotating its Ed25519 key sends one per key, the new one possibly
+// second), and an entry too long for its version is skipped, not a
+// panic.
+func TestStandardWebhooksEntries(t *testing.T) {
+	oldKey := ed25519.NewKeyFromSeed([]byte("another seed, another key, 32 by"))
+	newKey := ed25519.NewKeyFromSeed([]byte("sangho_dedup v1a test seed, 32 b"))
+	newPub := "whpk_" + base64.StdEncoding.EncodeToString(newKey.Public().(ed25519.PublicKey))
+	id, ts, body := "msg_v1a_1", strconv.FormatInt(testNow.Unix(), 10), `{"type":"user.created"}`
+	sign := func(k ed25519.PrivateKey) string {
+		return "v1a," + base64.StdEncoding.EncodeToString(ed25519.Sign(k, []byte(id+"."+ts+"."+body)))
+	}
+	p := newProvider(t, `{"name":"standard_webhooks"}`, []string{newPub}, testNow)
+	verify := func(sig string) error {
+		t.Helper()
+		defer func() {
+			if v := recover(); v != nil {
+				t.Errorf("%.40q...: panic %v", sig, v)
+			}
+		}()
+		_, err := p.Verify(post(body, map[string]string{"webhook-id": id, "webhook-timestamp": ts, "webhook-signature": sig}), []byte(body))
+		return err
+	}
+	if err := verify(sign(oldKey) + " " + sign(newKey)); err != nil {
+		t.Errorf("old key's v1a, then the new key's: %v, want accepted", err)
+	}
+	if err := verify(sign(newKey) + " " + sign(oldKey)); err != nil {
+		t.Errorf("new key's v1a, then the old key's: %v, want accepted", err)
+	}
+	for _, long := range []string{"v1," + strings.Repeat("A", 400), "v1a," + strings.Repeat("A", 400)} {
+		if err := verify(long + " " + sign(newKey)); err != nil {
+			t.Errorf("a %d-character entry, then the right one: %v, want accepted", len(long), err)
+		}
+		if err := verify(long); !errors.Is(err, dedup.ErrSignatureMalformed) {
+			t.Errorf("only a %d-character entry: %v, want malformed", len(long), err)
+		}
+	}
+}
+
+// TestSignatureCountErrorCarriesNoSignature: the error for a signature
+// header sent twice names the header, not the values (it is logged).
+func TestSignatureCountErrorCarriesNoSignature(t *testing.T) {
+	const body = "Hello, World!"
+	sig := githubSig(body, ghSecret1)
+	p := newProvider(t, `{"name":"github"}`, []string{ghSecret1}, testNow)
+	r := post(body, nil)
+	r.Header.Add("X-Hub-Signature-256", sig)
+	r.Header.Add("X-Hub-Signature-256", "sha256="+strings.Repeat("ab", 32))
+	_, err := p.Verify(r, []byte(body))
+	if !errors.Is(err, ErrSignatureCount) {
+		t.Fatalf("two signature headers: %v", err)
+	}
+	if msg := err.Error(); strings.Contains(msg, sig[7:23]) || strings.Contains(msg, "abababab") || !strings.Contains(msg, "X-Hub-Signature-256") {
+		t.Errorf("error %q: want the header's name and no signature value", msg)
+	}
+}
+
+// TestMismatchErrorCarriesNoMAC: a mismatch error (logged) carries
+// neither the signature sent nor the MAC computed: the latter is a
+// valid signature for the sender's body, forgeable by whoever reads the
+// log.
+func TestMismatchErrorCarriesNoMAC(t *testing.T) {
+	const body = `{"forged":true}`
+	right := githubSig(body, ghSecret1)
+	shop := shopifySig(body, ghSecret1)
+	for _, c := range []struct{ provider, header, sent, right string }{
+		{`{"name":"github"}`, "X-Hub-Signature-256", "sha256=" + strings.Repeat("ab", 32), right[7:]},
+		{`{"name":"shopify"}`, "X-Shopify-Hmac-Sha256", shopifySig(body, ghSecret2), shop},
+	} {
+		p := newProvider(t, c.provider, []string{ghSecret1}, testNow)
+		_, err := p.Verify(post(body, map[string]string{c.header: c.sent}), []byte(body))
+		if !errors.Is(err, dedup.ErrSignatureMismatch) {
+			t.Fatalf("%s: %v, want a mismatch", c.provider, err)
+		}
+		msg := strings.ToLower(err.Error())
+		rawRight, _ := base64.StdEncoding.DecodeString(c.right)
+		if strings.Contains(msg, strings.ToLower(c.right[:16])) || strings.Contains(msg, hex.EncodeToString(rawRight)[:16]) || strings.Contains(msg, strings.ToLower(c.sent[len(c.sent)-16:])) {
+			t.Errorf("%s: error %q carries a MAC", c.provider, err)
+		}
+	}
+}
