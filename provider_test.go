@@ -549,3 +549,40 @@ func TestSignatureRecordOutlivesLockTTL(t *testing.T) {
 		t.Errorf("d-1's body under d-2 after lock_ttl: %d %q, backend reached %d times; want 200 duplicate, once", code, outcome, next.calls.Load())
 	}
 }
+
+// TestSignatureBindingOutlivesLockTTLInFlight: while the first delivery
+// of a signed body is still at the backend, past lock_ttl (its own lease
+// renewed), the same signed body under another delivery ID is refused,
+// not sent on beside it: the binding of the message lasts sigMemory, not
+// lock_ttl (a mutant that gave it lock_ttl survived the mutation pass).
+func TestSignatureBindingOutlivesLockTTLInFlight(t *testing.T) {
+	body := `{"zen":"Design for failure.","hook_id":2}`
+	h := providerHandler(t, `{"name":"github"}`, []string{ghSecret1}, func(h *Handler) { h.LockTTL = caddy.Duration(100 * time.Millisecond) })
+	release := make(chan struct{})
+	next := &countingNext{serve: func(w http.ResponseWriter, r *http.Request) error {
+		if r.Header.Get("X-GitHub-Delivery") == "d-1" {
+			<-release // the backend works on d-1 past lock_ttl
+		}
+		w.WriteHeader(http.StatusOK)
+		return nil
+	}}
+	send := func(id string) (int, string) {
+		r := post(body, map[string]string{"X-Hub-Signature-256": githubSig(body, ghSecret1), "X-GitHub-Delivery": id, "X-GitHub-Event": "ping"})
+		w, repl, _ := serve(h, r, next)
+		return w.Code, outcomeOf(repl)
+	}
+	first := make(chan string, 1)
+	go func() {
+		code, outcome := send("d-1")
+		first <- strconv.Itoa(code) + " " + outcome
+	}()
+	time.Sleep(300 * time.Millisecond) // three lock_ttl, d-1 at the backend
+	code, _ := send("d-2")
+	close(release)
+	if got := <-first; got != "200 "+outcomeProcessed {
+		t.Errorf("d-1: %s, want 200 processed", got)
+	}
+	if code == http.StatusOK || next.calls.Load() != 1 {
+		t.Errorf("d-1's signed body under d-2 while d-1 is at the backend: %d, backend reached %d times; want it refused, once", code, next.calls.Load())
+	}
+}
