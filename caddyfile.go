@@ -98,6 +98,11 @@ func (m *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := cfargs.One(d, &s); err != nil {
 				return err
 			}
+			// humanize reads ',' as a thousands separator: 1,5MiB (a
+			// decimal comma) would be 15 MiB.
+			if strings.Contains(s, ",") {
+				return d.Errf("max_body_size: %q has a comma, a decimal point to some and a thousands separator to others: write 1.5MiB or 1572864", s)
+			}
 			size, err := humanize.ParseBytes(s)
 			if err != nil || size == 0 {
 				return d.Errf("max_body_size: invalid size %q (e.g. 512KB, 1MiB, 1048576)", s)

@@ -623,3 +623,17 @@ func TestCaddyfileUnsetVarInKeyPrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestMaxBodySizeDecimalCommaRefused: humanize reads ',' as a thousands
+// separator, so "1,5MiB" (a decimal comma) was 15 MiB, over what the
+// user meant by ten, and "1,5" 15 bytes, every delivery 413 (found by
+// the body mutation pass). Refused, as "1.5" is, naming the option.
+func TestMaxBodySizeDecimalCommaRefused(t *testing.T) {
+	for _, s := range []string{"1,5MiB", "0,5MiB", "1,5", "1,048,576"} {
+		h := new(Handler)
+		d := caddyfile.NewTestDispenser("sangho_dedup {\n\tsecret x\n\tmax_body_size " + s + "\n}")
+		if err := h.UnmarshalCaddyfile(d); err == nil || !strings.Contains(err.Error(), "max_body_size") {
+			t.Errorf("max_body_size %s: %v, accepted as %d bytes", s, err, h.MaxBodySize)
+		}
+	}
+}
