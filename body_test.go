@@ -3,10 +3,12 @@ package sanghodedup
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 )
@@ -101,5 +103,131 @@ func TestClientTrailersNotPassedOn(t *testing.T) {
 	}
 	if trailer != nil || te != nil {
 		t.Fatalf("the next handler got trailers %v, transfer encoding %v; want none", trailer, te)
+	}
+}
+
+// TestBodyAtTheLimitIsAccepted: a body of exactly max_body_size bytes is
+// a valid delivery, declared or chunked; one byte more is 413.
+func TestBodyAtTheLimitIsAccepted(t *testing.T) {
+	const limit = 1024
+	h, _ := newTestHandler(t, func(h *Handler) { h.MaxBodySize = limit })
+	for _, chunked := range []bool{false, true} {
+		for _, extra := range []int{0, 1} {
+			head := fmt.Sprintf(`{"id":"evt_at_limit_%v_%d","pad":"`, chunked, extra)
+			body := head + strings.Repeat("x", limit-len(head)-2+extra) + `"}`
+			r := signedRequest(body, "")
+			if chunked {
+				r.ContentLength = -1
+			}
+			next := &countingNext{}
+			w, _, err := serve(h, r, next)
+			want := http.StatusOK
+			if extra > 0 {
+				want = http.StatusRequestEntityTooLarge
+			}
+			if w.Code != want {
+				t.Errorf("%d bytes (chunked %v): %d %v, want %d", len(body), chunked, w.Code, err, want)
+			}
+			if want == http.StatusOK && (len(next.bodies) != 1 || next.bodies[0] != body) {
+				t.Errorf("%d bytes (chunked %v): the backend got %d bodies", len(body), chunked, len(next.bodies))
+			}
+		}
+	}
+}
+
+// TestDeclaredTooLargeIsRefusedUnread: a Content-Length over
+// max_body_size is 413 before a byte of the body is read (no 100
+// Continue, no memory); and a body cut short by an outer
+// http.MaxBytesReader (Caddy's request_body max_size) is 413 too, not 400.
+func TestDeclaredTooLargeIsRefusedUnread(t *testing.T) {
+	h, _ := newTestHandler(t, func(h *Handler) { h.MaxBodySize = 1024 })
+	r := signedRequest(eventBody("evt_declared_big"), "")
+	r.ContentLength = 1025
+	r.Body = readFails{t}
+	if w, _, _ := serve(h, r, &countingNext{}); w.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("declared 1025 bytes: %d, want 413", w.Code)
+	}
+
+	r = signedRequest(eventBody("evt_outer_limit"), "")
+	r.ContentLength = -1
+	r.Body = http.MaxBytesReader(nil, r.Body, 10)
+	if w, _, err := serve(h, r, &countingNext{}); w.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("outer MaxBytesReader: %d %v, want 413", w.Code, err)
+	}
+
+	r = signedRequest(eventBody("evt_read_error"), "")
+	r.ContentLength = -1
+	r.Body = io.NopCloser(io.MultiReader(strings.NewReader(`{"id":"evt_read_error"`), iotest.ErrReader(errors.New("connection reset"))))
+	if w, _, err := serve(h, r, &countingNext{}); w.Code != http.StatusBadRequest {
+		t.Errorf("read error: %d %v, want 400", w.Code, err)
+	}
+}
+
+type readFails struct{ t *testing.T }
+
+func (b readFails) Read([]byte) (int, error) {
+	if b.t != nil {
+		b.t.Error("the body of a request declared too large was read")
+	}
+	return 0, errors.New("read")
+}
+func (readFails) Close() error { return nil }
+
+// TestBodyReadAfterTheHandlerReturnedIsItsOwn: whoever reads r.Body
+// after ServeHTTP returned without closing it first (reverse_proxy's
+// transport may still be sending it) reads this request's bytes, never
+// those of a later request that took the buffer from the pool.
+func TestBodyReadAfterTheHandlerReturnedIsItsOwn(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	for i := range 5 {
+		first := fmt.Sprintf(`{"id":"evt_late_reader_%d","pad":"%s"}`, i, strings.Repeat("a", 4000))
+		second := fmt.Sprintf(`{"id":"evt_late_other_%d","pad":"%s"}`, i, strings.Repeat("B", 4000))
+		var kept io.ReadCloser
+		late := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
+			kept = r.Body // read after the handler returned
+			w.WriteHeader(http.StatusOK)
+			return nil
+		})
+		if w, _, err := serve(h, signedRequest(first, ""), late); err != nil || w.Code != 200 {
+			t.Fatalf("first: %d %v", w.Code, err)
+		}
+		if w, _, err := serve(h, signedRequest(second, ""), &countingNext{}); err != nil || w.Code != 200 {
+			t.Fatalf("second: %d %v", w.Code, err)
+		}
+		got, err := io.ReadAll(kept)
+		kept.Close()
+		if err != nil || string(got) != first {
+			t.Fatalf("late read: %v, another request's bytes: %v", err, strings.Contains(string(got), "BBBB"))
+		}
+	}
+}
+
+// TestPooledBodyRecycledOnlyWhenBothAreDone: the buffer goes back to the
+// pool only once the handler is done and the reader closed the body,
+// whichever comes last, however often the reader closes it; until then
+// it holds the request's bytes.
+func TestPooledBodyRecycledOnlyWhenBothAreDone(t *testing.T) {
+	h, _ := newTestHandler(t, nil)
+	for _, handlerFirst := range []bool{false, true} {
+		r := signedRequest(bodyA, "")
+		b, _, err := h.readBody(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if handlerFirst {
+			b.done()
+			got, err := io.ReadAll(r.Body) // a transport still sending it
+			if err != nil || string(got) != bodyA {
+				t.Fatalf("read after the handler is done: %q %v", got, err)
+			}
+		}
+		r.Body.Close()
+		r.Body.Close() // idempotent
+		if !handlerFirst {
+			if string(b.bytes()) != bodyA {
+				t.Fatalf("the reader's Close (twice) recycled the buffer the handler still holds: %q", b.bytes())
+			}
+			b.done()
+		}
 	}
 }

@@ -224,3 +224,60 @@ func BenchmarkCleanEventType(b *testing.B) {
 		})
 	}
 }
+
+// TestIDFieldCaseVariantsInUTF8: a key that Go's encoding/json would
+// match to the id_field is refused even when its case variant is longer
+// in UTF-8 than the field (the Kelvin sign K folds to k, the long s ſ
+// to s): {"key":"evt_a","Key":"evt_b"} is evt_b to a Go backend.
+func TestIDFieldCaseVariantsInUTF8(t *testing.T) {
+	for _, c := range []struct{ field, body string }{
+		{"key", "{\"key\":\"evt_a\",\"\u212aey\":\"evt_b\"}"},
+		{"key", "{\"\u212aEY\":\"evt_b\",\"key\":\"evt_a\"}"},
+		{"sku", "{\"sku\":\"evt_a\",\"\u017f\u212au\":\"evt_b\"}"},
+	} {
+		for _, toID := range []bool{false, true} {
+			_, err := extractEventField([]byte(c.body), nil, true, c.field, toID)
+			if toID && err == nil {
+				continue // read up to the ID only: the rest is readRest's
+			}
+			if !errors.Is(err, errIDCaseKey) {
+				t.Errorf("id_field %s, %s (toID %v): %v, want errIDCaseKey", c.field, c.body, toID, err)
+			}
+		}
+		if _, err := scanTopLevelKey([]byte(c.body), c.field); !errors.Is(err, errIDCaseKey) {
+			t.Errorf("id_field %s, %s: %v, want errIDCaseKey", c.field, c.body, err)
+		}
+	}
+}
+
+// TestValidIDRefusesPunctuation: the bytes between 'Z' and 'a' in ASCII
+// ([ \ ] ^ _ `) are not ID characters, '_' excepted.
+func TestValidIDRefusesPunctuation(t *testing.T) {
+	for _, id := range []string{"evt[1]", `evt\1`, "evt^1", "evt`1", "evt@1", "evt{1}", "evt.1"} {
+		if validID(id) {
+			t.Errorf("validID(%q) = true", id)
+		}
+	}
+	if !validID("evt_1-Za") {
+		t.Error(`validID("evt_1-Za") = false`)
+	}
+}
+
+// TestIDKeyWrittenInEscapes: a key written wholly in \u escapes is the
+// key it decodes to ("\u0069\u0064" is "id"): a second ID, or one in
+// another case, is refused however it is spelled, and one alone is the ID.
+func TestIDKeyWrittenInEscapes(t *testing.T) {
+	for body, want := range map[string]error{
+		`{"id":"evt_a","\u0069\u0064":"evt_b"}`: errIDDupKey,
+		`{"\u0069\u0064":"evt_a","id":"evt_b"}`: errIDDupKey,
+		`{"id":"evt_a","\u0049\u0044":"evt_b"}`: errIDCaseKey,
+	} {
+		if _, err := scanTopLevel([]byte(body)); !errors.Is(err, want) {
+			t.Errorf("%s: %v, want %v", body, err, want)
+		}
+	}
+	ev, err := extractEvent([]byte(`{"\u0069\u0064":"evt_c","\u0074\u0079\u0070\u0065":"t"}`), []string{"evt_c"}, true)
+	if err != nil || ev.id != "evt_c" || ev.typ != "t" {
+		t.Errorf("escaped id and type: %q %q %v, want evt_c t", ev.id, ev.typ, err)
+	}
+}

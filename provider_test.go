@@ -586,3 +586,41 @@ func TestSignatureBindingOutlivesLockTTLInFlight(t *testing.T) {
 		t.Errorf("d-1's signed body under d-2 while d-1 is at the backend: %d, backend reached %d times; want it refused, once", code, next.calls.Load())
 	}
 }
+
+// TestTwoIDHeadersOfAHeaderProvider: where the event ID comes from a
+// header only (github), a delivery that carries the header twice is
+// refused: the backend might read the other value than the one
+// deduplicated.
+func TestTwoIDHeadersOfAHeaderProvider(t *testing.T) {
+	body := `{"action":"opened"}`
+	h := providerHandler(t, `{"name":"github"}`, []string{ghSecret1}, nil)
+	r := post(body, map[string]string{"X-Hub-Signature-256": githubSig(body, ghSecret1),
+		"X-GitHub-Delivery": "72d3162e-cc78-11e3-81ab-4c9367dc0958"})
+	r.Header.Add("X-GitHub-Delivery", "0b0b0b0b-cc78-11e3-81ab-4c9367dc0958")
+	vd, err := h.provider.Verify(r, []byte(body))
+	if err != nil {
+		t.Fatalf("Verify: %v", err)
+	}
+	if ev, err := h.eventOf(r, []byte(body), &vd, false); !errors.Is(err, errIDHeaders) {
+		t.Fatalf("two delivery headers: %q %v, want errIDHeaders", ev.id, err)
+	}
+}
+
+// TestSignedHeaderIDMustBeAnID: an ID from a signed header (standard
+// webhooks' webhook-id) is held to the same form as any other: it
+// becomes part of a store key.
+func TestSignedHeaderIDMustBeAnID(t *testing.T) {
+	body := `{"type":"user.created"}`
+	h := providerHandler(t, `{"name":"standard_webhooks"}`, []string{swSecret1}, nil)
+	for _, id := range []string{"msg:1", "msg 1", strings.Repeat("m", 256)} {
+		r := post(body, nil)
+		swSign(t, r.Header, id, testNow, body, swSecret1)
+		vd, err := h.provider.Verify(r, []byte(body))
+		if err != nil {
+			t.Fatalf("Verify: %v", err)
+		}
+		if ev, err := h.eventOf(r, []byte(body), &vd, false); !errors.Is(err, errIDInvalid) {
+			t.Errorf("webhook-id %.20q: %q %v, want errIDInvalid", id, ev.id, err)
+		}
+	}
+}
