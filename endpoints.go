@@ -121,6 +121,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 		}
 		cfg.prefixes[h.storeData] = append(cfg.prefixes[h.storeData], endpointPrefix{h.KeyPrefix, use.handler})
 		cfg.uses[where] = use
+		h.warnMoved(cfg, use, where)
 	}
 	if other, ok := cfg.names[h.Name]; ok {
 		if other.storeData != h.storeData || other.KeyPrefix != h.KeyPrefix {
@@ -131,6 +132,40 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 		cfg.names[h.Name] = h
 	}
 	return nil
+}
+
+// warnMoved warns when the config loaded before cfg (a reload) had an
+// endpoint with use's secrets on other data, and none on where: the
+// events it processed are unknown here, their redeliveries processed
+// again. Called with endpoints locked, once per store data and prefix.
+func (h *Handler) warnMoved(cfg *configEndpoints, use endpointUse, where string) {
+	var prev *configEndpoints
+	for _, c := range endpoints.byConfig {
+		if c.seq < cfg.seq && (prev == nil || c.seq > prev.seq) {
+			prev = c
+		}
+	}
+	if prev == nil {
+		return
+	}
+	same := []string{where} // this data under any of its names (see dedup.DataAliaser)
+	if a, ok := h.store.(dedup.DataAliaser); ok {
+		for _, alias := range a.DataAliases() {
+			same = append(same, alias+" key_prefix "+strconv.Quote(h.KeyPrefix))
+		}
+	}
+	for _, w := range same {
+		if old, ok := prev.uses[w]; ok && old.secrets == use.secrets {
+			return // that data is this endpoint's already
+		}
+	}
+	for _, was := range slices.Sorted(maps.Keys(prev.uses)) {
+		if prev.uses[was].secrets == use.secrets {
+			h.logger.Warn("endpoint moved to other data", zap.String("was", was), zap.String("now", where),
+				zap.String("fix", "the events processed before are not known here, and their redeliveries are processed again; if that is not meant, put the store and key_prefix back (see operations.md, Changing the store)"))
+			return
+		}
+	}
 }
 
 // sharedStateError refuses two endpoints with different secrets on one
