@@ -387,6 +387,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("%s: module %T is not a sangho_dedup provider", providerKey, pmod)
 	}
 	name := v.(caddy.Module).CaddyModule().ID.Name()
+	if name == "stripe" {
+		if err := h.checkStripeSecrets(secrets); err != nil {
+			return fmt.Errorf("%s %s: %w", providerKey, name, err)
+		}
+	}
 	if err := h.setupProvider(v, name, secrets); err != nil {
 		return fmt.Errorf("%s %s: %w", providerKey, name, err)
 	}
@@ -477,6 +482,24 @@ func minIfSet(tolerance caddy.Duration) time.Duration {
 		return 0
 	}
 	return MinWindow
+}
+
+// checkStripeSecrets refuses a Stripe API key (sk_, rk_) given as a
+// signing secret, which no delivery is signed with and which must not
+// sit in a web server's config, and warns of any other secret without
+// whsec_, the prefix of Stripe's endpoint signing secrets. Neither names
+// the value.
+func (h *Handler) checkStripeSecrets(secrets []string) error {
+	for i, s := range secrets {
+		switch {
+		case strings.HasPrefix(s, "sk_") || strings.HasPrefix(s, "rk_"):
+			return fmt.Errorf("secret #%d is a Stripe API key (sk_ or rk_), not the endpoint's signing secret (whsec_..., in the Dashboard's webhook endpoint, or printed by stripe listen): give the signing secret, and keep API keys out of this config", i+1)
+		case !strings.HasPrefix(s, "whsec_"):
+			h.logger.Warn("secret is not a Stripe signing secret", zap.Int("secret", i+1),
+				zap.String("fix", "Stripe signs with the endpoint's signing secret, whsec_...; deliveries will be refused (401) unless it is one"))
+		}
+	}
+	return nil
 }
 
 // Validate checks the configuration.
