@@ -25,10 +25,10 @@ func init() {
 		Usage: "get|forget <id> [--name <name>] [--force] [--config <path> [--adapter <name>]] [--address <admin>] [--json]",
 		Short: "Looks up or forgets a webhook event in a running Caddy's sangho_dedup store",
 		Long: `
-Talks to the admin API of a running Caddy, found as caddy stop and caddy
-reload find it: at --address, else at the admin address of the config
-given with --config (and --adapter), else at Caddy's default admin
-address, localhost:2019.
+Talks to the admin API of a running Caddy, found as caddy stop finds
+it: at --address, else at the admin address of the config given with
+--config (and --adapter), else at Caddy's default admin address,
+localhost:2019 (no Caddyfile in the current folder is read).
 
   caddy sangho-dedup get <id> [--name N]            did the event reach the backend, and when?
   caddy sangho-dedup forget <id> [--name N] [--force]
