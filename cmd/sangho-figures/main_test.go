@@ -11,6 +11,8 @@ FIGURES Sentinel failover: events 200, deliveries 9; processed once 197, process
 FIGURES Sentinel failover: events 200, deliveries 9; processed once 200, processed twice or more 0, lost 0
 FIGURES Sentinel failover: events 200, deliveries 9; processed once 199, processed twice or more 1, lost 0
 FIGURES kill: events 100, deliveries 9; processed once 100, processed twice or more 0, lost 2
+FIGURES restart: events 50, deliveries 9; processed once 49, processed twice or more 1, lost 3
+FIGURES restart: events 50, deliveries 9; processed once 48, processed twice or more 2, lost 1
 --- PASS: TestX
 `
 	got, err := table(strings.NewReader(in))
@@ -20,6 +22,9 @@ FIGURES kill: events 100, deliveries 9; processed once 100, processed twice or m
 	for _, want := range []string{
 		"| Sentinel failover | 200 | 3 | 0 / 1 / 3 | 2 of 3 | 0 |",
 		"| kill | 100 | 1 | 0 / 0 / 0 | 0 of 1 | 2 |",
+		// an even count's median is the mean of the middle two; the
+		// most lost is the largest of any run, not the last
+		"| restart | 50 | 2 | 1 / 1.5 / 2 | 2 of 2 | 3 |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("table lacks %q:\n%s", want, got)

@@ -80,6 +80,9 @@ func TestFailuresExitNonZero(t *testing.T) {
 		{[]string{"load", "--url", down, "--concurrency", "0"}, "--concurrency"},
 		{[]string{"load", "--url", down, "--rate", "-5"}, "--rate"},
 		{[]string{"load", "--url", down, "--body-size", "-1"}, "--body-size"},
+		{[]string{"load", "--url", down, "--duplicates", "1.5"}, "--duplicates"},
+		{[]string{"load", "--url", down, "--duplicates", "-0.1"}, "--duplicates"},
+		{[]string{"event", "--url", down, "--data", "{not json"}, "--data is not valid JSON"},
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		cmd := exec.CommandContext(ctx, os.Args[0], c.args...)
@@ -118,5 +121,35 @@ func TestSinkOnATakenPortSaysSoOnly(t *testing.T) {
 	}
 	if code != 1 || strings.Contains(string(out), "listening") || !strings.Contains(string(out), "address already in use") {
 		t.Errorf("sink on a taken port: exit %d, output:\n%s\nwant exit 1, the bind error, and no \"listening\"", code, out)
+	}
+}
+
+// TestUsageMistakesExit2: no command, or one it does not know, exits 2
+// with the usage; no secret at all exits 1 and says how to give one,
+// before anything is sent. (Mutants that exited 0 there, or signed
+// with an empty secret, survived the mutation pass.)
+func TestUsageMistakesExit2(t *testing.T) {
+	for _, c := range []struct {
+		args   []string
+		secret string
+		code   int
+		says   string
+	}{
+		{nil, "whsec_test_secret_1", 2, "event"},
+		{[]string{"bogus"}, "whsec_test_secret_1", 2, `unknown command "bogus"`},
+		{[]string{"event", "--url", "http://127.0.0.1:1/"}, "", 1, "no secret: give --secret or set SANGHO_WEBHOOK_SECRET"},
+		{[]string{"sign"}, "", 1, "no secret"},
+	} {
+		cmd := exec.Command(os.Args[0], c.args...)
+		cmd.Env = append(os.Environ(), "SANGHO_SEND_TEST_MAIN=1", "SANGHO_WEBHOOK_SECRET="+c.secret)
+		cmd.Stdin = strings.NewReader(`{"id":"evt_1"}`)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+		if code != c.code || !strings.Contains(string(out), c.says) {
+			t.Errorf("sangho-send %s: exit %d, output:\n%s\nwant exit %d and %q", strings.Join(c.args, " "), code, out, c.code, c.says)
+		}
 	}
 }
