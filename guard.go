@@ -257,6 +257,12 @@ func (h *Handler) warnOpenPaths(ctx caddy.Context) {
 		h.logger.Warn("path proxied unchecked", zap.String("matcher", o.matcher), zap.String("open_path", o.path),
 			zap.Strings("listen", srv.Listen))
 	}
+	if unreached(srv) {
+		h.logger.Warn("sangho_dedup never reached",
+			zap.Strings("listen", srv.Listen),
+			zap.String("why", "a handler before it in its route answers every request (reverse_proxy without handle_response, respond, error, file_server without pass_thru): deliveries reach the backend unsigned and as often as they are sent"),
+			zap.String("instead", "put sangho_dedup before the backend's handler: in a route { } block, first; and no global order option that moves it after reverse_proxy"))
+	}
 	if resendingProxy(srv) {
 		h.logger.Warn("reverse_proxy may send a delivery twice",
 			zap.Strings("listen", srv.Listen),
@@ -387,6 +393,56 @@ func resendingProxy(srv *caddyhttp.Server) bool {
 		}
 	}
 	return false
+}
+
+// unreached reports whether a sangho_dedup of srv's routes (those with
+// raw JSON left, see resendingProxy) comes after a handler that answers
+// every request that reaches it: a handler of its own route before it,
+// or a route of its list before it that matches every request and
+// whose handlers answer. A route with a matcher or a group (handle
+// blocks, exclusive) may let requests by, and a subroute's answer is
+// not followed: both can only hide a finding, never make one up.
+func unreached(srv *caddyhttp.Server) bool {
+	var walk func(routes []resendRoute, depth int) bool
+	walk = func(routes []resendRoute, depth int) bool {
+		if depth > 8 {
+			return false
+		}
+		closed := false // a route before answered every request
+		for _, r := range routes {
+			for _, raw := range r.handlers {
+				var h resendHandler
+				if json.Unmarshal(raw, &h) != nil {
+					break
+				}
+				switch h.Handler {
+				case "sangho_dedup":
+					if closed {
+						return true
+					}
+				case "reverse_proxy":
+					closed = closed || r.matchAll && r.group == "" && len(h.HandleResponse) == 0
+				case "static_response", "error":
+					closed = closed || r.matchAll && r.group == ""
+				case "file_server":
+					closed = closed || r.matchAll && r.group == "" && !h.PassThru
+				}
+				var sub []resendRoute
+				for _, sr := range h.Routes {
+					sub = append(sub, resendRoute{group: sr.Group, terminal: sr.Terminal, matchAll: len(sr.Match) == 0, handlers: sr.Handle})
+				}
+				if !closed && walk(sub, depth+1) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var routes []resendRoute
+	for _, r := range srv.Routes {
+		routes = append(routes, resendRoute{matchAll: len(r.MatcherSets) == 0 && len(r.MatcherSetsRaw) == 0, handlers: r.HandlersRaw})
+	}
+	return walk(routes, 0)
 }
 
 // resendRoute is a route as resendingProxy reads it.

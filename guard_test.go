@@ -348,3 +348,41 @@ func TestSubrouteErrorRouteProxyWarning(t *testing.T) {
 		})
 	}
 }
+
+// TestUnreachedHandlerWarns: a sangho_dedup after a handler that answers
+// every request (reverse_proxy without handle_response, respond, error,
+// file_server without pass_thru), in the same route list, is never
+// reached: unsigned and repeated deliveries go to the backend as they
+// come. Caddy accepts it (route { reverse_proxy …; sangho_dedup … }, or
+// the global option order sangho_dedup last); the handler warns at load
+// (found by the configuration review: no word). Before its backend's
+// handler, after forward_auth (a reverse_proxy with handle_response),
+// or after a route with a matcher, it does not.
+func TestUnreachedHandlerWarns(t *testing.T) {
+	dedup := "sangho_dedup {\n\t\t\tsecret " + secret1 + "\n\t\t\tstore memory\n\t\t}"
+	for _, c := range []struct {
+		name, site string
+		warn       bool
+	}{
+		{"route, proxy first", "\troute {\n\t\treverse_proxy 127.0.0.1:9\n\t\t" + dedup + "\n\t}\n", true},
+		{"route, respond first", "\troute {\n\t\trespond 200\n\t\t" + dedup + "\n\t}\n", true},
+		{"order sangho_dedup last", "\t" + dedup + "\n\treverse_proxy 127.0.0.1:9\n", true},
+		{"the usual order", "\t" + dedup + "\n\treverse_proxy 127.0.0.1:9\n", false},
+		{"forward_auth first", "\troute {\n\t\tforward_auth 127.0.0.1:9 {\n\t\t\turi /auth\n\t\t}\n\t\t" + dedup + "\n\t\treverse_proxy 127.0.0.1:9\n\t}\n", false},
+		{"a matched proxy first", "\troute {\n\t\treverse_proxy /other 127.0.0.1:9\n\t\t" + dedup + "\n\t\treverse_proxy 127.0.0.1:9\n\t}\n", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ownDataDir(t)
+			logFile := filepath.Join(t.TempDir(), "caddy.log")
+			cfg := strings.Replace(serverCaddyfile(freePort(t), c.site), "output discard", "output file "+logFile, 1)
+			if c.name == "order sangho_dedup last" {
+				cfg = strings.Replace(cfg, "\tadmin off\n", "\tadmin off\n\torder sangho_dedup last\n", 1)
+			}
+			adapted, _ := adaptCaddyfile(t, cfg)
+			n, data := loadWarnings(t, adapted, logFile, "sangho_dedup never reached")
+			if c.warn && n != 1 || !c.warn && n != 0 {
+				t.Errorf("%d warnings, want warned %v; log:\n%s", n, c.warn, data)
+			}
+		})
+	}
+}
