@@ -348,6 +348,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	// Every line says which endpoint it is about.
 	h.logger = h.logger.With(zap.String("name", h.Name))
 	h.pass = h.OnStoreError == storeErrorPass
+	if h.pass {
+		h.logger.Warn("on_store_error pass: a failing store lets deliveries through unchecked",
+			zap.String("why", "while the store fails, each delivery reaches the backend without a claim, its redeliveries too: the backend must be idempotent itself then"))
+	}
 	h.renewEvery = time.Duration(h.LockTTL) / 3
 	h.requireBodyID = h.RequireBodyID == nil || *h.RequireBodyID
 	secs := (time.Duration(h.RetryAfter) + time.Second - 1) / time.Second

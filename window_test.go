@@ -51,3 +51,29 @@ func TestRetentionUnderTheSendersWindowWarns(t *testing.T) {
 		}
 	}
 }
+
+// TestOnStoreErrorPassWarns: on_store_error pass gives up the promise
+// while the store fails (each delivery then reaches the backend
+// unchecked, its redeliveries too); like store memory, it says so at
+// load (found by the configuration review: no word).
+func TestOnStoreErrorPassWarns(t *testing.T) {
+	ownDataDir(t)
+	for _, c := range []struct {
+		option string
+		warn   bool
+	}{{"on_store_error pass", true}, {"on_store_error reject", false}, {"", false}} {
+		s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
+		s.load(t, "\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t\t"+c.option+"\n\t}\n\trespond 200\n")
+		_ = caddy.Stop()
+		entries, text := logEntries(t, s.logFile)
+		n := 0
+		for _, e := range entries {
+			if e["msg"] == "on_store_error pass: a failing store lets deliveries through unchecked" && e["level"] == "warn" {
+				n++
+			}
+		}
+		if c.warn && n != 1 || !c.warn && n != 0 {
+			t.Errorf("%q: %d warnings, want warned %v; log:\n%s", c.option, n, c.warn, text)
+		}
+	}
+}
