@@ -367,6 +367,10 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		if secret == s && (strings.Contains(s, "{env.") || strings.Contains(s, "{file.")) {
 			h.logger.Warn("secret taken literally", zap.Int("secret", i+1))
 		}
+		if strings.ContainsFunc(secret, unicode.IsControl) {
+			h.logger.Warn("secret holds a control character", zap.Int("secret", i+1),
+				zap.String("why", "no sender signs with one: a line break left from a file or a pasted value? Every delivery signed with the secret meant is refused (401)"))
+		}
 		secrets = append(secrets, secret)
 	}
 	if len(secrets) == 0 {

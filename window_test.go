@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -74,6 +75,34 @@ func TestOnStoreErrorPassWarns(t *testing.T) {
 		}
 		if c.warn && n != 1 || !c.warn && n != 0 {
 			t.Errorf("%q: %d warnings, want warned %v; log:\n%s", c.option, n, c.warn, text)
+		}
+	}
+}
+
+// TestSecretWithAControlCharacterWarns: a secret read from a file or the
+// environment that keeps a line break (a file ending in two, a value
+// pasted with one) signs nothing the sender sends: every delivery 401.
+// It warns at load, naming the secret's place, never its value (found
+// by the configuration review: no word).
+func TestSecretWithAControlCharacterWarns(t *testing.T) {
+	ownDataDir(t)
+	for _, c := range []struct {
+		value string
+		warn  bool
+	}{{"whsec_ctl_test\n", true}, {"whsec_ctl\rtest", true}, {"whsec_ctl_test", false}, {"It's a Secret to Everybody", false}} {
+		t.Setenv("SANGHO_DEDUP_TEST_CTL_SECRET", c.value)
+		s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
+		s.load(t, "\tsangho_dedup {\n\t\tsecret "+secret1+" {env.SANGHO_DEDUP_TEST_CTL_SECRET}\n\t\tstore memory\n\t}\n\trespond 200\n")
+		_ = caddy.Stop()
+		entries, text := logEntries(t, s.logFile)
+		n := 0
+		for _, e := range entries {
+			if e["msg"] == "secret holds a control character" && e["level"] == "warn" && e["secret"] == float64(2) {
+				n++
+			}
+		}
+		if c.warn && n != 1 || !c.warn && n != 0 || strings.Contains(text, "ctl_test") {
+			t.Errorf("%q: %d warnings, want warned %v, and no value in the log:\n%s", c.value, n, c.warn, text)
 		}
 	}
 }
