@@ -349,6 +349,11 @@ func (d *delivery) settle(err error) {
 // (upstream, the cause).
 func (d *delivery) verdictOf(status int, err error, clientGone, sentEarlier bool) (v verdict, keptMarked bool, upstream error) {
 	v = judge(status, err, clientGone, sentEarlier)
+	if v == toRelease && errors.Is(err, errNested) && (proxied(d.repl) || d.body != nil && d.body.read.Load()) {
+		// The second sangho_dedup came after a proxy had sent the
+		// delivery on (in handle_response, say): not never forwarded.
+		return toHold, false, errNestedAfterSent
+	}
 	if v == toRelease {
 		if upstream = d.upstreamHold(status); upstream != nil {
 			return toHold, false, upstream
@@ -359,6 +364,10 @@ func (d *delivery) verdictOf(status int, err error, clientGone, sentEarlier bool
 	}
 	return v, false, nil
 }
+
+// errNestedAfterSent is the cause of a delivery held because a second
+// sangho_dedup refused it after a proxy had sent it on (see verdictOf).
+var errNestedAfterSent = errors.New("a second sangho_dedup refused the request after a reverse_proxy had sent it on: the backend may have done the work")
 
 // errRewrittenStatus is the cause of a non-2xx answer held because it
 // is not the last upstream's status (see upstreamHold).
