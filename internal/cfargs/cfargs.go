@@ -20,13 +20,14 @@ import (
 
 // Options registers the options of a module's Caddyfile block: the
 // JSON names of the fields of its struct (the Caddyfile's options are
-// its fields' names). Unknown and NoBlock quote only a token close to
-// one of the options of any block (a typo, an option in the wrong
-// block), never another: a secret can look like an option's name.
-func Options(module any) {
+// its fields' names), and extra, those of the Caddyfile only. Unknown
+// and NoBlock quote only a token close to one of the options of any
+// block (a typo, an option in the wrong block), never another: a secret
+// can look like an option's name.
+func Options(module any, extra ...string) {
 	known.Lock()
 	defer known.Unlock()
-	for _, name := range fieldNames(module) {
+	for _, name := range append(fieldNames(module), extra...) {
 		if !slices.Contains(known.names, name) {
 			known.names = append(known.names, name)
 		}
@@ -40,17 +41,27 @@ var known struct {
 
 // nearOption returns the option closest to tok among own (the block's
 // options, first) and all registered ones, if tok is one of them or a
-// typo of it: within one edit (two for a token of six characters or
-// more); "" if none is. A secret is never that close to an option's
-// name.
+// typo of it; "" if none is. A typo is an option written in camel or
+// kebab case (maxBodySize, tls-insecure-skip-verify), or in lower case
+// and _ only, like every option, within one edit of it (two from ten
+// characters; a swap of neighbours is one). A token with a digit or a
+// capital is quoted only in the first case, and a short lower-case one
+// only one edit away, since weak secrets look like that (Secret,
+// password1, mysecret).
 func nearOption(tok string, own []string) string {
-	limit := 1
-	if len(tok) >= 6 {
-		limit = 2
-	}
 	known.Lock()
 	all := append(append([]string(nil), own...), known.names...)
 	known.Unlock()
+	if snake := snakeCase(tok); snake != "" && slices.Contains(all, snake) {
+		return snake
+	}
+	if !optionShape(tok) {
+		return ""
+	}
+	limit := 1
+	if len(tok) >= 10 {
+		limit = 2
+	}
 	best, bestDist := "", limit+1
 	for _, name := range all {
 		if d := editDistance(tok, name, limit); d < bestDist {
@@ -58,6 +69,50 @@ func nearOption(tok string, own []string) string {
 		}
 	}
 	return best
+}
+
+// optionShape reports whether tok is written as every option is: lower
+// case letters and _, starting with a letter.
+func optionShape(tok string) bool {
+	if tok == "" || tok[0] < 'a' || tok[0] > 'z' {
+		return false
+	}
+	for i := range len(tok) {
+		if c := tok[i]; (c < 'a' || c > 'z') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// snakeCase writes a camel- or kebab-case tok as options are written:
+// maxBodySize and max-body-size are max_body_size, lockTTL lock_ttl; ""
+// for a tok in neither case (Secret, a capital first only, is none).
+func snakeCase(tok string) string {
+	camel := false
+	for i := 1; i < len(tok); i++ {
+		if tok[i] >= 'A' && tok[i] <= 'Z' && tok[i-1] >= 'a' && tok[i-1] <= 'z' {
+			camel = true
+		}
+	}
+	if !camel && !strings.Contains(tok, "-") {
+		return ""
+	}
+	var b strings.Builder
+	for i := range len(tok) {
+		c := tok[i]
+		switch {
+		case c == '-':
+			c = '_'
+		case c >= 'A' && c <= 'Z':
+			if i > 0 && tok[i-1] >= 'a' && tok[i-1] <= 'z' {
+				b.WriteByte('_')
+			}
+			c += 'a' - 'A'
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
 }
 
 // editDistance is the number of single-character insertions, deletions,

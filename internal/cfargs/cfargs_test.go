@@ -75,12 +75,13 @@ func TestWithoutValueNamesTheLinesVariables(t *testing.T) {
 	}
 }
 
-// A token is an option's typo within one edit (two from six
-// characters), a swap of neighbours counting one; a secret is not.
+// A token is an option's typo within one edit (two from ten
+// characters), a swap of neighbours counting one, in lower case and _
+// only; or the option in camel or kebab case; a secret is not.
 func TestNearOption(t *testing.T) {
 	own := []string{"dsn", "table", "max_conns", "retention"}
 	for tok, want := range map[string]string{
-		"dsn": "dsn", "dns": "dsn", "tabel": "table", "max_con": "max_conns", "retenton": "retention",
+		"dsn": "dsn", "dns": "dsn", "tabel": "table", "max_con": "", "max_conn": "max_conns", "maxConns": "max_conns", "max-conns": "max_conns", "Secret": "", "mysecret": "", "secret1": "", "retenton": "retention",
 		"rettention": "retention", "x": "", "nope": "", "whsec_9a8b7c6d5e4f3a2b": "", "retentionxyz": "",
 	} {
 		if got := nearOption(tok, own); got != want {

@@ -29,7 +29,7 @@ import (
 
 func init() {
 	caddy.RegisterModule(Store{})
-	cfargs.Options(Store{})
+	cfargs.Options(Store{}, "tls_client_auth", "pipeline")
 }
 
 // Store keeps dedup state in Redis (7.0 or later, or Valkey), so

@@ -1,0 +1,82 @@
+package sanghodedup
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"strings"
+	"testing"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+)
+
+// TestWeakSecretNotQuoted: a weak secret within two edits of an
+// option's name, or with a digit or a capital, is not quoted when it
+// lands where an option goes (the next line of a multi-line {$VAR}).
+// (Found by the review of the quoting change: all of these were.)
+func TestWeakSecretNotQuoted(t *testing.T) {
+	for _, pw := range []string{"password1", "Password1", "passw0rd", "mysecret", "secret12", "Secret"} {
+		t.Setenv("REVIEW_ML", "first\n"+pw)
+		for _, block := range []string{
+			"secret {$REVIEW_ML}",
+			"secret s\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$REVIEW_ML}\n\t\t}",
+		} {
+			src := ":8080 {\n\tsangho_dedup {\n\t\t" + block + "\n\t}\n\trespond 200\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+			if err == nil || strings.Contains(err.Error(), pw) {
+				t.Errorf("%q in %q: %v", pw, block, err)
+			}
+		}
+	}
+}
+
+// TestTyposQuoted: an option written in camel or kebab case, or a
+// Caddyfile-only option (tls_client_auth) and its typos, are quoted
+// with the option meant (found by the review of the quoting change:
+// each was hidden as "may be a secret").
+func TestTyposQuoted(t *testing.T) {
+	for _, c := range []struct{ block, tok string }{
+		{"store redis {\n\t\t\ttls_client_aut a b\n\t\t}", "tls_client_aut"},
+		{"store redis {\n\t\t\ttls-insecure-skip-verify\n\t\t}", "tls-insecure-skip-verify"},
+		{"maxBodySize 1MiB", "maxBodySize"},
+		{"lockTTL 1m", "lockTTL"},
+	} {
+		src := ":8080 {\n\tsangho_dedup {\n\t\tsecret s\n\t\t" + c.block + "\n\t}\n\trespond 200\n}\n"
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err == nil || !strings.Contains(err.Error(), c.tok) {
+			t.Errorf("%q: %v, want the token quoted", c.tok, err)
+		}
+	}
+}
+
+// TestJSONNumberHintOnlyForTinyValues: the hint that a JSON number is
+// nanoseconds goes with a value under a millisecond, which no one
+// writes as a string; "lock_ttl": "10ms" or "retention": "500ms" are
+// under their minimum without it (found by the review: they got it).
+func TestJSONNumberHintOnlyForTinyValues(t *testing.T) {
+	for _, c := range []struct {
+		set  func(*Handler)
+		hint bool
+	}{
+		{func(h *Handler) { h.Retention = caddy.Duration(500 * time.Millisecond) }, false},
+		{func(h *Handler) { h.LockTTL = caddy.Duration(10 * time.Millisecond) }, false},
+		{func(h *Handler) { h.Retention = 259200 }, true},
+		{func(h *Handler) { h.LockTTL = 30 }, true},
+	} {
+		h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: testPrefix(t) + ":"}
+		c.set(h)
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+		if err := h.Provision(ctx); err != nil {
+			cancel()
+			t.Fatal(err)
+		}
+		err := h.Validate()
+		_ = h.Cleanup()
+		cancel()
+		if err == nil || strings.Contains(err.Error(), "nanoseconds") != c.hint {
+			t.Errorf("%v: want refused, with the JSON hint %v", err, c.hint)
+		}
+	}
+}
