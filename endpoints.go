@@ -41,6 +41,7 @@ type endpointUse struct {
 	secrets [sha256.Size]byte // of the sorted secret set; never printed
 	handler string            // "handler #n" in provisioning order, and its server's listeners
 	name    string
+	alts    []string // the same data and key_prefix under the store's other names (dedup.DataAliaser)
 }
 
 // configOf names the loaded config ctx belongs to. Caddy provisions each
@@ -120,8 +121,8 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 			}
 		}
 		cfg.prefixes[h.storeData] = append(cfg.prefixes[h.storeData], endpointPrefix{h.KeyPrefix, use.handler})
+		use.alts = h.dataAliases()
 		cfg.uses[where] = use
-		h.warnMoved(cfg, use, where)
 	}
 	if other, ok := cfg.names[h.Name]; ok {
 		if other.storeData != h.storeData || other.KeyPrefix != h.KeyPrefix {
@@ -134,36 +135,57 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	return nil
 }
 
-// warnMoved warns when the config loaded before cfg (a reload) had an
-// endpoint with use's secrets on other data, and none on where: the
-// events it processed are unknown here, their redeliveries processed
-// again. Called with endpoints locked, once per store data and prefix.
-func (h *Handler) warnMoved(cfg *configEndpoints, use endpointUse, where string) {
-	var prev *configEndpoints
+// dataAliases is h's store data and key_prefix under the store's other
+// names (see dedup.DataAliaser), as registerEndpoint writes them.
+func (h *Handler) dataAliases() []string {
+	a, ok := h.store.(dedup.DataAliaser)
+	if !ok {
+		return nil
+	}
+	var alts []string
+	for _, alias := range a.DataAliases() {
+		alts = append(alts, alias+" key_prefix "+strconv.Quote(h.KeyPrefix))
+	}
+	return alts
+}
+
+// warnMoved warns, as old is cleaned up after a reload (the config loaded
+// after it is provisioned whole by then), of each store data and
+// key_prefix that old's endpoints used and the newer config's use no
+// more for the same secrets, which they use elsewhere: the events
+// processed there are unknown to the new data, their redeliveries
+// processed again. An endpoint added, or one that keeps its data beside
+// new data, is no move. Called with endpoints locked.
+func warnMoved(old *configEndpoints) {
+	var cur *configEndpoints
 	for _, c := range endpoints.byConfig {
-		if c.seq < cfg.seq && (prev == nil || c.seq > prev.seq) {
-			prev = c
+		if c.seq > old.seq && (cur == nil || c.seq > cur.seq) {
+			cur = c
 		}
 	}
-	if prev == nil {
-		return
+	if cur == nil {
+		return // a shutdown, or a load that failed
 	}
-	same := []string{where} // this data under any of its names (see dedup.DataAliaser)
-	if a, ok := h.store.(dedup.DataAliaser); ok {
-		for _, alias := range a.DataAliases() {
-			same = append(same, alias+" key_prefix "+strconv.Quote(h.KeyPrefix))
+	for _, was := range slices.Sorted(maps.Keys(old.uses)) {
+		use := old.uses[was]
+		var now []string
+		kept := false
+		for _, where := range slices.Sorted(maps.Keys(cur.uses)) {
+			u := cur.uses[where]
+			if u.secrets != use.secrets {
+				continue
+			}
+			now = append(now, where)
+			for _, w := range append([]string{was}, use.alts...) {
+				kept = kept || w == where || slices.Contains(u.alts, w)
+			}
 		}
-	}
-	for _, w := range same {
-		if old, ok := prev.uses[w]; ok && old.secrets == use.secrets {
-			return // that data is this endpoint's already
+		if kept || len(now) == 0 {
+			continue
 		}
-	}
-	for _, was := range slices.Sorted(maps.Keys(prev.uses)) {
-		if prev.uses[was].secrets == use.secrets {
-			h.logger.Warn("endpoint moved to other data", zap.String("was", was), zap.String("now", where),
+		if h := cur.names[cur.uses[now[0]].name]; h != nil {
+			h.logger.Warn("endpoint moved to other data", zap.String("was", was), zap.Strings("now", now),
 				zap.String("fix", "the events processed before are not known here, and their redeliveries are processed again; if that is not meant, put the store and key_prefix back (see operations.md, Changing the store)"))
-			return
 		}
 	}
 }
@@ -202,6 +224,9 @@ func (h *Handler) Cleanup() error {
 	}
 	if h.cfgKey != nil {
 		endpoints.Lock()
+		if old := endpoints.byConfig[h.cfgKey]; old != nil {
+			warnMoved(old) // once: its first handler cleaned up deletes it
+		}
 		delete(endpoints.byConfig, h.cfgKey)
 		endpoints.Unlock()
 	}

@@ -51,3 +51,26 @@ func TestReloadToOtherDataWarns(t *testing.T) {
 		}
 	}
 }
+
+// TestAddingAnEndpointIsNoMove: a reload that adds a second endpoint with
+// the same secret and a key_prefix of its own (what "endpoints share
+// their event IDs" advises, a Shopify app's second subscription) moves
+// nothing, and does not warn "endpoint moved to other data" (found by
+// the review of that warning: it did).
+func TestAddingAnEndpointIsNoMove(t *testing.T) {
+	ownDataDir(t)
+	s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
+	s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
+	t.Cleanup(func() { _ = caddy.Stop() })
+	block := func(path, extra string) string {
+		return "\thandle " + path + " {\n\t\tsangho_dedup {\n\t\t\tprovider shopify\n\t\t\tsecret whsec_review_moved_only\n\t\t\tstore memory\n" + extra + "\t\t}\n\t\trespond 200\n\t}\n"
+	}
+	s.load(t, block("/orders", ""))
+	s.load(t, block("/orders", "")+block("/inventory", "\t\t\tkey_prefix inventory:\n"))
+	entries, text := logEntries(t, s.logFile)
+	for _, e := range entries {
+		if e["msg"] == "endpoint moved to other data" {
+			t.Errorf("warned of a move though /orders kept its data: %v\n%s", e, text)
+		}
+	}
+}
