@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -254,19 +252,9 @@ func TestCommandExitStatusAsAProcess(t *testing.T) {
 		code int
 		says string
 	}{"evt_never": {1, ""}, "evt_done": {0, ""}, "evt_down": {2, "redis: connection refused"}} {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCLIUsageErrorsExit2$")
-		cmd.Env = append(os.Environ(), "SANGHO_DEDUP_TEST_CLI_ARGS=sangho-dedup get "+id+" --name pay --address "+addr)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if code != c.code || !strings.Contains(stderr.String(), c.says) {
-			t.Errorf("caddy sangho-dedup get %s: exit %d, stderr %q; want %d and %q", id, code, stderr.String(), c.code, c.says)
+		code, stderr := runCLI(t, "sangho-dedup get "+id+" --name pay --address "+addr)
+		if code != c.code || !strings.Contains(stderr, c.says) {
+			t.Errorf("caddy sangho-dedup get %s: exit %d, stderr %q; want %d and %q", id, code, stderr, c.code, c.says)
 		}
 	}
 }

@@ -441,21 +441,28 @@ func TestCLIUsageErrorsExit2(t *testing.T) {
 		{"sangho-dedup bogus evt_1", `unknown subcommand "bogus"`},
 		{"sangho-dedup", "get or forget"},
 	} {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestCLIUsageErrorsExit2$")
-		cmd.Env = append(os.Environ(), "SANGHO_DEDUP_TEST_CLI_ARGS="+c.args)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		err := cmd.Run()
-		code := 0
-		if ee, ok := err.(*exec.ExitError); ok {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatal(err)
-		}
-		if code != 2 || !strings.Contains(stderr.String(), c.says) {
-			t.Errorf("caddy %s: exit %d, stderr %q; want 2 and %q", c.args, code, stderr.String(), c.says)
+		if code, stderr := runCLI(t, c.args); code != 2 || !strings.Contains(stderr, c.says) {
+			t.Errorf("caddy %s: exit %d, stderr %q; want 2 and %q", c.args, code, stderr, c.says)
 		}
 	}
+}
+
+// runCLI runs `caddy <args>` as a process of its own (this test binary,
+// through TestCLIUsageErrorsExit2's hook), and returns its exit status
+// and what it wrote on stderr.
+func runCLI(t *testing.T, args string) (code int, stderr string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCLIUsageErrorsExit2$")
+	cmd.Env = append(os.Environ(), "SANGHO_DEDUP_TEST_CLI_ARGS="+args)
+	var buf bytes.Buffer
+	cmd.Stderr = &buf
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return code, buf.String()
 }
 
 // TestCommandAdminAddressAsURL: --address taken as a URL, the way the

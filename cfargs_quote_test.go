@@ -1,7 +1,6 @@
 package sanghodedup
 
 import (
-	"context"
 	"encoding/json"
 	"time"
 
@@ -67,14 +66,7 @@ func TestJSONNumberHintOnlyForTinyValues(t *testing.T) {
 	} {
 		h := &Handler{Secrets: []string{secret1}, StoreRaw: json.RawMessage(`{"type":"memory"}`), KeyPrefix: testPrefix(t) + ":"}
 		c.set(h)
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		if err := h.Provision(ctx); err != nil {
-			cancel()
-			t.Fatal(err)
-		}
-		err := h.Validate()
-		_ = h.Cleanup()
-		cancel()
+		err := validateProvisioned(t, h)
 		if err == nil || strings.Contains(err.Error(), "nanoseconds") != c.hint {
 			t.Errorf("%v: want refused, with the JSON hint %v", err, c.hint)
 		}

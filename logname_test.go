@@ -2,13 +2,11 @@ package sanghodedup
 
 import (
 	"net/http"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/sangho"
 )
@@ -20,12 +18,8 @@ import (
 // load and at request time.
 func TestLogLinesNameTheirEndpoint(t *testing.T) {
 	l := ledger.New(t)
-	ownDataDir(t)
-	s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-	s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
-	s.load(t, "\thandle /orders {\n\t\tsangho_dedup {\n\t\t\tsecret whsec_other\n\t\t\tname orders\n\t\t\tkey_prefix orders:\n\t\t\tretention 24h\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy "+l.Addr+"\n\t}\n"+
+	s := startCaddyLogging(t, "\thandle /orders {\n\t\tsangho_dedup {\n\t\t\tsecret whsec_other\n\t\t\tname orders\n\t\t\tkey_prefix orders:\n\t\t\tretention 24h\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy "+l.Addr+"\n\t}\n"+
 		"\thandle /webhook {\n\t\tsangho_dedup {\n\t\t\tsecret "+secret1+"\n\t\t\tname payments\n\t\t\tkey_prefix payments:\n\t\t\tstore memory\n\t\t}\n\t\treverse_proxy "+l.Addr+"\n\t}\n")
-	t.Cleanup(func() { _ = caddy.Stop() })
 	for _, url := range []string{"http://127.0.0.1:" + strconv.Itoa(s.port) + "/orders", s.url} {
 		// orders has another secret; payments gets a signature of
 		// another body.

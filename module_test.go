@@ -371,14 +371,7 @@ func TestRetentionCoversTheSignatureWindow(t *testing.T) {
 		}
 		h := &Handler{Secrets: []string{secret}, ProviderRaw: json.RawMessage(c.provider), StoreRaw: json.RawMessage(`{"type":"memory"}`),
 			Retention: caddy.Duration(c.retention), Tolerance: caddy.Duration(c.tolerance), KeyPrefix: testPrefix(t) + ":"}
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		if err := h.Provision(ctx); err != nil {
-			cancel()
-			t.Fatalf("%s: provision: %v", c.provider, err)
-		}
-		err := h.Validate()
-		_ = h.Cleanup()
-		cancel()
+		err := validateProvisioned(t, h)
 		if !c.refused {
 			if err != nil {
 				t.Errorf("%s retention %v tolerance %v: %v", c.provider, c.retention, c.tolerance, err)
@@ -410,14 +403,7 @@ func TestSubSecondDurationsRefused(t *testing.T) {
 		h := &Handler{Secrets: []string{secret1}, ProviderRaw: json.RawMessage(c.provider), StoreRaw: json.RawMessage(`{"type":"memory"}`),
 			KeyPrefix: testPrefix(t) + ":"}
 		c.set(h)
-		ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
-		if err := h.Provision(ctx); err != nil {
-			cancel()
-			t.Fatalf("%s: provision: %v", c.provider, err)
-		}
-		err := h.Validate()
-		_ = h.Cleanup()
-		cancel()
+		err := validateProvisioned(t, h)
 		tiny := c.field == "retention" && h.Retention < caddy.Duration(time.Millisecond) || c.field == "tolerance" && h.Tolerance < caddy.Duration(time.Millisecond)
 		if err == nil || !strings.HasPrefix(err.Error(), c.field+":") || !strings.Contains(err.Error(), "under the minimum of 1s") || strings.Contains(err.Error(), "nanoseconds") != tiny {
 			t.Errorf("%s %s: %v, want it refused, naming %s and the minimum, and JSON's nanoseconds if under 1 ms", c.provider, c.field, err, c.field)
@@ -426,13 +412,20 @@ func TestSubSecondDurationsRefused(t *testing.T) {
 	// A second is accepted (github has no signature window).
 	h := &Handler{Secrets: []string{secret1}, ProviderRaw: json.RawMessage(`{"name":"github"}`), StoreRaw: json.RawMessage(`{"type":"memory"}`),
 		KeyPrefix: testPrefix(t) + ":", Retention: caddy.Duration(time.Second)}
+	if err := validateProvisioned(t, h); err != nil {
+		t.Errorf("github, retention 1s: %v", err)
+	}
+}
+
+// validateProvisioned provisions h (a failure ends the test), and
+// returns what Validate says, h cleaned up.
+func validateProvisioned(t *testing.T, h *Handler) error {
+	t.Helper()
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	defer cancel()
 	if err := h.Provision(ctx); err != nil {
-		t.Fatal(err)
+		t.Fatalf("provision: %v", err)
 	}
 	defer h.Cleanup()
-	if err := h.Validate(); err != nil {
-		t.Errorf("github, retention 1s: %v", err)
-	}
+	return h.Validate()
 }

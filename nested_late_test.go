@@ -2,11 +2,7 @@ package sanghodedup
 
 import (
 	"net/http"
-	"path/filepath"
-	"strconv"
 	"testing"
-
-	"github.com/caddyserver/caddy/v2"
 
 	"github.com/sangho/caddy-sangho-dedup/internal/testkit/ledger"
 )
@@ -20,11 +16,7 @@ func TestNestedAfterTheBackendIsHeld(t *testing.T) {
 	l := ledger.New(t)
 	dedup := "sangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tstore memory\n\t}\n"
 	site := "\t" + dedup + "\treverse_proxy " + l.Addr + " {\n\t\t@ok status 2xx\n\t\thandle_response @ok {\n\t\t\troute {\n\t\t\t\t" + dedup + "\t\t\t\trespond \"ok\" 200\n\t\t\t}\n\t\t}\n\t}\n"
-	s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-	ownDataDir(t)
-	s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
-	s.load(t, site)
-	t.Cleanup(func() { _ = caddy.Stop() })
+	s := startCaddyLogging(t, site)
 	for i := range 2 {
 		a := send(t, s.url, eventBody("evt_nested_after"), "evt_nested_after")
 		t.Logf("delivery %d: %d %q", i+1, a.status, a.dedup)

@@ -1,11 +1,7 @@
 package sanghodedup
 
 import (
-	"strconv"
-
-	"github.com/caddyserver/caddy/v2"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -24,11 +20,7 @@ func TestNestedHandlersLoseNothing(t *testing.T) {
 	l := ledger.New(t)
 	dedup := "\tsangho_dedup {\n\t\tsecret " + secret1 + "\n\t\tstore memory\n\t}\n"
 	nested := dedup + "\thandle /webhook {\n" + dedup + "\t\treverse_proxy " + l.Addr + "\n\t}\n"
-	s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-	ownDataDir(t)
-	s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
-	s.load(t, nested)
-	t.Cleanup(func() { _ = caddy.Stop() })
+	s := startCaddyLogging(t, nested)
 	for i := range 2 {
 		if a := send(t, s.url, eventBody("evt_nested"), "evt_nested"); a.status != http.StatusInternalServerError {
 			t.Errorf("delivery %d through two sangho_dedup handlers: %d %q (Sangho-Dedup %q), want 500", i+1, a.status, a.body, a.dedup)

@@ -1,11 +1,7 @@
 package sanghodedup
 
 import (
-	"path/filepath"
-	"strconv"
 	"testing"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // TestNamedEndpointsSharingStateWarn: two endpoints with the same secret
@@ -19,7 +15,6 @@ import (
 // configuration review: no word, and the second backend never saw the
 // event).
 func TestNamedEndpointsSharingStateWarn(t *testing.T) {
-	ownDataDir(t)
 	site := func(name1, name2 string) string {
 		block := func(path, name string) string {
 			n := ""
@@ -39,14 +34,10 @@ func TestNamedEndpointsSharingStateWarn(t *testing.T) {
 		{"", "", false},
 		{"shop", "shop", false},
 	} {
-		s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-		s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
-		s.load(t, site(c.name1, c.name2))
-		_ = caddy.Stop()
-		entries, text := logEntries(t, s.logFile)
+		all, text := warnedAtLoad(t, site(c.name1, c.name2), "endpoints share their event IDs")
 		var warned int
-		for _, e := range entries {
-			if e["msg"] == "endpoints share their event IDs" && e["level"] == "warn" && e["fix"] != nil {
+		for _, e := range all {
+			if e["fix"] != nil {
 				warned++
 			}
 		}

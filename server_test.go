@@ -76,6 +76,32 @@ func startCaddy(t testing.TB, site string) *caddyServer {
 	return s
 }
 
+// startCaddyLogging is startCaddy with Caddy's log, JSON, in s.logFile.
+func startCaddyLogging(t *testing.T, site string) *caddyServer {
+	t.Helper()
+	ownDataDir(t)
+	port := freePort(t)
+	s := &caddyServer{url: "http://127.0.0.1:" + strconv.Itoa(port) + "/webhook", port: port, logFile: filepath.Join(t.TempDir(), "caddy.log")}
+	s.load(t, site)
+	t.Cleanup(func() { _ = caddy.Stop() })
+	return s
+}
+
+// warnedAtLoad loads site on a Caddy that logs to a file, stops it, and
+// returns the warnings msg in its log, and the whole log.
+func warnedAtLoad(t *testing.T, site, msg string) (warned []map[string]any, log string) {
+	t.Helper()
+	s := startCaddyLogging(t, site)
+	_ = caddy.Stop()
+	entries, text := logEntries(t, s.logFile)
+	for _, e := range entries {
+		if e["msg"] == msg && e["level"] == "warn" {
+			warned = append(warned, e)
+		}
+	}
+	return warned, text
+}
+
 var dataDirs sync.Map // testing.TB → true
 
 // ownDataDir gives the test a Caddy data directory of its own (once per

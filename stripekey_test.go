@@ -3,8 +3,6 @@ package sanghodedup
 import (
 	"context"
 	"encoding/json"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -28,18 +26,9 @@ func TestStripeSecretNotASigningSecret(t *testing.T) {
 			t.Errorf("stripe with %.7s…: %v, want it refused, naming secret #2 and not its value", key, err)
 		}
 	}
-	ownDataDir(t)
-	s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-	s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
-	s.load(t, "\tsangho_dedup {\n\t\tprovider stripe\n\t\tsecret "+secret1+" not_a_signing_secret\n\t\tstore memory\n\t}\n\trespond 200\n")
-	_ = caddy.Stop()
-	entries, text := logEntries(t, s.logFile)
-	warned := false
-	for _, e := range entries {
-		if e["msg"] == "secret is not a Stripe signing secret" && e["level"] == "warn" && e["secret"] == float64(2) {
-			warned = true
-		}
-	}
+	all, text := warnedAtLoad(t, "\tsangho_dedup {\n\t\tprovider stripe\n\t\tsecret "+secret1+" not_a_signing_secret\n\t\tstore memory\n\t}\n\trespond 200\n",
+		"secret is not a Stripe signing secret")
+	warned := len(all) == 1 && all[0]["secret"] == float64(2)
 	if !warned || strings.Contains(text, "not_a_signing_secret") {
 		t.Errorf("a stripe secret without whsec_: warned %v, want a warning naming secret 2 and not its value; log:\n%s", warned, text)
 	}

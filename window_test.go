@@ -2,13 +2,9 @@ package sanghodedup
 
 import (
 	"fmt"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/caddyserver/caddy/v2"
 )
 
 // TestRetentionUnderTheSendersWindowWarns: a retention shorter than the
@@ -19,7 +15,6 @@ import (
 // window is known warns, with its window; hmac, whose sender is unknown,
 // does not, nor does any at the default retention.
 func TestRetentionUnderTheSendersWindowWarns(t *testing.T) {
-	ownDataDir(t)
 	for _, c := range []struct {
 		provider, secret, retention string
 		window                      time.Duration // 0: no warning
@@ -33,17 +28,8 @@ func TestRetentionUnderTheSendersWindowWarns(t *testing.T) {
 		{"shopify", secret1, "4h", 0},
 		{"hmac {\n\t\t\theader X-Sig\n\t\t\tid_header X-Id\n\t\t}", secret1, "10m", 0},
 	} {
-		s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-		s.url = "http://127.0.0.1:" + strconv.Itoa(s.port) + "/webhook"
-		s.load(t, fmt.Sprintf("\tsangho_dedup {\n\t\tsecret %s\n\t\tprovider %s\n\t\tretention %s\n\t\tstore memory\n\t}\n\trespond 200\n", c.secret, c.provider, c.retention))
-		_ = caddy.Stop()
-		entries, text := logEntries(t, s.logFile)
-		var warned []map[string]any
-		for _, e := range entries {
-			if e["msg"] == "retention shorter than redelivery window" {
-				warned = append(warned, e)
-			}
-		}
+		warned, text := warnedAtLoad(t, fmt.Sprintf("\tsangho_dedup {\n\t\tsecret %s\n\t\tprovider %s\n\t\tretention %s\n\t\tstore memory\n\t}\n\trespond 200\n", c.secret, c.provider, c.retention),
+			"retention shorter than redelivery window")
 		switch {
 		case c.window == 0 && len(warned) > 0:
 			t.Errorf("%s, retention %s: warned %v", c.provider, c.retention, warned)
@@ -58,21 +44,13 @@ func TestRetentionUnderTheSendersWindowWarns(t *testing.T) {
 // unchecked, its redeliveries too); like store memory, it says so at
 // load (found by the configuration review: no word).
 func TestOnStoreErrorPassWarns(t *testing.T) {
-	ownDataDir(t)
 	for _, c := range []struct {
 		option string
 		warn   bool
 	}{{"on_store_error pass", true}, {"on_store_error reject", false}, {"", false}} {
-		s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-		s.load(t, "\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t\t"+c.option+"\n\t}\n\trespond 200\n")
-		_ = caddy.Stop()
-		entries, text := logEntries(t, s.logFile)
-		n := 0
-		for _, e := range entries {
-			if e["msg"] == "on_store_error pass: a failing store lets deliveries through unchecked" && e["level"] == "warn" {
-				n++
-			}
-		}
+		warned, text := warnedAtLoad(t, "\tsangho_dedup {\n\t\tsecret "+secret1+"\n\t\t"+c.option+"\n\t}\n\trespond 200\n",
+			"on_store_error pass: a failing store lets deliveries through unchecked")
+		n := len(warned)
 		if c.warn && n != 1 || !c.warn && n != 0 {
 			t.Errorf("%q: %d warnings, want warned %v; log:\n%s", c.option, n, c.warn, text)
 		}
@@ -85,19 +63,16 @@ func TestOnStoreErrorPassWarns(t *testing.T) {
 // It warns at load, naming the secret's place, never its value (found
 // by the configuration review: no word).
 func TestSecretWithAControlCharacterWarns(t *testing.T) {
-	ownDataDir(t)
 	for _, c := range []struct {
 		value string
 		warn  bool
 	}{{"whsec_ctl_test\n", true}, {"whsec_ctl\rtest", true}, {"whsec_ctl_test", false}, {"It's a Secret to Everybody", false}} {
 		t.Setenv("SANGHO_DEDUP_TEST_CTL_SECRET", c.value)
-		s := &caddyServer{port: freePort(t), logFile: filepath.Join(t.TempDir(), "caddy.log")}
-		s.load(t, "\tsangho_dedup {\n\t\tsecret "+secret1+" {env.SANGHO_DEDUP_TEST_CTL_SECRET}\n\t\tstore memory\n\t}\n\trespond 200\n")
-		_ = caddy.Stop()
-		entries, text := logEntries(t, s.logFile)
+		warned, text := warnedAtLoad(t, "\tsangho_dedup {\n\t\tsecret "+secret1+" {env.SANGHO_DEDUP_TEST_CTL_SECRET}\n\t\tstore memory\n\t}\n\trespond 200\n",
+			"secret holds a control character")
 		n := 0
-		for _, e := range entries {
-			if e["msg"] == "secret holds a control character" && e["level"] == "warn" && e["secret"] == float64(2) {
+		for _, e := range warned {
+			if e["secret"] == float64(2) {
 				n++
 			}
 		}
