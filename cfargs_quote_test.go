@@ -72,3 +72,25 @@ func TestJSONNumberHintOnlyForTinyValues(t *testing.T) {
 		}
 	}
 }
+
+// TestNearSecretOptionsNotShown: a token near an option that holds a
+// secret (secret, password, username, dsn, url) is neither quoted nor
+// named by a suggestion, which would tell how close the secret is to
+// that word; a typo of another option is not quoted either, only the
+// option meant is named (found by the last review: mypassword,
+// passwords, secrets were printed).
+func TestNearSecretOptionsNotShown(t *testing.T) {
+	for _, pw := range []string{"mypassword", "passwords", "secrets", "usernames", "retenton"} {
+		t.Setenv("REVIEW_ML", "first\n"+pw)
+		for _, block := range []string{
+			"secret {$REVIEW_ML}",
+			"secret s\n\t\tstore redis {\n\t\t\taddress 127.0.0.1:6379\n\t\t\tpassword {$REVIEW_ML}\n\t\t}",
+		} {
+			src := ":8080 {\n\tsangho_dedup {\n\t\t" + block + "\n\t}\n\trespond 200\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+			if err == nil || strings.Contains(err.Error(), pw) || strings.Contains(err.Error(), "did you mean password") || strings.Contains(err.Error(), "did you mean secret") {
+				t.Errorf("%q in %q: %v", pw, block, err)
+			}
+		}
+	}
+}
