@@ -172,15 +172,15 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 // TestCaddyfileErrorsNameTheProblem checks a few messages in full.
 func TestCaddyfileErrorsNameTheProblem(t *testing.T) {
 	for in, want := range map[string]string{
-		"sangho_dedup {\nsecret s\nfrobnicate 1\n}":                        `unrecognized sangho_dedup subdirective (not shown: it is no option's name nor close to one`,
-		"sangho_dedup {\nsecret s\nretenton 72h\n}":                        `unrecognized sangho_dedup subdirective "retenton" (did you mean retention?)`,
-		"sangho_dedup {\nsecret s\nlock_tll 1m\n}":                         `unrecognized sangho_dedup subdirective "lock_tll" (did you mean lock_ttl?)`,
+		"sangho_dedup {\nsecret s\nfrobnicate 1\n}":                        `unrecognized sangho_dedup subdirective (not shown: it is no option's name`,
+		"sangho_dedup {\nsecret s\nretenton 72h\n}":                        `unrecognized sangho_dedup subdirective (not shown, as it may be a secret; did you mean retention?)`,
+		"sangho_dedup {\nsecret s\nlock_tll 1m\n}":                         `unrecognized sangho_dedup subdirective (not shown, as it may be a secret; did you mean lock_ttl?)`,
 		"sangho_dedup {\nsecret s\nlock_ttl 1s\nlock_ttl 2s\n}":            "lock_ttl given more than once",
 		"sangho_dedup {\n}":                                                "at least one secret is required",
 		"sangho_dedup {\nsecret s\ntolerance soon\n}":                      `tolerance: invalid duration "soon"`,
 		"sangho_dedup {\nsecret s\non_store_error maybe\n}":                `on_store_error: must be reject or pass, not "maybe"`,
 		"sangho_dedup {\nsecret s\nstore redis {\nhost x\n}\n}":            `unrecognized redis store option (not shown`,
-		"sangho_dedup {\nsecret s\nstore redis {\nadress x\n}\n}":          `unrecognized redis store option "adress" (did you mean address?)`,
+		"sangho_dedup {\nsecret s\nstore redis {\nadress x\n}\n}":          `unrecognized redis store option (not shown, as it may be a secret; did you mean address?)`,
 		"sangho_dedup {\nsecret s\nstore redis {\nretention 1h\n}\n}":      `unrecognized redis store option "retention"`,
 		"sangho_dedup {\nsecret s\nstore redis {\ndb one\n}\n}":            `db: "one" is not a non-negative whole number`,
 		"sangho_dedup {\nsecret s\nstore redis {\npipeline off\n}\n}":      "pipeline: the option is now disable_pipeline",

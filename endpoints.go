@@ -152,10 +152,10 @@ func (h *Handler) dataAliases() []string {
 // warnMoved warns, as old is cleaned up after a reload (the config loaded
 // after it is provisioned whole by then), of each store data and
 // key_prefix that old's endpoints used and the newer config's use no
-// more for the same secrets, which they use elsewhere: the events
+// more for the same secrets, which they use on data old did not: the events
 // processed there are unknown to the new data, their redeliveries
-// processed again. An endpoint added, or one that keeps its data beside
-// new data, is no move. Called with endpoints locked.
+// processed again. An endpoint added or removed, or one that keeps its
+// data beside new data, is no move. Called with endpoints locked.
 func warnMoved(old *configEndpoints) {
 	var cur *configEndpoints
 	for _, c := range endpoints.byConfig {
@@ -168,16 +168,18 @@ func warnMoved(old *configEndpoints) {
 	}
 	for _, was := range slices.Sorted(maps.Keys(old.uses)) {
 		use := old.uses[was]
-		var now []string
+		var now []string // the data these secrets use that old did not
 		kept := false
 		for _, where := range slices.Sorted(maps.Keys(cur.uses)) {
 			u := cur.uses[where]
 			if u.secrets != use.secrets {
 				continue
 			}
-			now = append(now, where)
 			for _, w := range append([]string{was}, use.alts...) {
 				kept = kept || w == where || slices.Contains(u.alts, w)
+			}
+			if o, ok := old.uses[where]; !ok || o.secrets != use.secrets {
+				now = append(now, where)
 			}
 		}
 		if kept || len(now) == 0 {

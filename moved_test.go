@@ -74,3 +74,21 @@ func TestAddingAnEndpointIsNoMove(t *testing.T) {
 		}
 	}
 }
+
+// TestRemovingAnEndpointIsNoMove: a reload that drops one of two
+// endpoints with one secret (its own key_prefix) moves nothing: the one
+// left keeps its data (found by the last review: it warned that the
+// dropped one's data moved to the one left's).
+func TestRemovingAnEndpointIsNoMove(t *testing.T) {
+	block := func(path, extra string) string {
+		return "\thandle " + path + " {\n\t\tsangho_dedup {\n\t\t\tprovider shopify\n\t\t\tsecret whsec_review_removed_only\n\t\t\tstore memory\n" + extra + "\t\t}\n\t\trespond 200\n\t}\n"
+	}
+	s := startCaddyLogging(t, block("/orders", "")+block("/inventory", "\t\t\tkey_prefix inventory:\n"))
+	s.load(t, block("/orders", ""))
+	entries, text := logEntries(t, s.logFile)
+	for _, e := range entries {
+		if e["msg"] == "endpoint moved to other data" {
+			t.Errorf("warned of a move though /orders kept its data and /inventory is gone: %v\n%s", e, text)
+		}
+	}
+}

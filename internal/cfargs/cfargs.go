@@ -169,36 +169,42 @@ func fieldNames(module any) []string {
 	return names
 }
 
+// secretOptions hold secrets: a token near one of them is not even
+// named by a suggestion ("did you mean password?" would tell how close
+// a secret put there is to that word).
+var secretOptions = []string{"secret", "password", "username", "dsn", "url"}
+
 // Unknown refuses the option in d.Val(), which what (e.g. "redis store
-// option") does not know; module is the block's (see Options). It quotes
-// the token only if it is an option's name or a typo of one (see
-// nearOption), and then names the block's option it is closest to.
-// Anything else may be a secret: Caddy replaces {$VAR} in the text
-// before it splits it into lines, so the second line of a value with a
-// line break (a secret, a DSN) comes where an option's name goes, and a
-// secret in lower case looks like an option's name.
+// option") does not know; module is the block's (see Options). It
+// quotes the token only if it is an option's name (of another block);
+// for the name in camel or kebab case, or a typo of one (see
+// nearOption), it names the option meant, not the token. Anything else
+// may be a secret: Caddy replaces {$VAR} in the text before it splits
+// it into lines, so the second line of a value with a line break (a
+// secret, a DSN) comes where an option's name goes, and a weak secret
+// looks like an option's name; the error gives the line.
 func Unknown(d *caddyfile.Dispenser, what string, module any) error {
 	opt := d.Val()
 	own := fieldNames(module)
 	switch near := nearOption(opt, own); {
-	case near == "":
-		return d.Errf("unrecognized %s (not shown: it is no option's name nor close to one, and may be a secret, e.g. the next line of a {$VAR}'s value)", what)
-	case near != opt && slices.Contains(own, near):
-		return d.Errf("unrecognized %s %q (did you mean %s?)", what, opt, near)
-	default:
+	case near == opt:
 		return d.Errf("unrecognized %s %q", what, opt)
+	case near != "" && !slices.Contains(secretOptions, near):
+		return d.Errf("unrecognized %s (not shown, as it may be a secret; did you mean %s?)", what, near)
+	default:
+		return d.Errf("unrecognized %s (not shown: it is no option's name, and may be a secret, e.g. the next line of a {$VAR}'s value)", what)
 	}
 }
 
 // NoBlock refuses a block after a module's line, for a module that takes
-// no options. The first token is quoted only if it is close to an
-// option's name (see Unknown): a secret put in the wrong block is not.
+// no options. The first token is quoted only if it is an option's name
+// (see Unknown): a secret put in the wrong block is not.
 func NoBlock(d *caddyfile.Dispenser) error {
 	if nesting := d.Nesting(); d.NextBlock(nesting) {
-		if opt := d.Val(); nearOption(opt, nil) != "" {
+		if opt := d.Val(); nearOption(opt, nil) == opt {
 			return d.Errf("takes no options, found %q", opt)
 		}
-		return d.Err("takes no options (found a token not shown: it is no option's name nor close to one, and may be a secret)")
+		return d.Err("takes no options (found a token not shown: it is no option's name, and may be a secret)")
 	}
 	return nil
 }

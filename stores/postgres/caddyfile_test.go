@@ -34,7 +34,7 @@ func TestUnmarshalCaddyfileErrors(t *testing.T) {
 	for in, want := range map[string]string{
 		"postgres extra":                            "takes no value on its line (write dsn <dsn> in its block)",
 		"postgres {\n nope 1\n}":                    `unrecognized postgres store subdirective (not shown`,
-		"postgres {\n dns x\n}":                     `unrecognized postgres store subdirective "dns" (did you mean dsn?)`,
+		"postgres {\n dns x\n}":                     `unrecognized postgres store subdirective (not shown: it is no option's name`,
 		"postgres {\n dsn a\n dsn b\n}":             "dsn given more than once",
 		"postgres {\n dsn\n}":                       "dsn has no value",
 		"postgres {\n table 1abc\n}":                "table:",
