@@ -525,7 +525,7 @@ func (h *Handler) Validate() error {
 		{"retry_after", time.Duration(h.RetryAfter), 0, MaxRetryAfter},
 	} {
 		if err := cfargs.Bounds(b.name, b.v, b.min, b.max); err != nil {
-			if b.v < time.Millisecond { // as nobody writes a string
+			if b.v >= 0 && b.v < time.Millisecond { // as nobody writes a string
 				return fmt.Errorf("%w (in JSON a duration given as a number is nanoseconds: write a string such as \"5m\" or \"72h\")", err)
 			}
 			return err
