@@ -85,7 +85,7 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	}
 	use := endpointUse{name: h.Name}
 	sum.Sum(use.secrets[:0])
-	where := h.storeData + " key_prefix " + strconv.Quote(h.KeyPrefix)
+	where := place(h.storeData, h.KeyPrefix)
 
 	endpoints.Lock()
 	defer endpoints.Unlock()
@@ -135,6 +135,10 @@ func (h *Handler) registerEndpoint(ctx caddy.Context, secrets []string) error {
 	return nil
 }
 
+// place names store data and a key_prefix on it, as the registry and
+// its messages write them.
+func place(data, prefix string) string { return data + " key_prefix " + strconv.Quote(prefix) }
+
 // dataAliases is h's store data and key_prefix under the store's other
 // names (see dedup.DataAliaser), as registerEndpoint writes them.
 func (h *Handler) dataAliases() []string {
@@ -144,7 +148,7 @@ func (h *Handler) dataAliases() []string {
 	}
 	var alts []string
 	for _, alias := range a.DataAliases() {
-		alts = append(alts, alias+" key_prefix "+strconv.Quote(h.KeyPrefix))
+		alts = append(alts, place(alias, h.KeyPrefix))
 	}
 	return alts
 }

@@ -314,19 +314,11 @@ func resendingProxy(srv *caddyhttp.Server) bool {
 			case "sangho_dedup":
 				after = true
 				continue
-			case "reverse_proxy":
-				if after && h.resends() {
+			case "reverse_proxy", "static_response", "error", "file_server":
+				if after && h.Handler == "reverse_proxy" && h.resends() {
 					return true, true
 				}
-				if len(h.HandleResponse) == 0 { // it answers; handle_response routes may go on
-					after = false
-				}
-				continue
-			case "static_response", "error":
-				after = false
-				continue
-			case "file_server":
-				if !h.PassThru {
+				if h.answers() {
 					after = false
 				}
 				continue
@@ -335,9 +327,7 @@ func resendingProxy(srv *caddyhttp.Server) bool {
 					sub = []resendRoute{{matchAll: true, handlers: r.HandlersRaw}}
 				}
 			}
-			for _, r := range h.Routes {
-				sub = append(sub, resendRoute{group: r.Group, terminal: r.Terminal, matchAll: len(r.Match) == 0, handlers: r.Handle})
-			}
+			sub = append(sub, subRoutes(h.Routes)...)
 			if len(sub) == 0 {
 				continue
 			}
@@ -377,12 +367,7 @@ func resendingProxy(srv *caddyhttp.Server) bool {
 		}
 		return false, carry
 	}
-	var routes []resendRoute
-	for _, r := range srv.Routes {
-		routes = append(routes, resendRoute{group: r.Group, terminal: r.Terminal,
-			matchAll: len(r.MatcherSets) == 0 && len(r.MatcherSetsRaw) == 0, handlers: r.HandlersRaw})
-	}
-	if f, _ := walkRoutes(routes, false, 0); f {
+	if f, _ := walkRoutes(serverRoutes(srv), false, 0); f {
 		return true
 	}
 	for _, r := range srv.NamedRoutes {
@@ -415,34 +400,54 @@ func unreached(srv *caddyhttp.Server) bool {
 				if json.Unmarshal(raw, &h) != nil {
 					break
 				}
-				switch h.Handler {
-				case "sangho_dedup":
-					if closed {
-						return true
-					}
-				case "reverse_proxy":
-					closed = closed || r.matchAll && r.group == "" && len(h.HandleResponse) == 0
-				case "static_response", "error":
-					closed = closed || r.matchAll && r.group == ""
-				case "file_server":
-					closed = closed || r.matchAll && r.group == "" && !h.PassThru
+				if h.Handler == "sangho_dedup" && closed {
+					return true
 				}
-				var sub []resendRoute
-				for _, sr := range h.Routes {
-					sub = append(sub, resendRoute{group: sr.Group, terminal: sr.Terminal, matchAll: len(sr.Match) == 0, handlers: sr.Handle})
-				}
-				if !closed && walk(sub, depth+1) {
+				closed = closed || r.matchAll && r.group == "" && h.answers()
+				if !closed && walk(subRoutes(h.Routes), depth+1) {
 					return true
 				}
 			}
 		}
 		return false
 	}
-	var routes []resendRoute
+	return walk(serverRoutes(srv), 0)
+}
+
+// serverRoutes reads srv's routes as resendingProxy and unreached walk
+// them (raw handlers: none left in those Caddy provisioned already).
+func serverRoutes(srv *caddyhttp.Server) []resendRoute {
+	routes := make([]resendRoute, 0, len(srv.Routes))
 	for _, r := range srv.Routes {
-		routes = append(routes, resendRoute{matchAll: len(r.MatcherSets) == 0 && len(r.MatcherSetsRaw) == 0, handlers: r.HandlersRaw})
+		routes = append(routes, resendRoute{group: r.Group, terminal: r.Terminal,
+			matchAll: len(r.MatcherSets) == 0 && len(r.MatcherSetsRaw) == 0, handlers: r.HandlersRaw})
 	}
-	return walk(routes, 0)
+	return routes
+}
+
+// subRoutes reads a subroute's raw routes.
+func subRoutes(rs []guardRawRoute) []resendRoute {
+	routes := make([]resendRoute, 0, len(rs))
+	for _, r := range rs {
+		routes = append(routes, resendRoute{group: r.Group, terminal: r.Terminal, matchAll: len(r.Match) == 0, handlers: r.Handle})
+	}
+	return routes
+}
+
+// answers reports whether the handler h answers every request it gets,
+// so that nothing after it in its route runs: reverse_proxy without
+// handle_response (whose routes may go on), respond, error, file_server
+// without pass_thru.
+func (h resendHandler) answers() bool {
+	switch h.Handler {
+	case "reverse_proxy":
+		return len(h.HandleResponse) == 0
+	case "static_response", "error":
+		return true
+	case "file_server":
+		return !h.PassThru
+	}
+	return false
 }
 
 // resendRoute is a route as resendingProxy reads it.
