@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sangho/caddy-sangho-dedup/dedup"
 )
@@ -43,6 +44,16 @@ func (s *gatedStore) Forget(ctx context.Context, key string, force bool) (dedup.
 	return s.Store.Forget(ctx, key, force)
 }
 
+// gatedHandler is newTestHandler (configure, its log observer) on a
+// gatedStore in front of its store.
+func gatedHandler(t *testing.T, configure func(*Handler)) (*Handler, *gatedStore, *observer.ObservedLogs) {
+	t.Helper()
+	h, logs := newTestHandler(t, configure)
+	st := &gatedStore{Store: h.store}
+	h.store = st
+	return h, st, logs
+}
+
 // processedWithRetry serves id to h, its backend answering 200 while the
 // store's commits fail, and checks that the commit went to the retries.
 func processedWithRetry(t *testing.T, h *Handler, id string) (key string) {
@@ -63,9 +74,7 @@ func processedWithRetry(t *testing.T, h *Handler, id string) (key string) {
 // retries of the event: the backend processed it, and without its done
 // record the next redelivery is processed again.
 func TestForgetThatFailsKeepsCommitRetries(t *testing.T) {
-	h, _ := newTestHandler(t, nil)
-	st := &gatedStore{Store: h.store}
-	h.store = st
+	h, st, _ := gatedHandler(t, nil)
 	st.commitDown.Store(true)
 	key := processedWithRetry(t, h, "evt_mut_forget_fails")
 	st.forgetDown.Store(true)
@@ -84,9 +93,7 @@ func TestForgetThatFailsKeepsCommitRetries(t *testing.T) {
 // stopped the retries; a second forget that fails (the store gone
 // again) must not start them again.
 func TestFailedForgetAfterAForgetKeepsRetriesStopped(t *testing.T) {
-	h, _ := newTestHandler(t, nil)
-	st := &gatedStore{Store: h.store}
-	h.store = st
+	h, st, _ := gatedHandler(t, nil)
 	st.commitDown.Store(true)
 	key := processedWithRetry(t, h, "evt_mut_forget_twice")
 	if _, deleted, err := h.forget(context.Background(), key, true); err != nil || !deleted {
@@ -109,9 +116,7 @@ func TestFailedForgetAfterAForgetKeepsRetriesStopped(t *testing.T) {
 // 1.7 s ends (before the provider's next redelivery), and
 // they go on that long (not given up).
 func TestCommitRetriedOftenDuringAnOutage(t *testing.T) {
-	h, _ := newTestHandler(t, nil)
-	st := &gatedStore{Store: h.store}
-	h.store = st
+	h, st, _ := gatedHandler(t, nil)
 	outage := 1700 * time.Millisecond
 	st.commitsUntil.Store(time.Now().Add(outage).UnixNano())
 	start := time.Now()
@@ -139,9 +144,7 @@ func TestCommitRetriedOftenDuringAnOutage(t *testing.T) {
 func TestCommitRetriesAbandonedAtExitCountsEach(t *testing.T) {
 	defer func(g time.Duration) { exitCommitGrace = g }(exitCommitGrace)
 	exitCommitGrace = 100 * time.Millisecond
-	h, logs := newTestHandler(t, nil)
-	st := &gatedStore{Store: h.store}
-	h.store = st
+	h, st, logs := gatedHandler(t, nil)
 	st.commitDown.Store(true)
 	keys := []string{processedWithRetry(t, h, "evt_mut_exit_1"), processedWithRetry(t, h, "evt_mut_exit_2")}
 	defer func() { // stop the retries, which would go on for dedup.CommitRetryFor
@@ -178,9 +181,7 @@ func TestCommitRetriesAbandonedAtExitCountsEach(t *testing.T) {
 // operator that another delivery may have processed the event too.
 func TestCommitRetriedWithinARenewedLease(t *testing.T) {
 	const ttl = 600 * time.Millisecond // renewals every 200ms
-	h, logs := newTestHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
-	st := &gatedStore{Store: h.store}
-	h.store = st
+	h, st, logs := gatedHandler(t, func(h *Handler) { h.LockTTL = caddy.Duration(ttl) })
 	st.commitDown.Store(true)
 	slow := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
 		time.Sleep(2*ttl + ttl/6)
